@@ -1,0 +1,64 @@
+# tern: build, test, run.
+#   make            build build/tern and build/libtern.a
+#   make test       install deps, build, run every test (+ the loader tests under ASan)
+#   make run        install deps, build, run tern on the default model
+#   make asan       the tests built with AddressSanitizer/UBSan in build-asan/
+
+CC      ?= cc
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iinclude -Isrc
+DEPS    := jansson libpcre2-8 libutf8proc
+DEP_CFLAGS = $(shell pkg-config --cflags $(DEPS) 2>/dev/null)
+DEP_LIBS   = $(shell pkg-config --libs $(DEPS) 2>/dev/null) -lm -pthread
+TEST_LIBS  = $(shell pkg-config --libs criterion 2>/dev/null)
+
+B       ?= build
+LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*'))
+CLI_SRC := $(sort $(wildcard src/cli/*.c))
+TEST_SRC:= $(sort $(wildcard tests/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
+TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
+
+.PHONY: all deps test run asan check clean
+all: $(B)/tern
+
+deps:
+	@scripts/install-deps.sh
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/libtern.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/tern: $(CLI_OBJ) $(B)/libtern.a
+	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
+
+$(B)/tern-tests: $(TEST_OBJ) $(B)/libtern.a
+	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS) $(TEST_LIBS)
+
+# The tests run from the repository root (fixtures live in tests/fixtures).
+check: $(B)/tern $(B)/tern-tests
+	$(B)/tern-tests --jobs 2
+
+asan:
+	$(MAKE) B=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	        build-asan/tern-tests build-asan/tern
+
+test: deps
+	$(MAKE) check
+	$(MAKE) asan
+	ASAN_OPTIONS=detect_leaks=1 build-asan/tern-tests --filter 'loader/*' --jobs 2
+
+run: deps
+	$(MAKE) all
+	$(B)/tern run -m tests/fixtures/tiny --tokens "1 2 3 4 5 6 7 8" -n 32
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tern's build and tests need. Idempotent: does
+# nothing when every package is already present.
+set -euo pipefail
+pkgs=(build-essential pkg-config libjansson-dev libcriterion-dev libpcre2-dev
+      libutf8proc-dev libssl-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null

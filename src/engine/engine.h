@@ -1,0 +1,68 @@
+/* Internals of the model and session objects shared by the engine's files
+ * (the public view is tern.h). */
+#ifndef TERN_ENGINE_ENGINE_H
+#define TERN_ENGINE_ENGINE_H
+
+#include "model/config.h"
+#include "model/tensors.h"
+#include "model/weights.h"
+#include "tern.h"
+#include "util/pool.h"
+
+struct tern_model {
+    char *dir;
+    tern_config cfg;
+    tern_tensor_set ts;
+    tern_weights w;
+    tern_pool *pool;
+    float *inv_freq;          /* [rope_dim / 2] RoPE frequencies */
+};
+
+/* KV cache of one full-attention layer: rows of n_kv_heads * head_dim floats
+ * per position; k is stored after q/k-norm and RoPE, v as projected. */
+typedef struct tern_kv {
+    float *k, *v;
+} tern_kv;
+
+/* Gated DeltaNet state of one layer. */
+typedef struct tern_gdn_state {
+    float *conv;              /* [kernel - 1, conv_dim]: the last pre-conv qkv rows, oldest first */
+    float *S;                 /* [v_heads, k_dim, v_dim] fp32 recurrent state */
+} tern_gdn_state;
+
+/* Called after each decoder layer with the residual stream [T, hidden]
+ * (tests compare it with the reference's per-layer hidden states). */
+typedef void (*tern_layer_hook)(void *ctx, int layer, const float *x, int T);
+
+struct tern_session {
+    tern_model *m;
+    int gdn_mode;
+    int max_ctx;
+    int pos, cap;             /* tokens held; KV rows allocated */
+    tern_kv *kv;              /* per layer; NULL arrays for GDN layers */
+    tern_gdn_state *gdn;      /* per layer; NULL arrays for attention layers */
+    tern_kv mtp_kv;
+    int mtp_pos, mtp_cap;
+    float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */
+    int has_hidden;
+    tern_layer_hook hook;
+    void *hook_ctx;
+};
+
+/* Grow the KV caches (main / MTP) to hold `needed` positions; capacity
+ * doubles, so a long prefill does not reallocate per token. */
+int tern_session_reserve(tern_session *s, int needed, tern_error *err);
+int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
+
+/* Runs T tokens through the model at positions pos..pos+T-1 and advances
+ * pos. logits: T rows if all_logits, else the last row (may be NULL).
+ * hidden_out: [T, hidden] final-normed states (may be NULL). */
+int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                 float *hidden_out, tern_error *err);
+
+/* The MTP head over n (hidden state, next token) pairs at its next n
+ * positions; logits [n, vocab]. */
+int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                     tern_error *err);
+
+#endif

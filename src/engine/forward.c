@@ -1,0 +1,339 @@
+/* The forward pass of the CPU reference engine, in the order data flows:
+ * embedding -> per layer (Gated DeltaNet or gated attention, then MoE) ->
+ * final norm -> lm_head. Shapes follow ../shared/docs/qwen36-model.md §2. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/attention.h"
+#include "cpu/gdn.h"
+#include "cpu/ops.h"
+#include "engine/engine.h"
+#include "util/err.h"
+
+/* Scratch that must not fail mid-layer: an allocation failure here is not a
+ * recoverable input error, so it aborts. */
+static float *alloc_f(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) abort();
+    return p;
+}
+
+/* ---- gated full attention ---------------------------------------------- */
+
+typedef struct {
+    const tern_config *c;
+    const float *qg;          /* [T, n_heads, 2, head_dim] query | gate per head */
+    const tern_kv *kv;
+    int pos0;
+    float *o;                 /* [T, n_heads * head_dim] */
+} attend_job;
+
+/* Work item i = (token t, head h). */
+static void attend_range(void *ctx, int64_t begin, int64_t end) {
+    const attend_job *j = ctx;
+    const tern_config *c = j->c;
+    int hd = c->head_dim, nh = c->n_heads, row = c->n_kv_heads * hd;
+    int group = nh / c->n_kv_heads;
+    /* the last item's token attends to the most positions */
+    float *scores = alloc_f((size_t)j->pos0 + (size_t)((end - 1) / nh) + 1);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t i = begin; i < end; i++) {
+        int t = (int)(i / nh), h = (int)(i % nh), g = h / group;
+        const float *q = j->qg + ((size_t)t * nh + h) * 2 * hd;
+        const float *gate = q + hd;
+        float *o = j->o + ((size_t)t * nh + h) * hd;
+        tern_attend(o, q, j->kv->k + (size_t)g * hd, j->kv->v + (size_t)g * hd, j->pos0 + t + 1, row, hd,
+                    scale, scores);
+        for (int d = 0; d < hd; d++) o[d] *= tern_sigmoid(gate[d]);
+    }
+    free(scores);
+}
+
+static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int T, int pos0, tern_kv *kv,
+                       float *out) {
+    const tern_config *c = &m->cfg;
+    int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, row = nkv * hd;
+    float *qg = alloc_f((size_t)T * nh * 2 * hd);
+    float *k = alloc_f((size_t)T * row), *v = alloc_f((size_t)T * row);
+    tern_matmul(m->pool, qg, xn, T, &w->q);
+    tern_matmul(m->pool, k, xn, T, &w->k);
+    tern_matmul(m->pool, v, xn, T, &w->v);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            float *q = qg + ((size_t)t * nh + h) * 2 * hd;     /* the query half of head h */
+            tern_rmsnorm_1p(q, q, w->q_norm, hd, c->norm_eps);
+            tern_rope(q, c->rope_dim, m->inv_freq, pos0 + t);
+        }
+        for (int g = 0; g < nkv; g++) {
+            float *kh = k + (size_t)t * row + (size_t)g * hd;
+            tern_rmsnorm_1p(kh, kh, w->k_norm, hd, c->norm_eps);
+            tern_rope(kh, c->rope_dim, m->inv_freq, pos0 + t);
+        }
+        memcpy(kv->k + (size_t)(pos0 + t) * row, k + (size_t)t * row, (size_t)row * sizeof(float));
+        memcpy(kv->v + (size_t)(pos0 + t) * row, v + (size_t)t * row, (size_t)row * sizeof(float));
+    }
+    float *o = alloc_f((size_t)T * nh * hd);
+    attend_job job = {c, qg, kv, pos0, o};
+    tern_pool_for(m->pool, (int64_t)T * nh, attend_range, &job);
+    tern_matmul(m->pool, out, o, T, &w->o);
+    free(qg);
+    free(k);
+    free(v);
+    free(o);
+}
+
+/* ---- Gated DeltaNet ----------------------------------------------------- */
+
+/* Causal depthwise conv (kernel K) + SiLU over the qkv channels. Input row
+ * i < 0 comes from the conv state (the previous K-1 rows); the state then
+ * keeps the last K-1 rows. */
+static void gdn_conv(const tern_config *c, const float *wconv, float *state, const float *qkv, int T,
+                     float *outc) {
+    int C = tern_cfg_gdn_conv_dim(c), K = c->gdn_conv_kernel;
+#define IN(i, ch) ((i) >= 0 ? qkv[(size_t)(i) * C + (ch)] : state[(size_t)((K - 1) + (i)) * C + (ch)])
+    for (int t = 0; t < T; t++)
+        for (int ch = 0; ch < C; ch++) {
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) acc += wconv[(size_t)ch * K + j] * IN(t - (K - 1) + j, ch);
+            outc[(size_t)t * C + ch] = tern_silu(acc);
+        }
+    float *next = alloc_f((size_t)(K - 1) * C);
+    for (int r = 0; r < K - 1; r++)
+        for (int ch = 0; ch < C; ch++) next[(size_t)r * C + ch] = IN(T - (K - 1) + r, ch);
+#undef IN
+    memcpy(state, next, (size_t)(K - 1) * C * sizeof(float));
+    free(next);
+}
+
+/* x / sqrt(sum(x^2) + 1e-6), the reference's l2norm (eps fixed at 1e-6). */
+static void l2norm(float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+typedef struct {
+    tern_gdn_io io;
+    int mode;
+} gdn_job;
+
+static void gdn_heads(void *ctx, int64_t h0, int64_t h1) {
+    const gdn_job *j = ctx;
+    if (j->mode == TERN_GDN_RECURRENT) tern_gdn_recurrent(&j->io, (int)h0, (int)h1);
+    else tern_gdn_chunked(&j->io, (int)h0, (int)h1, 64);
+}
+
+static void gdn_layer(tern_model *m, const tern_gdn_w *w, const float *xn, int T, tern_gdn_state *st, int mode,
+                      float *out) {
+    const tern_config *c = &m->cfg;
+    int C = tern_cfg_gdn_conv_dim(c), kd = tern_cfg_gdn_key_dim(c), vd = tern_cfg_gdn_value_dim(c);
+    int nk = c->gdn_k_heads, nv = c->gdn_v_heads, dk = c->gdn_k_dim, dv = c->gdn_v_dim;
+    float *qkv = alloc_f((size_t)T * C), *conv = alloc_f((size_t)T * C);
+    float *z = alloc_f((size_t)T * vd), *b = alloc_f((size_t)T * nv), *a = alloc_f((size_t)T * nv);
+    tern_matmul(m->pool, qkv, xn, T, &w->qkv);
+    tern_matmul(m->pool, z, xn, T, &w->z);
+    tern_matmul(m->pool, b, xn, T, &w->b);
+    tern_matmul(m->pool, a, xn, T, &w->a);
+    gdn_conv(c, w->conv, st->conv, qkv, T, conv);
+
+    /* Split the conv output into q | k | v heads (flat channel order). */
+    float *q = alloc_f((size_t)T * kd), *k = alloc_f((size_t)T * kd), *v = alloc_f((size_t)T * vd);
+    float *g = alloc_f((size_t)T * nv), *beta = alloc_f((size_t)T * nv);
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < T; t++) {
+        const float *row = conv + (size_t)t * C;
+        memcpy(q + (size_t)t * kd, row, (size_t)kd * sizeof(float));
+        memcpy(k + (size_t)t * kd, row + kd, (size_t)kd * sizeof(float));
+        memcpy(v + (size_t)t * vd, row + 2 * kd, (size_t)vd * sizeof(float));
+        for (int h = 0; h < nk; h++) {
+            float *qh = q + (size_t)t * kd + (size_t)h * dk;
+            l2norm(qh, dk);
+            for (int i = 0; i < dk; i++) qh[i] *= qscale;
+            l2norm(k + (size_t)t * kd + (size_t)h * dk, dk);
+        }
+        for (int j = 0; j < nv; j++) {
+            size_t i = (size_t)t * nv + j;
+            beta[i] = tern_sigmoid(b[i]);
+            g[i] = -expf(w->A_log[j]) * tern_softplus(a[i] + w->dt_bias[j]);
+        }
+    }
+    float *o = alloc_f((size_t)T * vd);
+    gdn_job job = {{T, nk, nv, dk, dv, q, k, v, g, beta, st->S, o}, mode};
+    tern_pool_for(m->pool, nv, gdn_heads, &job);
+
+    /* Gated RMSNorm per (token, value head): plain weight, times silu(z) of
+     * the same head. */
+    for (size_t i = 0; i < (size_t)T * nv; i++) {
+        float *oh = o + i * dv;
+        const float *zh = z + i * dv;
+        tern_rmsnorm(oh, oh, w->norm, dv, c->norm_eps);
+        for (int d = 0; d < dv; d++) oh[d] *= tern_silu(zh[d]);
+    }
+    tern_matmul(m->pool, out, o, T, &w->out);
+    free(qkv); free(conv); free(z); free(b); free(a);
+    free(q); free(k); free(v); free(g); free(beta); free(o);
+}
+
+/* ---- sparse MoE --------------------------------------------------------- */
+
+/* out[n, H] = (silu(x G^T) * (x U^T)) D^T */
+static void swiglu(tern_pool *pool, const tern_expert_w *e, const float *x, int n, float *out) {
+    int64_t I = e->gate.rows;
+    float *gt = alloc_f((size_t)n * I), *up = alloc_f((size_t)n * I);
+    tern_matmul(pool, gt, x, n, &e->gate);
+    tern_matmul(pool, up, x, n, &e->up);
+    for (size_t i = 0; i < (size_t)n * I; i++) gt[i] = tern_silu(gt[i]) * up[i];
+    tern_matmul(pool, out, gt, n, &e->down);
+    free(gt);
+    free(up);
+}
+
+/* Router: softmax over all experts, top-k (largest first, ties to the lower
+ * index), renormalised over the k. */
+static void route(const tern_config *c, float *probs, int *idx, float *wt) {
+    tern_softmax(probs, c->n_experts);
+    float sum = 0.0f;
+    for (int r = 0; r < c->top_k; r++) {
+        int best = -1;
+        for (int e = 0; e < c->n_experts; e++) {
+            int taken = 0;
+            for (int q = 0; q < r; q++) taken |= idx[q] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        idx[r] = best;
+        wt[r] = probs[best];
+        sum += wt[r];
+    }
+    if (c->norm_topk)
+        for (int r = 0; r < c->top_k; r++) wt[r] /= sum;
+}
+
+static void moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out) {
+    const tern_config *c = &m->cfg;
+    int H = c->hidden, E = c->n_experts, K = c->top_k;
+    float *probs = alloc_f((size_t)T * E), *wt = alloc_f((size_t)T * K);
+    int *idx = malloc((size_t)T * K * sizeof(int));
+    int *rows = malloc((size_t)T * sizeof(int));
+    float *rw = alloc_f((size_t)T);
+    if (!idx || !rows) abort();
+    tern_matmul(m->pool, probs, xn, T, &w->router);
+    for (int t = 0; t < T; t++) route(c, probs + (size_t)t * E, idx + (size_t)t * K, wt + (size_t)t * K);
+
+    /* Routed experts, each applied once to the tokens that chose it, added
+     * in ascending expert order (as the reference's eager loop does). */
+    memset(out, 0, (size_t)T * H * sizeof(float));
+    float *xe = alloc_f((size_t)T * H), *ye = alloc_f((size_t)T * H);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < K; r++)
+                if (idx[(size_t)t * K + r] == e) { rows[n] = t; rw[n] = wt[(size_t)t * K + r]; n++; }
+        if (n == 0) continue;
+        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)rows[i] * H, (size_t)H * sizeof(float));
+        swiglu(m->pool, &w->experts[e], xe, n, ye);
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < H; d++) out[(size_t)rows[i] * H + d] += rw[i] * ye[(size_t)i * H + d];
+    }
+    /* Shared expert, scaled per token by sigmoid(x . w_sg). */
+    swiglu(m->pool, &w->shared, xn, T, ye);
+    float *sg = alloc_f((size_t)H);
+    tern_mat_row(&w->shared_gate, 0, sg);
+    for (int t = 0; t < T; t++) {
+        float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, sg, H));
+        for (int d = 0; d < H; d++) out[(size_t)t * H + d] += s * ye[(size_t)t * H + d];
+    }
+    free(probs); free(wt); free(idx); free(rows); free(rw); free(xe); free(ye); free(sg);
+}
+
+/* ---- decoder layer and model -------------------------------------------- */
+
+/* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention (kv
+ * used) or Gated DeltaNet (gs used). */
+static void decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
+                          tern_gdn_state *gs, int gdn_mode) {
+    int H = m->cfg.hidden;
+    float eps = m->cfg.norm_eps;
+    float *xn = alloc_f((size_t)T * H), *out = alloc_f((size_t)T * H);
+    for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->in_norm, H, eps);
+    if (L->kind == TERN_LAYER_ATTN) attn_layer(m, &L->attn, xn, T, pos0, kv, out);
+    else gdn_layer(m, &L->gdn, xn, T, gs, gdn_mode, out);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
+    for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, eps);
+    moe_layer(m, &L->moe, xn, T, out);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
+    free(xn);
+    free(out);
+}
+
+static int check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err) {
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab)
+            return tern_fail(err, "token id %d (at %d) is out of range [0, %d)", tokens[t], t, c->vocab);
+    return 0;
+}
+
+/* Final norm of the needed rows and the lm_head. */
+static void head(tern_model *m, const float *x, int T, float *logits, int all, float *hidden_out,
+                 float *last_hidden) {
+    int H = m->cfg.hidden;
+    float *h = alloc_f((size_t)T * H);
+    for (int t = 0; t < T; t++) tern_rmsnorm_1p(h + (size_t)t * H, x + (size_t)t * H, m->w.final_norm, H, m->cfg.norm_eps);
+    memcpy(last_hidden, h + (size_t)(T - 1) * H, (size_t)H * sizeof(float));
+    if (hidden_out) memcpy(hidden_out, h, (size_t)T * H * sizeof(float));
+    if (logits) {
+        if (all) tern_matmul(m->pool, logits, h, T, &m->w.lm_head);
+        else tern_matmul(m->pool, logits, h + (size_t)(T - 1) * H, 1, &m->w.lm_head);
+    }
+    free(h);
+}
+
+int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                 float *hidden_out, tern_error *err) {
+    tern_model *m = s->m;
+    const tern_config *c = &m->cfg;
+    int H = c->hidden;
+    if (T <= 0) return tern_fail(err, "no tokens to evaluate");
+    if (check_tokens(c, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
+    float *x = alloc_f((size_t)T * H);
+    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
+    for (int l = 0; l < c->n_layers; l++) {
+        decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->gdn[l], s->gdn_mode);
+        if (s->hook) s->hook(s->hook_ctx, l, x, T);
+    }
+    head(m, x, T, logits, all_logits, hidden_out, s->hidden);
+    s->has_hidden = 1;
+    s->pos += T;
+    free(x);
+    return 0;
+}
+
+/* ---- MTP head ----------------------------------------------------------- */
+
+int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                     tern_error *err) {
+    tern_model *m = s->m;
+    const tern_config *c = &m->cfg;
+    const tern_mtp_w *w = &m->w.mtp;
+    int H = c->hidden;
+    if (!m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", m->dir);
+    if (n <= 0) return tern_fail(err, "no tokens for the MTP head");
+    if (check_tokens(c, next, n, err) || tern_session_reserve_mtp(s, s->mtp_pos + n, err)) return -1;
+    /* u = fc(concat(norm(embed(next)), norm(hidden))): embedding half first. */
+    float *cat = alloc_f((size_t)n * 2 * H), *x = alloc_f((size_t)n * H);
+    for (int i = 0; i < n; i++) {
+        float *ce = cat + (size_t)i * 2 * H;
+        tern_mat_row(&m->w.embed, next[i], ce);
+        tern_rmsnorm_1p(ce, ce, w->pre_emb_norm, H, c->norm_eps);
+        tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
+    }
+    tern_matmul(m->pool, x, cat, n, &w->fc);
+    decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, NULL, s->gdn_mode);
+    for (int i = 0; i < n; i++) tern_rmsnorm_1p(x + (size_t)i * H, x + (size_t)i * H, w->norm, H, c->norm_eps);
+    if (logits) tern_matmul(m->pool, logits, x, n, &m->w.lm_head);
+    s->mtp_pos += n;
+    free(cat);
+    free(x);
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* Sequence state: KV caches of the full-attention layers (grown on demand),
+ * conv + recurrent state of the Gated DeltaNet layers (fixed size), the MTP
+ * head's own KV cache, and snapshots of all of it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "util/err.h"
+
+static size_t kv_row(const tern_config *c) { return (size_t)c->n_kv_heads * c->head_dim; }
+static size_t conv_floats(const tern_config *c) {
+    return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c);
+}
+static size_t state_floats(const tern_config *c) {
+    return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
+}
+
+static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row, tern_error *err) {
+    if (needed <= *cap) return 0;
+    if (needed > max_ctx)
+        return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, max_ctx);
+    int n = *cap < 256 ? 256 : *cap;
+    while (n < needed) n = n > max_ctx / 2 ? max_ctx : n * 2;
+    if (n > max_ctx) n = max_ctx;
+    float *k = realloc(kv->k, (size_t)n * row * sizeof(float));
+    if (k) kv->k = k;
+    float *v = k ? realloc(kv->v, (size_t)n * row * sizeof(float)) : NULL;
+    if (v) kv->v = v;
+    if (!k || !v) return tern_fail(err, "out of memory growing the KV cache to %d positions", n);
+    return 0;
+}
+
+int tern_session_reserve(tern_session *s, int needed, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    if (needed <= s->cap) return 0;
+    int cap = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
+        cap = s->cap;
+        if (grow(&s->kv[l], &cap, needed, s->max_ctx, kv_row(c), err)) return -1;
+    }
+    if (cap) s->cap = cap;
+    else if (needed > s->max_ctx)
+        return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, s->max_ctx);
+    return 0;
+}
+
+int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err) {
+    return grow(&s->mtp_kv, &s->mtp_cap, needed, s->max_ctx, kv_row(&s->m->cfg), err);
+}
+
+tern_session *tern_session_create(tern_model *m, const tern_session_params *p, tern_error *err) {
+    const tern_config *c = &m->cfg;
+    tern_session *s = calloc(1, sizeof *s);
+    if (!s) { tern_fail(err, "out of memory"); return NULL; }
+    s->m = m;
+    s->gdn_mode = p ? p->gdn_mode : TERN_GDN_CHUNKED;
+    s->max_ctx = p && p->max_context > 0 ? p->max_context : c->max_pos;
+    if (s->gdn_mode != TERN_GDN_CHUNKED && s->gdn_mode != TERN_GDN_RECURRENT) {
+        tern_fail(err, "unknown gdn_mode %d", s->gdn_mode);
+        free(s);
+        return NULL;
+    }
+    s->kv = calloc((size_t)c->n_layers, sizeof *s->kv);
+    s->gdn = calloc((size_t)c->n_layers, sizeof *s->gdn);
+    s->hidden = calloc((size_t)c->hidden, sizeof(float));
+    int ok = s->kv && s->gdn && s->hidden;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        s->gdn[l].conv = calloc(conv_floats(c) + 1, sizeof(float));
+        s->gdn[l].S = calloc(state_floats(c), sizeof(float));
+        ok = s->gdn[l].conv && s->gdn[l].S;
+    }
+    if (!ok) {
+        tern_session_destroy(s);
+        tern_fail(err, "out of memory creating a session");
+        return NULL;
+    }
+    return s;
+}
+
+void tern_session_destroy(tern_session *s) {
+    if (!s) return;
+    int n = s->m->cfg.n_layers;
+    for (int l = 0; l < n; l++) {
+        if (s->kv) { free(s->kv[l].k); free(s->kv[l].v); }
+        if (s->gdn) { free(s->gdn[l].conv); free(s->gdn[l].S); }
+    }
+    free(s->kv);
+    free(s->gdn);
+    free(s->mtp_kv.k);
+    free(s->mtp_kv.v);
+    free(s->hidden);
+    free(s);
+}
+
+int tern_session_pos(const tern_session *s) { return s->pos; }
+
+/* Long prompts run in pieces so scratch memory stays bounded; a multiple of
+ * the GDN chunk keeps the chunk boundaries where one long call puts them. */
+#define EVAL_PIECE 512
+
+int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
+                      tern_error *err) {
+    if (n <= 0) return tern_fail(err, "no tokens to evaluate");
+    if (s->pos + n > s->max_ctx)
+        return tern_fail(err, "context full: %d + %d tokens exceed the session's max context of %d", s->pos, n,
+                         s->max_ctx);
+    size_t V = (size_t)s->m->cfg.vocab;
+    for (int done = 0; done < n; done += EVAL_PIECE) {
+        int T = n - done < EVAL_PIECE ? n - done : EVAL_PIECE;
+        int last = done + T == n;
+        float *out = NULL;
+        if (logits && all_logits) out = logits + (size_t)done * V;
+        else if (logits && last) out = logits;
+        if (tern_forward(s, tokens + done, T, out, all_logits, NULL, err)) return -1;
+    }
+    return 0;
+}
+
+int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, tern_error *err) {
+    if (!s->has_hidden) return tern_fail(err, "MTP draft needs at least one evaluated token");
+    return tern_mtp_forward(s, s->hidden, &next_token, 1, logits, err);
+}
+
+/* ---- snapshots ---------------------------------------------------------- */
+
+struct tern_snapshot {
+    const tern_model *m;
+    int pos, mtp_pos, has_hidden;
+    size_t n_floats;
+    float *data;   /* attention KV rows, GDN conv + state, MTP KV, hidden, in layer order */
+};
+
+/* Copies every piece of state between the session and a flat buffer, in a
+ * fixed order; `to_buf` picks the direction. */
+static size_t walk_state(tern_session *s, float *buf, int pos, int mtp_pos, int to_buf) {
+    const tern_config *c = &s->m->cfg;
+    size_t off = 0;
+#define MOVE(ptr, n)                                                           \
+    do {                                                                       \
+        if (buf && to_buf) memcpy(buf + off, (ptr), (n) * sizeof(float));     \
+        else if (buf) memcpy((ptr), buf + off, (n) * sizeof(float));           \
+        off += (n);                                                            \
+    } while (0)
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] == TERN_LAYER_ATTN) {
+            MOVE(s->kv[l].k, (size_t)pos * kv_row(c));
+            MOVE(s->kv[l].v, (size_t)pos * kv_row(c));
+        } else {
+            MOVE(s->gdn[l].conv, conv_floats(c));
+            MOVE(s->gdn[l].S, state_floats(c));
+        }
+    }
+    MOVE(s->mtp_kv.k, (size_t)mtp_pos * kv_row(c));
+    MOVE(s->mtp_kv.v, (size_t)mtp_pos * kv_row(c));
+    MOVE(s->hidden, (size_t)c->hidden);
+#undef MOVE
+    return off;
+}
+
+tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
+    tern_session *ms = (tern_session *)s;   /* walk_state only reads when to_buf */
+    tern_snapshot *snap = calloc(1, sizeof *snap);
+    if (!snap) { tern_fail(err, "out of memory"); return NULL; }
+    snap->m = s->m;
+    snap->pos = s->pos;
+    snap->mtp_pos = s->mtp_pos;
+    snap->has_hidden = s->has_hidden;
+    snap->n_floats = walk_state(ms, NULL, s->pos, s->mtp_pos, 1);
+    snap->data = malloc(snap->n_floats * sizeof(float));
+    if (!snap->data) {
+        tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_floats * sizeof(float));
+        free(snap);
+        return NULL;
+    }
+    walk_state(ms, snap->data, s->pos, s->mtp_pos, 1);
+    return snap;
+}
+
+int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error *err) {
+    if (snap->m != s->m) return tern_fail(err, "snapshot belongs to another model");
+    if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
+    walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0);
+    s->pos = snap->pos;
+    s->mtp_pos = snap->mtp_pos;
+    s->has_hidden = snap->has_hidden;
+    return 0;
+}
+
+void tern_snapshot_free(tern_snapshot *snap) {
+    if (!snap) return;
+    free(snap->data);
+    free(snap);
+}
+
+size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_floats * sizeof(float); }

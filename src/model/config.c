@@ -1,0 +1,201 @@
+#include "model/config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/err.h"
+
+typedef struct {
+    const char *path;
+    json_t *text;     /* the object holding the text fields */
+    json_t *top;      /* the file's root (flat form: same as text) */
+    tern_error *err;
+} reader;
+
+static json_t *field(reader *r, const char *key) {
+    json_t *v = json_object_get(r->text, key);
+    return v ? v : json_object_get(r->top, key);
+}
+
+/* A required positive integer field. */
+static int req_int(reader *r, const char *key, int *out) {
+    json_t *v = field(r, key);
+    if (!v) return tern_fail(r->err, "%s: missing field '%s'", r->path, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 30))
+        return tern_fail(r->err, "%s: field '%s' must be a positive integer", r->path, key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int opt_int(reader *r, const char *key, int dflt, int *out) {
+    if (!field(r, key)) { *out = dflt; return 0; }
+    return req_int(r, key, out);
+}
+
+static int opt_num(reader *r, json_t *obj, const char *key, double dflt, double *out) {
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    if (!v) { *out = dflt; return 0; }
+    if (!json_is_number(v)) return tern_fail(r->err, "%s: field '%s' must be a number", r->path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int read_layer_types(reader *r, tern_config *c) {
+    if (c->n_layers > TERN_MAX_LAYERS)
+        return tern_fail(r->err, "%s: num_hidden_layers %d exceeds %d", r->path, c->n_layers, TERN_MAX_LAYERS);
+    json_t *lt = field(r, "layer_types");
+    if (!lt) {
+        /* Without layer_types the reference uses full_attention_interval:
+         * layer i is full attention when (i + 1) % interval == 0. */
+        int interval;
+        if (opt_int(r, "full_attention_interval", 4, &interval) != 0) return -1;
+        for (int i = 0; i < c->n_layers; i++)
+            c->layer_kind[i] = (i + 1) % interval == 0 ? TERN_LAYER_ATTN : TERN_LAYER_GDN;
+        return 0;
+    }
+    if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
+        return tern_fail(r->err, "%s: layer_types must list %d layers", r->path, c->n_layers);
+    for (int i = 0; i < c->n_layers; i++) {
+        const char *s = json_string_value(json_array_get(lt, (size_t)i));
+        if (s && strcmp(s, "linear_attention") == 0) c->layer_kind[i] = TERN_LAYER_GDN;
+        else if (s && strcmp(s, "full_attention") == 0) c->layer_kind[i] = TERN_LAYER_ATTN;
+        else return tern_fail(r->err, "%s: layer_types[%d] is '%s', expected linear_attention or full_attention",
+                              r->path, i, s ? s : "(not a string)");
+    }
+    return 0;
+}
+
+static int read_rope(reader *r, tern_config *c) {
+    json_t *rp = field(r, "rope_parameters");
+    if (!rp) rp = field(r, "rope_scaling");
+    if (rp && !json_is_object(rp)) return tern_fail(r->err, "%s: rope_parameters is not an object", r->path);
+    const char *type = rp ? json_string_value(json_object_get(rp, "rope_type")) : NULL;
+    if (type && strcmp(type, "default") != 0)
+        return tern_fail(r->err, "%s: rope_type '%s' is not supported (only 'default')", r->path, type);
+    double theta, partial;
+    if (opt_num(r, r->text, "rope_theta", 10000.0, &theta) != 0) return -1;
+    if (opt_num(r, rp, "rope_theta", theta, &theta) != 0) return -1;
+    if (opt_num(r, r->text, "partial_rotary_factor", 1.0, &partial) != 0) return -1;
+    if (opt_num(r, rp, "partial_rotary_factor", partial, &partial) != 0) return -1;
+    if (!(theta > 0) || !(partial > 0 && partial <= 1))
+        return tern_fail(r->err, "%s: rope_theta must be > 0 and partial_rotary_factor in (0, 1]", r->path);
+    c->rope_theta = theta;
+    c->rope_dim = (int)(c->head_dim * partial);
+    if (c->rope_dim % 2 != 0 || c->rope_dim == 0)
+        return tern_fail(r->err, "%s: rotary dimension %d (head_dim x partial_rotary_factor) must be even and > 0",
+                         r->path, c->rope_dim);
+    return 0;
+}
+
+static void read_eos(tern_config *c, json_t *obj) {
+    json_t *e = json_object_get(obj, "eos_token_id");
+    if (json_is_integer(e)) {
+        c->n_eos = 1;
+        c->eos[0] = (int)json_integer_value(e);
+    } else if (json_is_array(e)) {
+        c->n_eos = 0;
+        for (size_t i = 0; i < json_array_size(e) && c->n_eos < TERN_MAX_EOS; i++)
+            if (json_is_integer(json_array_get(e, i)))
+                c->eos[c->n_eos++] = (int)json_integer_value(json_array_get(e, i));
+    }
+}
+
+static int check_arch(reader *r, tern_config *c) {
+    const char *mt = json_string_value(json_object_get(r->top, "model_type"));
+    if (!mt) return tern_fail(r->err, "%s: missing field 'model_type'", r->path);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    if (strcmp(mt, "qwen3_5_moe") == 0) {
+        r->text = json_object_get(r->top, "text_config");
+        if (!json_is_object(r->text))
+            return tern_fail(r->err, "%s: model_type qwen3_5_moe needs a 'text_config' object", r->path);
+        const char *tt = json_string_value(json_object_get(r->text, "model_type"));
+        if (tt && strcmp(tt, "qwen3_5_moe_text") != 0)
+            return tern_fail(r->err, "%s: text_config.model_type '%s' is not qwen3_5_moe_text", r->path, tt);
+        return 0;
+    }
+    if (strcmp(mt, "qwen3_5_moe_text") == 0) { r->text = r->top; return 0; }
+    return tern_fail(r->err, "%s: unsupported architecture: model_type '%s' (tern runs qwen3_5_moe / qwen3_5_moe_text)",
+                     r->path, mt);
+}
+
+static int read_fields(reader *r, tern_config *c) {
+    if (req_int(r, "hidden_size", &c->hidden) || req_int(r, "num_hidden_layers", &c->n_layers) ||
+        req_int(r, "vocab_size", &c->vocab) || req_int(r, "num_attention_heads", &c->n_heads) ||
+        req_int(r, "num_key_value_heads", &c->n_kv_heads) ||
+        opt_int(r, "head_dim", 0, &c->head_dim) ||
+        req_int(r, "linear_num_key_heads", &c->gdn_k_heads) ||
+        req_int(r, "linear_num_value_heads", &c->gdn_v_heads) ||
+        req_int(r, "linear_key_head_dim", &c->gdn_k_dim) ||
+        req_int(r, "linear_value_head_dim", &c->gdn_v_dim) ||
+        req_int(r, "linear_conv_kernel_dim", &c->gdn_conv_kernel) ||
+        req_int(r, "num_experts", &c->n_experts) || req_int(r, "num_experts_per_tok", &c->top_k) ||
+        req_int(r, "moe_intermediate_size", &c->expert_inter) ||
+        req_int(r, "shared_expert_intermediate_size", &c->shared_inter) ||
+        opt_int(r, "max_position_embeddings", 262144, &c->max_pos))
+        return -1;
+    if (c->head_dim == 0) c->head_dim = c->hidden / c->n_heads;
+    json_t *mtp = field(r, "mtp_num_hidden_layers");
+    c->mtp_layers = json_is_integer(mtp) ? (int)json_integer_value(mtp) : 0;
+    if (c->mtp_layers < 0 || c->mtp_layers > 1)
+        return tern_fail(r->err, "%s: mtp_num_hidden_layers %d is not supported (0 or 1)", r->path, c->mtp_layers);
+    double eps;
+    if (opt_num(r, r->text, "rms_norm_eps", 1e-6, &eps) != 0) return -1;
+    c->norm_eps = (float)eps;
+    json_t *tie = field(r, "tie_word_embeddings");
+    c->tie_embeddings = json_is_true(tie);
+    json_t *ntp = field(r, "norm_topk_prob");
+    c->norm_topk = ntp ? json_is_true(ntp) : 1;
+    const char *dt = json_string_value(field(r, "dtype"));
+    if (!dt) dt = json_string_value(field(r, "torch_dtype"));
+    snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "bfloat16");
+    read_eos(c, r->text);
+    return 0;
+}
+
+static int check_consistency(reader *r, tern_config *c) {
+    if (c->n_heads % c->n_kv_heads != 0)
+        return tern_fail(r->err, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                         r->path, c->n_heads, c->n_kv_heads);
+    if (c->gdn_v_heads % c->gdn_k_heads != 0)
+        return tern_fail(r->err, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                         r->path, c->gdn_v_heads, c->gdn_k_heads);
+    if (c->top_k > c->n_experts)
+        return tern_fail(r->err, "%s: num_experts_per_tok %d exceeds num_experts %d", r->path, c->top_k,
+                         c->n_experts);
+    return 0;
+}
+
+int tern_config_load(tern_config *c, const char *dir, tern_error *err) {
+    memset(c, 0, sizeof *c);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        if (access(path, F_OK) != 0) return tern_fail(err, "%s: no such file", path);
+        return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    }
+    reader r = {path, NULL, root, err};
+    int rc = json_is_object(root) ? 0 : tern_fail(err, "%s: not a JSON object", path);
+    if (rc == 0) rc = check_arch(&r, c);
+    if (rc == 0) rc = read_fields(&r, c);
+    if (rc == 0) rc = read_layer_types(&r, c);
+    if (rc == 0) rc = read_rope(&r, c);
+    if (rc == 0) rc = check_consistency(&r, c);
+    json_decref(root);
+    if (rc != 0) return rc;
+
+    /* generation_config.json's eos list wins over config.json's. */
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *gen = json_load_file(path, 0, &jerr);
+    if (gen) {
+        read_eos(c, gen);
+        json_decref(gen);
+    } else if (access(path, F_OK) == 0) {
+        return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    }
+    return 0;
+}

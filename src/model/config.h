@@ -1,0 +1,53 @@
+/* The text model's hyper-parameters, from config.json: either the published
+ * nested form (model_type "qwen3_5_moe" with a "text_config" object) or the
+ * flat text form (model_type "qwen3_5_moe_text"). */
+#ifndef TERN_MODEL_CONFIG_H
+#define TERN_MODEL_CONFIG_H
+
+#include "tern.h"
+
+enum tern_layer_kind { TERN_LAYER_GDN = 0, TERN_LAYER_ATTN = 1 };
+
+#define TERN_MAX_LAYERS 256
+#define TERN_MAX_EOS 8
+
+typedef struct tern_config {
+    char model_type[64];          /* as written at the top level */
+    int hidden;                   /* hidden_size */
+    int n_layers;
+    unsigned char layer_kind[TERN_MAX_LAYERS];
+    int vocab;                    /* rows of embed_tokens / lm_head */
+    float norm_eps;               /* rms_norm_eps, every RMSNorm */
+    int max_pos;
+    int tie_embeddings;
+
+    /* gated full attention */
+    int n_heads, n_kv_heads, head_dim;
+    int rope_dim;                 /* rotated dims per head = head_dim * partial_rotary_factor */
+    double rope_theta;
+
+    /* Gated DeltaNet */
+    int gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv_kernel;
+
+    /* MoE */
+    int n_experts, top_k, expert_inter, shared_inter;
+    int norm_topk;                /* renormalise the top-k weights (always 1 for this family) */
+
+    int mtp_layers;               /* mtp_num_hidden_layers (0 or 1) */
+    char dtype[16];               /* "bfloat16" ... as declared */
+
+    int n_eos;                    /* from generation_config.json, else config */
+    int eos[TERN_MAX_EOS];
+} tern_config;
+
+/* Reads dir/config.json (and dir/generation_config.json if present). */
+int tern_config_load(tern_config *c, const char *dir, tern_error *err);
+
+/* Derived sizes. */
+static inline int tern_cfg_gdn_key_dim(const tern_config *c) { return c->gdn_k_heads * c->gdn_k_dim; }
+static inline int tern_cfg_gdn_value_dim(const tern_config *c) { return c->gdn_v_heads * c->gdn_v_dim; }
+static inline int tern_cfg_gdn_conv_dim(const tern_config *c) {
+    return 2 * tern_cfg_gdn_key_dim(c) + tern_cfg_gdn_value_dim(c);
+}
+
+#endif
