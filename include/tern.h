@@ -51,6 +51,8 @@ void tern_model_free(tern_model *m);
 int tern_model_vocab_size(const tern_model *m);   /* rows of the lm_head */
 int tern_model_has_mtp(const tern_model *m);
 int tern_model_n_threads(const tern_model *m);
+/* 1 if id ends generation (generation_config.json's eos_token_id list). */
+int tern_model_is_eos(const tern_model *m, int32_t id);
 
 /* Prints what `tern info` shows for a model directory: architecture, tensor
  * inventory, parameter counts (total and active per token) and bytes per token

@@ -48,3 +48,9 @@ void tern_model_free(tern_model *m) {
 int tern_model_vocab_size(const tern_model *m) { return m->cfg.vocab; }
 int tern_model_has_mtp(const tern_model *m) { return m->w.has_mtp; }
 int tern_model_n_threads(const tern_model *m) { return tern_pool_size(m->pool); }
+
+int tern_model_is_eos(const tern_model *m, int32_t id) {
+    for (int i = 0; i < m->cfg.n_eos; i++)
+        if (m->cfg.eos[i] == id) return 1;
+    return 0;
+}

@@ -1,0 +1,180 @@
+/* `tern info`: what a model directory holds and what a token costs. The
+ * parameter arithmetic follows ../shared/docs/qwen36-model.md §6: the text
+ * model without the MTP layer and vision; "active" counts what one decoded
+ * token touches (one embedding row, top_k of the routed experts, all else). */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/config.h"
+#include "model/tensors.h"
+#include "util/err.h"
+
+typedef struct {
+    double embed, lm_head, norms, gdn, attn, router, routed, shared;
+} param_parts;
+
+static param_parts count_params(const tern_config *c) {
+    param_parts p = {0};
+    double H = c->hidden, V = c->vocab;
+    double vd = tern_cfg_gdn_value_dim(c), conv = tern_cfg_gdn_conv_dim(c);
+    double nv = c->gdn_v_heads, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    p.embed = V * H;
+    p.lm_head = c->tie_embeddings ? 0 : V * H;
+    p.norms = H;   /* final norm */
+    for (int l = 0; l < c->n_layers; l++) {
+        p.norms += 2 * H;
+        if (c->layer_kind[l] == TERN_LAYER_GDN)
+            p.gdn += conv * H + vd * H + 2 * nv * H + conv * c->gdn_conv_kernel + 2 * nv + c->gdn_v_dim + H * vd;
+        else
+            p.attn += nh * 2 * hd * H + 2 * nkv * hd * H + H * nh * hd + 2 * hd;
+        p.router += (double)c->n_experts * H;
+        p.routed += (double)c->n_experts * 3 * c->expert_inter * H;
+        p.shared += 3.0 * c->shared_inter * H + H;
+    }
+    return p;
+}
+
+static double total_of(const param_parts *p) {
+    return p->embed + p->lm_head + p->norms + p->gdn + p->attn + p->router + p->routed + p->shared;
+}
+
+static double active_of(const param_parts *p, const tern_config *c) {
+    return p->embed / c->vocab + p->lm_head + p->norms + p->gdn + p->attn + p->router +
+           p->routed * c->top_k / c->n_experts + p->shared;
+}
+
+static void print_count(FILE *out, const char *label, double n) {
+    char digits[64], grouped[96];
+    snprintf(digits, sizeof digits, "%.0f", n);
+    size_t len = strlen(digits), j = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (i && (len - i) % 3 == 0) grouped[j++] = ',';
+        grouped[j++] = digits[i];
+    }
+    grouped[j] = '\0';
+    fprintf(out, "  %-22s %8.2f B  (%s)\n", label, n / 1e9, grouped);
+}
+
+/* ---- tensor inventory: tensors grouped by name with layer/expert indices
+ * replaced by N/E, so 40 layers x 256 experts print as one line. ---------- */
+
+typedef struct {
+    char key[160];
+    int count, dtype, ndim;
+    int64_t shape[TERN_MAX_DIMS];
+    double numel, bytes;
+} group;
+
+static void group_key(const char *name, char *key, size_t n) {
+    size_t j = 0;
+    for (const char *p = name; *p && j + 2 < n;) {
+        int after_layers = p - name >= 7 && strncmp(p - 7, "layers.", 7) == 0;
+        int after_experts = p - name >= 8 && strncmp(p - 8, "experts.", 8) == 0;
+        if ((after_layers || after_experts) && isdigit((unsigned char)*p)) {
+            key[j++] = after_layers ? 'N' : 'E';
+            while (isdigit((unsigned char)*p)) p++;
+        } else {
+            key[j++] = *p++;
+        }
+    }
+    key[j] = '\0';
+}
+
+static int cmp_group(const void *a, const void *b) {
+    return strcmp(((const group *)a)->key, ((const group *)b)->key);
+}
+
+static void print_inventory(FILE *out, const tern_tensor_set *ts, double *text_params) {
+    int cap = 64, n = 0;
+    group *g = calloc((size_t)cap, sizeof *g);
+    if (!g) return;
+    *text_params = 0;
+    for (int f = 0; f < ts->n_files; f++)
+        for (int i = 0; i < ts->files[f].n_tensors; i++) {
+            const tern_tensor *t = &ts->files[f].tensors[i];
+            if (strncmp(t->name, "mtp.", 4) != 0 && !strstr(t->name, "visual.") && !strstr(t->name, "audio"))
+                *text_params += (double)t->numel;
+            char key[160];
+            group_key(t->name, key, sizeof key);
+            int k = 0;
+            while (k < n && strcmp(g[k].key, key) != 0) k++;
+            if (k == n) {
+                if (n == cap) {
+                    group *ng = realloc(g, (size_t)(cap *= 2) * sizeof *g);
+                    if (!ng) { free(g); return; }
+                    g = ng;
+                }
+                memset(&g[n], 0, sizeof g[n]);
+                snprintf(g[n].key, sizeof g[n].key, "%s", key);
+                g[n].dtype = t->dtype;
+                g[n].ndim = t->ndim;
+                memcpy(g[n].shape, t->shape, sizeof t->shape);
+                n++;
+            }
+            g[k].count++;
+            g[k].numel += (double)t->numel;
+            g[k].bytes += (double)t->nbytes;
+        }
+    qsort(g, (size_t)n, sizeof *g, cmp_group);
+    fprintf(out, "tensors (%d groups; N = layer, E = expert):\n", n);
+    for (int k = 0; k < n; k++) {
+        char shape[96];
+        size_t off = (size_t)snprintf(shape, sizeof shape, "[");
+        for (int d = 0; d < g[k].ndim && off < sizeof shape; d++)
+            off += (size_t)snprintf(shape + off, sizeof shape - off, d ? ", %lld" : "%lld", (long long)g[k].shape[d]);
+        if (off < sizeof shape) snprintf(shape + off, sizeof shape - off, "]");
+        fprintf(out, "  %-60s x%-5d %-5s %-22s %10.1f MB\n", g[k].key, g[k].count, tern_dtype_name(g[k].dtype),
+                shape, g[k].bytes / 1e6);
+    }
+    free(g);
+}
+
+/* Bytes per stored element of the big matrices: the dtype of the embedding
+ * table when tensors exist, else the config's declared dtype. */
+static double dtype_bytes(const tern_config *c, const tern_tensor_set *ts, const char **source) {
+    const char *names[] = {"model.language_model.embed_tokens.weight", "model.embed_tokens.weight"};
+    for (int i = 0; i < 2; i++) {
+        const tern_tensor *t = tern_tensors_get(ts, names[i]);
+        if (t) { *source = tern_dtype_name(t->dtype); return (double)tern_dtype_size(t->dtype); }
+    }
+    *source = c->dtype;
+    if (strcmp(c->dtype, "float32") == 0) return 4;
+    return 2;
+}
+
+int tern_model_describe(const char *dir, FILE *out, tern_error *err) {
+    tern_config c;
+    if (tern_config_load(&c, dir, err) != 0) return -1;
+    tern_tensor_set ts;
+    if (tern_tensors_open(&ts, dir, 1, err) != 0) return -1;
+
+    int n_attn = 0;
+    for (int l = 0; l < c.n_layers; l++) n_attn += c.layer_kind[l] == TERN_LAYER_ATTN;
+    fprintf(out, "model: %s (%s)\n", dir, c.model_type);
+    fprintf(out, "architecture: %d layers (%d Gated DeltaNet, %d gated attention), hidden %d, vocab %d\n",
+            c.n_layers, c.n_layers - n_attn, n_attn, c.hidden, c.vocab);
+    fprintf(out, "  attention: %d q heads, %d kv heads, head_dim %d, rotary dims %d, theta %g\n", c.n_heads,
+            c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta);
+    fprintf(out, "  deltanet: %d k heads x %d, %d v heads x %d, conv kernel %d\n", c.gdn_k_heads, c.gdn_k_dim,
+            c.gdn_v_heads, c.gdn_v_dim, c.gdn_conv_kernel);
+    fprintf(out, "  moe: %d experts, top %d, expert intermediate %d, shared intermediate %d\n", c.n_experts,
+            c.top_k, c.expert_inter, c.shared_inter);
+    fprintf(out, "  mtp layers: %d, max positions %d\n", c.mtp_layers, c.max_pos);
+
+    double text_params = 0;
+    if (ts.n_files == 0) fprintf(out, "tensors: none in %s (config only: counts below come from config.json)\n", dir);
+    else print_inventory(out, &ts, &text_params);
+
+    param_parts p = count_params(&c);
+    double total = total_of(&p), active = active_of(&p, &c);
+    fprintf(out, "parameters (text model, without MTP and vision):\n");
+    print_count(out, "total", total);
+    print_count(out, "active per token", active);
+    if (ts.n_files > 0) print_count(out, "stored text tensors", text_params);
+    const char *src;
+    double bpe = dtype_bytes(&c, &ts, &src);
+    fprintf(out, "weights read per token at %s: %.2f GB\n", src, active * bpe / 1e9);
+    tern_tensors_close(&ts);
+    return 0;
+}

@@ -1,0 +1,311 @@
+/* The CPU reference engine against transformers' fp32 outputs on the oracle
+ * fixtures (tools/oracle/make_fixtures.py): logits at every position, the
+ * per-layer residual stream, greedy tokens, the MTP head, and the engine's
+ * own invariants (prefill/decode, chunked/recurrent, snapshots). */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "tern.h"
+#include "testutil.h"
+
+#define TOL 1e-4   /* max |d| / max |ref|: fp32 vs fp32, different summation orders */
+
+typedef struct {
+    tern_model *m;
+    reference ref;
+    int V, H, n_prompt;
+    const int32_t *prompt;
+} fx;
+
+static void fx_open(fx *f, const char *name) {
+    tern_error err;
+    tern_load_params lp = {2};
+    f->m = tern_model_load(fixture_dir(name), &lp, &err);
+    cr_assert_not_null(f->m, "%s", err.msg);
+    cr_assert_eq(reference_open(&f->ref, name), 0);
+    f->V = tern_model_vocab_size(f->m);
+    f->H = f->m->cfg.hidden;
+    const tern_tensor *p = reference_get(&f->ref, "prompt");
+    cr_assert(p && p->dtype == TERN_DTYPE_I32);
+    f->prompt = p->data;
+    f->n_prompt = (int)p->numel;
+}
+
+static void fx_close(fx *f) {
+    reference_close(&f->ref);
+    tern_model_free(f->m);
+}
+
+static const float *ref_f32(fx *f, const char *name, int64_t numel) {
+    const tern_tensor *t = reference_get(&f->ref, name);
+    cr_assert(t, "reference tensor '%s' missing", name);
+    cr_assert_eq(t->dtype, TERN_DTYPE_F32);
+    cr_assert_eq(t->numel, numel, "'%s' has %lld values, expected %lld", name, (long long)t->numel,
+                 (long long)numel);
+    return t->data;
+}
+
+static tern_session *new_session(fx *f, int mode) {
+    tern_error err;
+    tern_session_params sp = {0, mode};
+    tern_session *s = tern_session_create(f->m, &sp, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    return s;
+}
+
+static float *eval_all(fx *f, tern_session *s, const int32_t *tok, int n) {
+    float *lg = malloc((size_t)n * f->V * sizeof(float));
+    tern_error err;
+    cr_assert_eq(tern_session_eval(s, tok, n, lg, 1, &err), 0, "%s", err.msg);
+    return lg;
+}
+
+/* Rows [r0, r0 + n) of the reference's 130-token logits. */
+static const float *ref_rows(fx *f, int r0) {
+    return ref_f32(f, "logits.len130", (int64_t)f->n_prompt * f->V) + (size_t)r0 * f->V;
+}
+
+static void check_logits(const char *name, int mode) {
+    fx f;
+    fx_open(&f, name);
+    static const int lens[] = {1, 63, 64, 65, 130};
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+        int L = lens[i];
+        char key[32];
+        snprintf(key, sizeof key, "logits.len%d", L);
+        const float *ref = reference_get(&f.ref, key) ? ref_f32(&f, key, (int64_t)L * f.V) : ref_rows(&f, 0);
+        tern_session *s = new_session(&f, mode);
+        float *lg = eval_all(&f, s, f.prompt, L);
+        double e = rel_err(lg, ref, (size_t)L * f.V);
+        cr_log_info("%s %s len %d: max rel err %.2e", name, mode ? "recurrent" : "chunked", L, e);
+        cr_expect_lt(e, TOL, "%s len %d: rel err %.3e", name, L, e);
+        free(lg);
+        tern_session_destroy(s);
+    }
+    fx_close(&f);
+}
+
+typedef struct {
+    fx *f;
+    double worst;
+    int bad_layer;
+} layer_cmp;
+
+static void on_layer(void *ctx, int layer, const float *x, int T) {
+    layer_cmp *c = ctx;
+    char key[32];
+    snprintf(key, sizeof key, "hidden.layer%d", layer);
+    const float *ref = ref_f32(c->f, key, (int64_t)T * c->f->H);
+    double e = rel_err(x, ref, (size_t)T * c->f->H);
+    if (e > c->worst) { c->worst = e; c->bad_layer = layer; }
+}
+
+static void check_layers(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    layer_cmp c = {&f, 0, -1};
+    s->hook = on_layer;
+    s->hook_ctx = &c;
+    float *hidden = malloc((size_t)f.n_prompt * f.H * sizeof(float));
+    tern_error err;
+    cr_assert_eq(tern_forward(s, f.prompt, f.n_prompt, NULL, 0, hidden, &err), 0, "%s", err.msg);
+    cr_log_info("%s layers: worst rel err %.2e (layer %d)", name, c.worst, c.bad_layer);
+    cr_expect_lt(c.worst, TOL, "%s: residual stream off by %.3e after layer %d", name, c.worst, c.bad_layer);
+    double e = rel_err(hidden, ref_f32(&f, "hidden.final", (int64_t)f.n_prompt * f.H), (size_t)f.n_prompt * f.H);
+    cr_expect_lt(e, TOL, "%s: final hidden off by %.3e", name, e);
+    free(hidden);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void check_greedy(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    const tern_tensor *gp = reference_get(&f.ref, "greedy.prompt"), *gt = reference_get(&f.ref, "greedy.tokens");
+    cr_assert(gp && gt);
+    const int32_t *want = gt->data;
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    float *lg = malloc((size_t)f.V * sizeof(float));
+    tern_error err;
+    cr_assert_eq(tern_session_eval(s, gp->data, (int)gp->numel, lg, 0, &err), 0, "%s", err.msg);
+    for (int i = 0; i < gt->numel; i++) {
+        int32_t next = argmax(lg, f.V);
+        cr_assert_eq(next, want[i], "%s: greedy token %d is %d, reference %d", name, i, next, want[i]);
+        cr_assert_eq(tern_session_eval(s, &next, 1, lg, 0, &err), 0, "%s", err.msg);
+    }
+    free(lg);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
+
+/* Prefill 65, then decode the remaining prompt tokens one at a time: every
+ * row must match the reference's single long prefill. */
+static void check_prefill_then_decode(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    float *lg = eval_all(&f, s, f.prompt, 65);
+    double worst = rel_err(lg, ref_rows(&f, 0), (size_t)65 * f.V);
+    tern_error err;
+    for (int t = 65; t < f.n_prompt; t++) {
+        cr_assert_eq(tern_session_eval(s, &f.prompt[t], 1, lg, 0, &err), 0, "%s", err.msg);
+        double e = rel_err(lg, ref_rows(&f, t), (size_t)f.V);
+        if (e > worst) worst = e;
+    }
+    cr_expect_lt(worst, TOL, "%s: prefill+decode rel err %.3e", name, worst);
+    free(lg);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
+
+/* Two prefills (40 + 90 tokens) equal one: the chunked DeltaNet must start
+ * from the carried state with chunk boundaries elsewhere. */
+static void check_split_prefill(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    float *a = eval_all(&f, s, f.prompt, 40);
+    float *b = eval_all(&f, s, f.prompt + 40, f.n_prompt - 40);
+    double e1 = rel_err(a, ref_rows(&f, 0), (size_t)40 * f.V);
+    double e2 = rel_err(b, ref_rows(&f, 40), (size_t)(f.n_prompt - 40) * f.V);
+    cr_expect_lt(e1, TOL);
+    cr_expect_lt(e2, TOL, "%s: second prefill rel err %.3e", name, e2);
+    free(a);
+    free(b);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
+
+static void check_modes_agree(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_session *c = new_session(&f, TERN_GDN_CHUNKED), *r = new_session(&f, TERN_GDN_RECURRENT);
+    float *lc = eval_all(&f, c, f.prompt, f.n_prompt), *lr = eval_all(&f, r, f.prompt, f.n_prompt);
+    double e = rel_err(lc, lr, (size_t)f.n_prompt * f.V);
+    cr_log_info("%s chunked vs recurrent: %.2e", name, e);
+    cr_expect_lt(e, 1e-5, "%s: chunked vs recurrent GDN differ by %.3e", name, e);
+    free(lc);
+    free(lr);
+    tern_session_destroy(c);
+    tern_session_destroy(r);
+    fx_close(&f);
+}
+
+/* Snapshot after 64 tokens; the next 16 tokens give bit-identical logits
+ * whether run straight on, after restoring into the same session, or after
+ * restoring into a fresh one. */
+static void check_snapshot(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_error err;
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    free(eval_all(&f, s, f.prompt, 64));
+    if (tern_model_has_mtp(f.m)) {
+        float *d = malloc((size_t)f.V * sizeof(float));
+        cr_assert_eq(tern_session_mtp_draft(s, f.prompt[64], d, &err), 0, "%s", err.msg);
+        free(d);
+    }
+    tern_snapshot *snap = tern_session_snapshot(s, &err);
+    cr_assert_not_null(snap, "%s", err.msg);
+    cr_assert_gt(tern_snapshot_bytes(snap), 0);
+    float *a = eval_all(&f, s, f.prompt + 64, 16);
+    cr_assert_eq(tern_session_restore(s, snap, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_pos(s), 64);
+    float *b = eval_all(&f, s, f.prompt + 64, 16);
+    tern_session *s2 = new_session(&f, TERN_GDN_CHUNKED);
+    cr_assert_eq(tern_session_restore(s2, snap, &err), 0, "%s", err.msg);
+    float *c = eval_all(&f, s2, f.prompt + 64, 16);
+    size_t bytes = (size_t)16 * f.V * sizeof(float);
+    cr_expect(memcmp(a, b, bytes) == 0, "%s: logits after restore differ", name);
+    cr_expect(memcmp(a, c, bytes) == 0, "%s: logits after restore into a new session differ", name);
+    cr_expect_lt(rel_err(a, ref_rows(&f, 64), (size_t)16 * f.V), TOL);
+    free(a); free(b); free(c);
+    tern_snapshot_free(snap);
+    tern_session_destroy(s);
+    tern_session_destroy(s2);
+    fx_close(&f);
+}
+
+/* MTP draft logits for (final hidden of token t, token t+1), t = 0..128:
+ * all at once through the internal entry, and one at a time through the
+ * public decode-time call. */
+static void check_mtp(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    int n = f.n_prompt - 1;
+    const float *ref = ref_f32(&f, "mtp.logits", (int64_t)n * f.V);
+    tern_error err;
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    float *hidden = malloc((size_t)f.n_prompt * f.H * sizeof(float));
+    float *lg = malloc((size_t)n * f.V * sizeof(float));
+    cr_assert_eq(tern_forward(s, f.prompt, f.n_prompt, NULL, 0, hidden, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_mtp_forward(s, hidden, f.prompt + 1, n, lg, &err), 0, "%s", err.msg);
+    double e = rel_err(lg, ref, (size_t)n * f.V);
+    cr_log_info("%s mtp: %.2e", name, e);
+    cr_expect_lt(e, TOL, "%s: MTP draft logits rel err %.3e", name, e);
+
+    tern_session *d = new_session(&f, TERN_GDN_CHUNKED);
+    double worst = 0;
+    for (int t = 0; t < 12; t++) {
+        cr_assert_eq(tern_session_eval(d, &f.prompt[t], 1, NULL, 0, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_session_mtp_draft(d, f.prompt[t + 1], lg, &err), 0, "%s", err.msg);
+        double et = rel_err(lg, ref + (size_t)t * f.V, (size_t)f.V);
+        if (et > worst) worst = et;
+    }
+    cr_expect_lt(worst, TOL, "%s: decode-time MTP drafts rel err %.3e", name, worst);
+    free(hidden);
+    free(lg);
+    tern_session_destroy(s);
+    tern_session_destroy(d);
+    fx_close(&f);
+}
+
+#define FIXTURE_TESTS(N)                                                              \
+    Test(fixture, N##_logits_chunked) { check_logits(#N, TERN_GDN_CHUNKED); }         \
+    Test(fixture, N##_logits_recurrent) { check_logits(#N, TERN_GDN_RECURRENT); }     \
+    Test(fixture, N##_layers) { check_layers(#N); }                                   \
+    Test(fixture, N##_greedy) { check_greedy(#N); }                                   \
+    Test(fixture, N##_prefill_then_decode) { check_prefill_then_decode(#N); }         \
+    Test(fixture, N##_split_prefill) { check_split_prefill(#N); }                     \
+    Test(fixture, N##_chunked_vs_recurrent) { check_modes_agree(#N); }                \
+    Test(fixture, N##_snapshot_restore) { check_snapshot(#N); }                       \
+    Test(fixture, N##_mtp) { check_mtp(#N); }
+
+FIXTURE_TESTS(tiny)
+FIXTURE_TESTS(qwen35)
+FIXTURE_TESTS(odd)
+
+Test(fixture, bad_token_id_is_an_error) {
+    fx f;
+    fx_open(&f, "tiny");
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    int32_t bad[2] = {1, 512};
+    tern_error err;
+    cr_assert_eq(tern_session_eval(s, bad, 2, NULL, 0, &err), -1);
+    cr_assert(strstr(err.msg, "512"), "%s", err.msg);
+    cr_assert_eq(tern_session_pos(s), 0);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
+
+Test(fixture, context_limit_is_an_error) {
+    fx f;
+    fx_open(&f, "tiny");
+    tern_error err;
+    tern_session_params sp = {8, TERN_GDN_CHUNKED};
+    tern_session *s = tern_session_create(f.m, &sp, &err);
+    cr_assert_eq(tern_session_eval(s, f.prompt, 9, NULL, 0, &err), -1);
+    cr_assert(strstr(err.msg, "context"), "%s", err.msg);
+    tern_session_destroy(s);
+    fx_close(&f);
+}
