@@ -21,7 +21,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
 TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
 
-.PHONY: all deps test run asan check clean
+.PHONY: all deps test run asan check clean mutation-check
 all: $(B)/tern
 
 deps:
@@ -53,6 +53,11 @@ test: deps
 	$(MAKE) check
 	$(MAKE) asan
 	ASAN_OPTIONS=detect_leaks=1 build-asan/tern-tests --filter 'loader/*' --jobs 2
+	python3 tools/mutation_check.py
+
+# Each classic mistake in the model math must make a fixture test fail.
+mutation-check: $(B)/tern-tests
+	python3 tools/mutation_check.py
 
 run: deps
 	$(MAKE) all

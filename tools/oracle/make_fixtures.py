@@ -289,6 +289,16 @@ STD_NORM = 0.1  # noise of (1+w) RMSNorm weights, of the gated-norm weight aroun
 A_RANGE = (0.01, 16.0)  # A = exp(A_log), sampled log-uniformly in this range
 
 
+
+# transformers renamed the cache argument and output field (past_key_values -> cache) between 5.17 and 5.24;
+# the oracle runs on both, so it looks the names up once.
+def _cache_kw(fn):
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+
+
+def _out_cache(out):
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
 def lm_head_std(hidden):
     # 1/sqrt(H): final normed hidden has rms ~1, so logits get std ~1.
     return 1.0 / math.sqrt(hidden)
@@ -410,7 +420,8 @@ class MTPHead(nn.Module):
         pos = torch.arange(t)[None]
         cos_sin = self.rotary(u, pos)
         mask = torch.full((t, t), torch.finfo(u.dtype).min, dtype=u.dtype).triu(1)[None, None]
-        u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=mask, position_ids=pos, cache=None)
+        u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=mask, position_ids=pos,
+                           **{_cache_kw(self.layers[0].forward): None})
         out = self.norm(u)[0]
         return out, nn.functional.linear(out, lm_head_weight)
 
@@ -423,7 +434,8 @@ class MTPHead(nn.Module):
             u = u_all[t][None, None]
             pos = torch.tensor([[t]])
             cos_sin = self.rotary(u, pos)
-            u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=None, position_ids=pos, cache=cache)
+            u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=None, position_ids=pos,
+                               **{_cache_kw(self.layers[0].forward): cache})
             outs.append(nn.functional.linear(self.norm(u)[0, 0], lm_head_weight))
         return torch.stack(outs)
 
@@ -780,7 +792,7 @@ def compute_references(model, mtp, prompt, text_cfg, full_logits):
     # 3. Greedy decoding with the cache (GDN recurrent single-token path + KV cache).
     gprompt = prompt[:GREEDY_PROMPT]
     out = model(input_ids=gprompt[None], use_cache=True)
-    cache = out.cache
+    cache = _out_cache(out)
     info["greedy_prefill_calls"] = take_calls()
     tokens, margins, step_logits = [], [], []
     decode_calls = Counter()
@@ -793,7 +805,7 @@ def compute_references(model, mtp, prompt, text_cfg, full_logits):
         if step == GREEDY_STEPS - 1:
             break
         out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
-        cache = out.cache
+        cache = _out_cache(out)
         decode_calls.update(take_calls())
     steps = GREEDY_STEPS - 1
     assert decode_calls["torch_recurrent_gated_delta_rule"] == steps * n_gdn, decode_calls
