@@ -8,7 +8,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iinclude -Isrc
-DEPS    := jansson libpcre2-8 libutf8proc
+DEPS    := jansson libpcre2-8 libutf8proc libcrypto
 DEP_CFLAGS = $(shell pkg-config --cflags $(DEPS) 2>/dev/null)
 DEP_LIBS   = $(shell pkg-config --libs $(DEPS) 2>/dev/null) -lm -pthread
 TEST_LIBS  = $(shell pkg-config --libs criterion 2>/dev/null)
@@ -17,11 +17,13 @@ B       ?= build
 LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*'))
 CLI_SRC := $(sort $(wildcard src/cli/*.c))
 TEST_SRC:= $(sort $(wildcard tests/*.c))
+BENCH_SRC:= $(sort $(wildcard bench/*.c))
+BENCHES := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
 TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
 
-.PHONY: all deps test run asan check clean mutation-check
+.PHONY: all deps test run asan check clean mutation-check bench
 all: $(B)/tern
 
 deps:
@@ -40,6 +42,12 @@ $(B)/tern: $(CLI_OBJ) $(B)/libtern.a
 
 $(B)/tern-tests: $(TEST_OBJ) $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS) $(TEST_LIBS)
+
+# Benchmarks: each bench/NAME.c is a program built as build/bench/NAME.
+bench: $(BENCHES)
+$(B)/bench/%: bench/%.c $(B)/libtern.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEP_CFLAGS) -o $@ $< $(B)/libtern.a $(DEP_LIBS)
 
 # The tests run from the repository root (fixtures live in tests/fixtures).
 check: $(B)/tern $(B)/tern-tests

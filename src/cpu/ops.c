@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/quant.h"
 #include "util/half.h"
 
 float tern_dot(const float *a, const float *b, int64_t n) {
@@ -19,7 +20,9 @@ float tern_dot(const float *a, const float *b, int64_t n) {
 
 void tern_mat_row(const tern_mat *W, int64_t r, float *out) {
     int64_t n = W->cols;
-    if (W->dtype == TERN_DTYPE_F32) {
+    if (W->bits) {
+        tern_dequantize_row(W->data, W->scales, W->biases, r, n, W->bits, W->group, out);
+    } else if (W->dtype == TERN_DTYPE_F32) {
         memcpy(out, (const float *)W->data + r * n, (size_t)n * sizeof(float));
     } else if (W->dtype == TERN_DTYPE_BF16) {
         const uint16_t *p = (const uint16_t *)W->data + r * n;
@@ -44,7 +47,7 @@ static void matmul_range(void *ctx, int64_t begin, int64_t end) {
     if (!row) abort();
     for (int64_t n = begin; n < end; n++) {
         const float *w = row;
-        if (j->W->dtype == TERN_DTYPE_F32) w = (const float *)j->W->data + n * K;
+        if (!j->W->bits && j->W->dtype == TERN_DTYPE_F32) w = (const float *)j->W->data + n * K;
         else tern_mat_row(j->W, n, row);
         for (int64_t t = 0; t < j->T; t++) j->y[t * N + n] = tern_dot(j->x + t * K, w, K);
     }

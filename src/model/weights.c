@@ -52,7 +52,7 @@ static int bind_mat(binder *b, tern_mat *m, int64_t rows, int64_t cols, const ch
     int64_t shape[2] = {rows, cols};
     const tern_tensor *t = get(b, name, 2, shape);
     if (!t) return -1;
-    *m = (tern_mat){t->data, t->dtype, rows, cols};
+    *m = (tern_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols};
     return 0;
 }
 
@@ -124,9 +124,10 @@ static int bind_fused_experts(binder *b, tern_moe_w *m, const tern_config *c, co
     size_t gsz = tern_dtype_size(gu->dtype), dsz = tern_dtype_size(dn->dtype);
     for (int64_t e = 0; e < E; e++) {
         const char *g0 = (const char *)gu->data + (size_t)(e * 2 * I * H) * gsz;
-        m->experts[e].gate = (tern_mat){g0, gu->dtype, I, H};
-        m->experts[e].up = (tern_mat){g0 + (size_t)(I * H) * gsz, gu->dtype, I, H};
-        m->experts[e].down = (tern_mat){(const char *)dn->data + (size_t)(e * H * I) * dsz, dn->dtype, H, I};
+        m->experts[e].gate = (tern_mat){.data = g0, .dtype = gu->dtype, .rows = I, .cols = H};
+        m->experts[e].up = (tern_mat){.data = g0 + (size_t)(I * H) * gsz, .dtype = gu->dtype, .rows = I, .cols = H};
+        m->experts[e].down = (tern_mat){.data = (const char *)dn->data + (size_t)(e * H * I) * dsz,
+                                         .dtype = dn->dtype, .rows = H, .cols = I};
     }
     return 0;
 }

@@ -10,13 +10,19 @@
 #include <stdint.h>
 
 #include "model/config.h"
+
 #include "model/tensors.h"
 
-/* A row-major matrix [rows, cols]: y = x @ W^T multiplies by rows. */
+/* A row-major matrix [rows, cols]: y = x @ W^T multiplies by rows.
+ * bits == 0: `data` holds dtype elements (F32/F16/BF16).
+ * bits == 4 or 8: affine-quantized (cpu/quant.h): `data` is the packed q,
+ * `scales`/`biases` bf16 [rows, cols / group]. */
 typedef struct tern_mat {
     const void *data;
     int dtype;
     int64_t rows, cols;
+    int bits, group;
+    const uint16_t *scales, *biases;
 } tern_mat;
 
 typedef struct tern_expert_w {

@@ -1,0 +1,67 @@
+/* manifest.json of a packed model directory (docs/FORMAT.md): where every
+ * tensor lives in resident.bin, the routed-expert blob layout, and every
+ * file's size and SHA-256. */
+#ifndef TERN_MODEL_MANIFEST_H
+#define TERN_MODEL_MANIFEST_H
+
+#include <stdint.h>
+
+#include "tern.h"
+
+#define TERN_FORMAT_NAME "tern-packed"
+#define TERN_FORMAT_VERSION 1
+
+enum tern_encoding { TERN_ENC_F32, TERN_ENC_F16, TERN_ENC_BF16, TERN_ENC_Q4, TERN_ENC_Q8 };
+
+/* Quantization classes (docs/FORMAT.md), in manifest order. */
+enum tern_qclass {
+    TERN_QC_EMBED, TERN_QC_ATTN, TERN_QC_ROUTER, TERN_QC_SHARED, TERN_QC_EXPERTS, TERN_QC_HEAD,
+    TERN_QC_MTP_FC, TERN_QC_COUNT
+};
+
+typedef struct tern_range {
+    uint64_t off, size;          /* bytes; size 0 = absent */
+} tern_range;
+
+typedef struct tern_pk_tensor {
+    char *name;
+    int ndim;
+    int64_t shape[4];
+    int encoding;                /* enum tern_encoding */
+    int group;                   /* quantized encodings only */
+    tern_range data, scales, biases;
+} tern_pk_tensor;
+
+typedef struct tern_pk_file {
+    char *path;                  /* relative to the model directory */
+    uint64_t size;
+    char sha256[65];             /* lowercase hex */
+} tern_pk_file;
+
+typedef struct tern_manifest {
+    int version;
+    char *source_path;
+    struct { int bits, group; } quant[TERN_QC_COUNT];   /* bits 16 = kept as float */
+    tern_pk_tensor *tensors;
+    int n_tensors;
+    int n_experts;               /* blobs per expert file */
+    uint64_t stride;             /* bytes per blob, multiple of 4096 */
+    char **layer_files;          /* [n_layer_files], relative paths */
+    int n_layer_files;
+    char *mtp_file;              /* NULL when there is no MTP layer */
+    tern_pk_tensor parts[3];     /* gate, up, down; offsets inside a blob */
+    tern_pk_file *files;
+    int n_files;
+    char manifest_sha256[65];    /* of the bytes read (set by tern_manifest_read) */
+} tern_manifest;
+
+/* Reads and validates dir/manifest.json: format and version, encodings,
+ * range sizes against shapes, overlaps, relative normalised paths. */
+int tern_manifest_read(tern_manifest *m, const char *dir, tern_error *err);
+/* Writes JSON (sorted keys, stable) to path. */
+int tern_manifest_write(const tern_manifest *m, const char *path, tern_error *err);
+void tern_manifest_free(tern_manifest *m);
+
+const tern_pk_tensor *tern_manifest_tensor(const tern_manifest *m, const char *name);
+
+#endif
