@@ -1,0 +1,85 @@
+/* Picks the next token from a row of logits.
+ *
+ * Order of operations (that of llama.cpp's default chain and vLLM, with
+ * temperature before truncation):
+ *
+ *   1. mask      ids >= n_valid (padding rows of the lm_head) never count
+ *   2. penalties over the token history:
+ *                repetition (HF/CTRL): l > 0 ? l / r : l * r   for seen ids
+ *                frequency and presence (OpenAI): l -= count * f + (count > 0) * p
+ *   3. greedy    if do_sample == 0 or temperature <= 0: the argmax
+ *                (lowest id on ties), nothing below applies
+ *   4. temperature l /= T
+ *   5. top-k     keep the k most likely ids
+ *   6. top-p     keep the fewest most likely ids whose probability
+ *                (renormalised over what top-k kept) reaches p
+ *   7. min-p     keep ids with probability >= min_p * (largest probability)
+ *   8. draw      from what is left, renormalised, with the sampler's own
+ *                xoshiro256** generator (same seed, same logits -> same ids)
+ *
+ * Ties in probability are ordered by id, so truncation is deterministic.
+ * The history is whatever the caller passes (vLLM penalises generated
+ * tokens for presence/frequency and prompt + generated for repetition;
+ * llama.cpp the last 64 tokens): the sampler does not keep one.
+ */
+#ifndef TERN_ENGINE_SAMPLER_H
+#define TERN_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "tern.h"
+
+#define TERN_SAMPLER_MAX_EOS 16
+
+typedef struct tern_sampler_params {
+    int do_sample;             /* 0: greedy */
+    float temperature;         /* <= 0: greedy */
+    int top_k;                 /* <= 0: off */
+    float top_p;               /* >= 1: off */
+    float min_p;               /* <= 0: off */
+    float repetition_penalty;  /* 1: off */
+    float presence_penalty;    /* 0: off */
+    float frequency_penalty;   /* 0: off */
+    uint64_t seed;
+    int n_eos;                 /* end-of-sequence ids from generation_config */
+    int32_t eos_ids[TERN_SAMPLER_MAX_EOS];
+} tern_sampler_params;
+
+/* transformers' GenerationConfig defaults: greedy, temperature 1, top_k 50,
+ * top_p 1, no min_p, no penalties, seed 0, no EOS ids. */
+void tern_sampler_params_default(tern_sampler_params *p);
+
+/* Defaults, then the fields of <model_dir>/generation_config.json that are
+ * present: do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
+ * eos_token_id (an integer or a list). Fails (p keeps the defaults and
+ * whatever was read) on a missing file or a field of the wrong type. */
+int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern_error *err);
+
+int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);
+
+typedef struct tern_sampler tern_sampler;
+
+/* n_vocab: entries in a logits row; n_valid <= n_vocab: the tokenizer's
+ * vocabulary (248077 for Qwen3.6 against 248320 lm_head rows). */
+tern_sampler *tern_sampler_create(const tern_sampler_params *p, int n_vocab, int n_valid,
+                                  tern_error *err);
+void tern_sampler_destroy(tern_sampler *s);
+
+/* Restarts the random sequence. */
+void tern_sampler_seed(tern_sampler *s, uint64_t seed);
+
+/* The next token id, or -1 (err set) if no id has a finite logit. */
+int32_t tern_sampler_sample(tern_sampler *s, const float *logits, const int32_t *history,
+                            int n_history, tern_error *err);
+
+/* The distribution step 8 draws from, as n_vocab probabilities (zero for
+ * everything truncated; one-hot when greedy). For logprobs and tests. */
+int tern_sampler_probs(tern_sampler *s, const float *logits, const int32_t *history,
+                       int n_history, float *probs, tern_error *err);
+
+/* The logits after steps 1, 2 and 4 (masked ids -inf; no temperature when
+ * greedy). */
+int tern_sampler_logits(tern_sampler *s, const float *logits, const int32_t *history,
+                        int n_history, float *out, tern_error *err);
+
+#endif
