@@ -490,3 +490,264 @@ Test(tokenizer, qwen36_matches_hf) {
     json_decref(all);
     json_decref(e);
 }
+
+/* ---- streaming detokenizer ---------------------------------------------- */
+
+/* Feeds ids one by one and checks, after every id, that exactly the complete
+ * part of the stream has come out: the sanitized bytes of ids[0..k] minus an
+ * unfinished character at the end. After flush the whole output must equal
+ * `want` (HF's decode) when given. */
+static void check_stream(tern_tokenizer *t, const int32_t *ids, size_t n, const char *want,
+                         size_t want_len) {
+    tern_error err = {{0}};
+    tern_detok *d = tern_detok_create(t, 0, &err);
+    cr_assert_not_null(d);
+    char *got = malloc(16 * n * 64 + 16);
+    size_t gl = 0;
+    for (size_t k = 0; k < n; k++) {
+        const char *s;
+        size_t l;
+        cr_assert_eq(tern_detok_push(d, ids[k], &s, &l, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_utf8_valid_prefix(s, l), l, "emitted invalid UTF-8 at id %zu", k);
+        memcpy(got + gl, s, l);
+        gl += l;
+        char *raw;
+        size_t rl, el;
+        cr_assert_eq(tern_tokenizer_decode(t, ids, k + 1, 0, &raw, &rl, &err), 0);
+        size_t tail = tern_utf8_incomplete_tail(raw, rl);
+        char *exp = tern_utf8_sanitize(raw, rl - tail, &el);
+        cr_assert(gl == el && memcmp(got, exp, el) == 0,
+                  "after id %zu: emitted \"%s\"", k, show(got, gl));
+        free(exp);
+        free(raw);
+    }
+    const char *s;
+    size_t l;
+    tern_detok_flush(d, &s, &l);
+    memcpy(got + gl, s, l);
+    gl += l;
+    if (want)
+        cr_assert(gl == want_len && memcmp(got, want, gl) == 0, "stream gave \"%s\"", show(got, gl));
+    free(got);
+    tern_detok_free(d);
+}
+
+Test(tokenizer, detok_stream_matches_hf_decode) {
+    json_t *all = load_json(FIX "cases.json");
+    tern_tokenizer *t = load_tok(FIX "qwen-like");
+    json_t *c;
+    size_t i;
+    json_array_foreach(json_object_get(all, "decode"), i, c) {
+        json_t *jids = json_object_get(c, "ids"), *jt = json_object_get(c, "text");
+        int32_t ids[64];
+        size_t n = json_array_size(jids);
+        for (size_t k = 0; k < n; k++) ids[k] = (int32_t)json_integer_value(json_array_get(jids, k));
+        check_stream(t, ids, n, json_string_value(jt), json_string_length(jt));
+    }
+    /* encoded multilingual text: each character split over tokens comes out
+     * whole */
+    json_array_foreach(json_object_get(json_object_get(all, "qwen-like"), "cases"), i, c) {
+        json_t *jt = json_object_get(c, "text"), *jids = json_object_get(c, "ids");
+        size_t n = json_array_size(jids);
+        if (n > 200) continue;
+        int32_t *ids = malloc((n + 1) * sizeof *ids);
+        for (size_t k = 0; k < n; k++) ids[k] = (int32_t)json_integer_value(json_array_get(jids, k));
+        size_t nl;
+        char *want = nfc(json_string_value(jt), json_string_length(jt), &nl);
+        check_stream(t, ids, n, want, nl);
+        free(want);
+        free(ids);
+    }
+    tern_tokenizer_free(t);
+    json_decref(all);
+}
+
+/* One byte per token: every split point of 4-, 3- and 2-byte characters,
+ * and broken sequences. */
+Test(tokenizer, detok_holds_partial_characters) {
+    tern_tokenizer *t = load_tok(FIX "qwen-like");
+    const char *streams[] = {
+        "a\xF0\x9F\x94\xA5" "b",               /* fire emoji, 4 bytes */
+        "\xE4\xB8\xAD\xE6\x96\x87",            /* 2 CJK characters */
+        "\xC3\xA9\xC3",                        /* e-acute, then a truncated one at the end */
+        "\xF0\x9F\x94" "x\xE2\x82" "\xE2\x82\xAC",   /* broken, then a complete euro sign */
+        "\x80\xBF\xC0\xAF\xED\xA0\x80",        /* lone continuations, overlong, surrogate */
+    };
+    for (size_t s = 0; s < sizeof streams / sizeof streams[0]; s++) {
+        size_t n = strlen(streams[s]);
+        int32_t ids[32];
+        for (size_t k = 0; k < n; k++) {
+            char one = streams[s][k];
+            size_t bl;
+            /* the single-byte token for this byte */
+            int32_t id = -1;
+            for (int32_t v = 0; v < tern_tokenizer_vocab_size(t) && id < 0; v++) {
+                const char *b = tern_tokenizer_token_bytes(t, v, &bl);
+                if (b && bl == 1 && b[0] == one) id = v;
+            }
+            cr_assert_geq(id, 0);
+            ids[k] = id;
+        }
+        size_t wl;
+        char *want = tern_utf8_sanitize(streams[s], n, &wl);
+        check_stream(t, ids, n, want, wl);
+        free(want);
+    }
+    tern_error err = {{0}};
+    tern_detok *d = tern_detok_create(t, 1, &err);
+    const char *s;
+    size_t l;
+    cr_assert_eq(tern_detok_push(d, tern_tokenizer_token_id(t, "<|im_end|>"), &s, &l, &err), 0);
+    cr_assert_eq(l, 0, "special token not skipped");
+    cr_assert_eq(tern_detok_push(d, tern_tokenizer_token_id(t, "<think>"), &s, &l, &err), 0);
+    cr_assert(l == 7 && memcmp(s, "<think>", 7) == 0);
+    cr_assert_eq(tern_detok_push(d, 99999, &s, &l, &err), -1);
+    cr_assert(strstr(err.msg, "99999"), "%s", err.msg);
+    tern_detok_free(d);
+    tern_tokenizer_free(t);
+}
+
+/* ---- stop strings ------------------------------------------------------- */
+
+/* The longest tail of s[0..n) that is a proper prefix of some stop string,
+ * by brute force: what the matcher must hold back. */
+static size_t held_reference(const char *s, size_t n, const char *const *stops, size_t ns) {
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < ns; k++) {
+            size_t sl = strlen(stops[k]);
+            if (n - i < sl && memcmp(s + i, stops[k], n - i) == 0) return n - i;
+        }
+    return 0;
+}
+
+/* Where the first stop string completes when text arrives in one piece:
+ * the smallest end position, then the earliest start. */
+static int first_stop(const char *s, size_t n, const char *const *stops, size_t ns, size_t *at) {
+    for (size_t end = 1; end <= n; end++)
+        for (size_t i = 0; i < end; i++)
+            for (size_t k = 0; k < ns; k++) {
+                size_t sl = strlen(stops[k]);
+                if (end - i == sl && memcmp(s + i, stops[k], sl) == 0) {
+                    *at = i;
+                    return (int)k;
+                }
+            }
+    return -1;
+}
+
+/* Feeds text split at the given cut points and checks released text and
+ * what is held after every chunk. */
+static void check_stop_split(const char *text, const char *const *stops, size_t ns,
+                             const size_t *cuts, size_t ncuts) {
+    size_t n = strlen(text), at = 0;
+    int want_stop = first_stop(text, n, stops, ns, &at);
+    tern_error err = {{0}};
+    tern_stop *st = tern_stop_create(stops, ns, &err);
+    cr_assert_not_null(st, "%s", err.msg);
+    char out[512];
+    size_t ol = 0, fed = 0;
+    int hit = 0, which = -1;
+    for (size_t c = 0; c <= ncuts && !hit; c++) {
+        size_t end = c < ncuts ? cuts[c] : n;
+        const char *s;
+        size_t l;
+        hit = tern_stop_push(st, text + fed, end - fed, &s, &l, &which);
+        memcpy(out + ol, s, l);
+        ol += l;
+        fed = end;
+        if (!hit) {
+            /* everything fed is out or held, and only a stop prefix is held */
+            size_t held = held_reference(text, fed, stops, ns);
+            cr_assert_eq(ol + tern_stop_held(st), fed);
+            cr_assert_eq(tern_stop_held(st), held, "\"%s\" fed %zu: holds %zu, want %zu", text,
+                         fed, tern_stop_held(st), held);
+        }
+    }
+    if (!hit) {
+        const char *s;
+        size_t l;
+        tern_stop_flush(st, &s, &l);
+        memcpy(out + ol, s, l);
+        ol += l;
+    }
+    cr_assert_eq(hit ? which : -1, want_stop, "\"%s\": stop %d, want %d", text, hit ? which : -1,
+                 want_stop);
+    size_t want_len = want_stop >= 0 ? at : n;
+    cr_assert(ol == want_len && memcmp(out, text, ol) == 0, "\"%s\": released \"%.*s\"", text,
+              (int)ol, out);
+    tern_stop_free(st);
+}
+
+Test(tokenizer, stop_strings_every_split) {
+    const char *stops[] = {"</answer>", "\n\nUser:", "STOP", "\xE2\x82\xAC\xE2\x82\xAC"};
+    const char *texts[] = {
+        "plain text with no stop at all",
+        "the answer is 42</answer> and more",
+        "almost </answ but not quite </answer",
+        "</an</answer>",
+        "SSTOP",
+        "STO STOP",
+        "line\n\nUser: hi",
+        "\n\nUse\n\nUser:",
+        "price 3\xE2\x82\xAC\xE2\x82\xAC! ",
+        "\xE2\x82\xAC\xE2\x82 \xE2\x82\xAC",
+        "ends with a prefix </answ",
+    };
+    for (size_t t = 0; t < sizeof texts / sizeof texts[0]; t++) {
+        size_t n = strlen(texts[t]);
+        check_stop_split(texts[t], stops, 4, NULL, 0);
+        for (size_t a = 1; a < n; a++) {            /* every single split */
+            size_t cut1[] = {a};
+            check_stop_split(texts[t], stops, 4, cut1, 1);
+            for (size_t b = a + 1; b < n; b++) {    /* every pair of splits */
+                size_t cut2[] = {a, b};
+                check_stop_split(texts[t], stops, 4, cut2, 2);
+            }
+        }
+        size_t bytes[64];                           /* one byte at a time */
+        for (size_t k = 1; k < n; k++) bytes[k - 1] = k;
+        check_stop_split(texts[t], stops, 4, bytes, n - 1);
+    }
+    /* overlapping stops: the one that completes first wins, however cut */
+    const char *overlap[] = {"abcd", "bc", "cdx"};
+    const char *otexts[] = {"xabcd", "abce", "zzcdx", "abcdx", "ab"};
+    for (size_t t = 0; t < sizeof otexts / sizeof otexts[0]; t++) {
+        size_t n = strlen(otexts[t]);
+        check_stop_split(otexts[t], overlap, 3, NULL, 0);
+        for (size_t a = 1; a < n; a++) {
+            size_t cut1[] = {a};
+            check_stop_split(otexts[t], overlap, 3, cut1, 1);
+        }
+    }
+}
+
+Test(tokenizer, stop_after_stop_and_errors) {
+    const char *stops[] = {"xy"};
+    tern_error err = {{0}};
+    tern_stop *st = tern_stop_create(stops, 1, &err);
+    const char *s;
+    size_t l;
+    int which = -1;
+    cr_assert_eq(tern_stop_push(st, "axyb", 4, &s, &l, &which), 1);
+    cr_assert(l == 1 && s[0] == 'a' && which == 0);
+    cr_assert_eq(tern_stop_push(st, "more", 4, &s, &l, &which), 1);
+    cr_assert_eq(l, 0);
+    tern_stop_flush(st, &s, &l);
+    cr_assert_eq(l, 0);
+    tern_stop_reset(st);
+    cr_assert_eq(tern_stop_push(st, "ax", 2, &s, &l, NULL), 0);
+    cr_assert(l == 1 && tern_stop_held(st) == 1);
+    tern_stop_free(st);
+
+    tern_stop *none = tern_stop_create(NULL, 0, &err);
+    cr_assert_eq(tern_stop_push(none, "abc", 3, &s, &l, NULL), 0);
+    cr_assert_eq(l, 3);
+    tern_stop_free(none);
+
+    const char *empty[] = {""};
+    cr_assert_null(tern_stop_create(empty, 1, &err));
+    cr_assert(strstr(err.msg, "empty"), "%s", err.msg);
+    const char *bad[] = {"a\xFF"};
+    cr_assert_null(tern_stop_create(bad, 1, &err));
+    cr_assert(strstr(err.msg, "UTF-8"), "%s", err.msg);
+}

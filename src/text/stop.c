@@ -1,6 +1,5 @@
 #include "text/stop.h"
 
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +63,7 @@ size_t tern_stop_held(const tern_stop *st) { return st->len - st->released; }
 
 /* Drops what the previous call released, keeping the held tail. */
 static void drop_released(tern_stop *st) {
+    if (st->released == 0) return;
     memmove(st->buf, st->buf + st->released, st->len - st->released);
     st->len -= st->released;
     st->released = 0;
@@ -86,33 +86,45 @@ int tern_stop_push(tern_stop *st, const char *chunk, size_t len, const char **te
         st->buf = p;
         st->cap = c;
     }
-    memcpy(st->buf + st->len, chunk, len);
+    if (len) memcpy(st->buf + st->len, chunk, len);
     st->len += len;
 
-    /* The held tail never contains a whole stop string (it would have been
-     * found by the call that added its last byte), so searching all of buf
-     * finds only new occurrences; the earliest start wins. */
-    size_t hold_from = st->len;
-    for (size_t i = 0; i < st->len; i++) {
-        size_t rest = st->len - i;
+    /* Report the stop that completes first in stream order (the smallest
+     * end; at equal ends the longer, earlier-starting one), so the result
+     * does not depend on how the text was cut into chunks. The held tail
+     * never contains a whole stop string (the call that added its last byte
+     * would have reported it), so only ends in the new chunk are checked. */
+    for (size_t e = st->len - len + 1; e <= st->len; e++) {
+        size_t best = 0;
+        int k_best = -1;
         for (size_t k = 0; k < st->n; k++) {
             size_t sl = st->stop_len[k];
-            size_t m = rest < sl ? rest : sl;
-            if (memcmp(st->buf + i, st->stop[k], m) != 0) continue;
-            if (m == sl) {      /* complete: release what precedes it */
-                st->stopped = (int)k;
-                if (which) *which = (int)k;
-                *text = st->buf;
-                *text_len = i;
-                st->released = st->len;     /* nothing more comes out */
-                return 1;
+            if (sl <= e && sl > best && memcmp(st->buf + e - sl, st->stop[k], sl) == 0) {
+                best = sl;
+                k_best = (int)k;
             }
-            if (hold_from == st->len) hold_from = i;    /* first possible start */
+        }
+        if (k_best >= 0) {
+            st->stopped = k_best;
+            if (which) *which = k_best;
+            *text = st->buf;
+            *text_len = e - best;
+            st->released = st->len;     /* nothing more comes out */
+            return 1;
         }
     }
-    /* No stop string is complete. A later occurrence could still start at
-     * hold_from (the earliest position whose tail is a prefix of a stop
-     * string), so only the bytes before it are safe. */
+    /* No stop string is complete. One could still start at the earliest
+     * position whose tail is a proper prefix of a stop string, so only the
+     * bytes before it are safe to release. */
+    size_t hold_from = st->len;
+    for (size_t i = 0; i < st->len && hold_from == st->len; i++) {
+        size_t rest = st->len - i;
+        for (size_t k = 0; k < st->n; k++)
+            if (rest < st->stop_len[k] && memcmp(st->buf + i, st->stop[k], rest) == 0) {
+                hold_from = i;
+                break;
+            }
+    }
     *text = st->buf;
     *text_len = hold_from;
     st->released = hold_from;

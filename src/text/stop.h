@@ -5,7 +5,9 @@
  * back only the shortest tail that is still the beginning of one (so with
  * stop "</answer>", "x</an" releases "x" and holds "</an"). When a stop
  * string is complete, push reports it and releases the text before it; the
- * stop string and everything after it are dropped. Stop strings are matched
+ * stop string and everything after it are dropped. The stop reported is the
+ * one that completes first in the stream (for overlapping stops such as
+ * "abcd" and "bc", "bc"), whatever the chunking. Stop strings are matched
  * as bytes; with valid UTF-8 in and valid UTF-8 stop strings, released text
  * never splits a character.
  *

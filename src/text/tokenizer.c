@@ -1005,6 +1005,7 @@ typedef struct idvec {
 } idvec;
 
 static int push_ids(idvec *v, const int32_t *ids, size_t n) {
+    if (n == 0) return 0;
     if (grow((void **)v->ids, v->cap, *v->n + n, sizeof(int32_t))) return -1;
     memcpy(*v->ids + *v->n, ids, n * sizeof *ids);
     *v->n += n;
@@ -1184,8 +1185,8 @@ static int encode_segment(const tern_tokenizer *t, scratch *sc, const char *s, s
             free(norm);
             return tern_fail(err, "out of memory");
         }
-        /* copy: pre_tokenize does not touch sc->splits, but keep it simple
-         * and safe should that change */
+        /* a copy, like encode_with's: the splits live in the scratch, and
+         * nothing called while walking them may reuse it */
         struct split *sp = malloc((size_t)ns * sizeof *sp + 1);
         if (!sp) {
             free(norm);
@@ -1208,6 +1209,7 @@ static int encode_with(const tern_tokenizer *t, scratch *sc, const char *text, s
                        unsigned flags, idvec *out, tern_error *err) {
     long ns = find_added(&t->raw_set, sc, text, len, flags);
     if (ns < 0) return tern_fail(err, "out of memory");
+    /* copied: encode_segment runs find_added again on the same scratch */
     struct split *sp = malloc((size_t)ns * sizeof *sp + 1);
     if (!sp) return tern_fail(err, "out of memory");
     memcpy(sp, sc->splits, (size_t)ns * sizeof *sp);

@@ -22,7 +22,11 @@
  *      is NFC), then searched for the added tokens with normalized=true;
  *   3. each remaining piece is split by the pre-tokenizer regex(es) (PCRE2,
  *      UTF + UCP; `\s`/`\S` are rewritten to Unicode White_Space, which is
- *      what Hugging Face's Oniguruma means by them; PCRE2 also counts U+180E);
+ *      what Hugging Face's Oniguruma means by them; PCRE2 also counts U+180E).
+ *      Other escapes whose meaning differs between the two engines (`\w`,
+ *      `\b`, `\h`) are not rewritten: none of this family's regexes use
+ *      them. Characters assigned in a Unicode version newer than PCRE2's
+ *      tables may be classed differently from Hugging Face;
  *   4. each split is BPE-encoded over its UTF-8 bytes, merges applied lowest
  *      rank first (leftmost on ties).
  * No template tokens (BOS/EOS) are ever added; the caller decides.
@@ -41,7 +45,10 @@
  *   truncation, padding   null.
  *   added_tokens   special, normalized, lstrip, rstrip and single_word are all
  *                  honoured as the `tokenizers` library does (Qwen sets all of
- *                  them false except special).
+ *                  them false except special). single_word's "word character"
+ *                  is letters, marks, decimal digits, letter numbers, '_' and
+ *                  ZWJ/ZWNJ (Rust regex \w minus a few Other_Alphabetic
+ *                  symbols).
  * tokenizer_config.json (optional) gives bos/eos/pad/unk tokens, as strings
  * or {"content": ...} objects; null or absent means none.
  *
@@ -51,7 +58,7 @@
  * hold it), so there is no reference behaviour to match, and silently
  * replacing bytes would make ids that do not round-trip. Callers that want
  * the lossy behaviour convert the text first (tern_utf8_sanitize in
- * text/detok.h replaces each maximal invalid subpart with U+FFFD, as Python's
+ * text/utf8.h replaces each maximal invalid subpart with U+FFFD, as Python's
  * errors="replace" does). Embedded NUL bytes are valid UTF-8 and encoded.
  *
  * decode() returns the exact bytes of the tokens (added tokens give their
