@@ -37,8 +37,16 @@ typedef struct tern_snapshot tern_snapshot;
 
 /* ---- model -------------------------------------------------------------- */
 
+enum tern_expert_policy_kind { TERN_POLICY_LFU = 0, TERN_POLICY_LRU = 1 };
+
 typedef struct tern_load_params {
-    int n_threads;   /* threads for the large matrix products; 0 = all cores */
+    int n_threads;           /* threads for the large matrix products; 0 = all cores */
+    /* Packed models only: RAM for routed experts. 0 maps every expert file
+     * (resident); otherwise experts are streamed from disk into a slot cache
+     * of budget / (expert blob bytes x layers) slots per layer. */
+    uint64_t expert_budget;
+    int expert_policy;       /* enum tern_expert_policy_kind */
+    int io_threads;          /* parallel expert reads; 0 = 4 */
 } tern_load_params;
 
 /* Loads a Hugging Face model directory (config.json, generation_config.json,
@@ -58,7 +66,20 @@ int tern_model_is_eos(const tern_model *m, int32_t id);
  * inventory, parameter counts (total and active per token) and bytes per token
  * in the stored dtype. Works from config.json alone when no tensors exist (and
  * says so). */
-int tern_model_describe(const char *dir, FILE *out, tern_error *err);
+int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern_error *err);
+
+/* Expert streaming statistics since load (all zero for resident experts). */
+typedef struct tern_stream_stats {
+    int streaming;           /* 1 if experts stream through a slot cache */
+    int slots_per_layer;
+    uint64_t hits, misses, bytes_read;
+    double read_s, wait_s;   /* time in reads (summed over I/O threads); time compute waited */
+    int direct_io;
+} tern_stream_stats;
+void tern_model_stream_stats(const tern_model *m, tern_stream_stats *out);
+
+/* Parses a size such as "512M", "8G", "1.5GiB", "1000000" into bytes. */
+int tern_parse_size(const char *s, uint64_t *bytes, tern_error *err);
 
 /* ---- session ------------------------------------------------------------ */
 
@@ -100,6 +121,190 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap,
                          tern_error *err);
 void tern_snapshot_free(tern_snapshot *snap);
 size_t tern_snapshot_bytes(const tern_snapshot *snap);
+
+
+/* ---- text --------------------------------------------------------------- */
+
+/* A byte-level BPE tokenizer read from a model's tokenizer.json (NFC, the
+ * pre-tokenizer regex from the file, merges by rank, added tokens matched
+ * whole). Invalid UTF-8 input is rejected with the byte offset. */
+typedef struct tern_tokenizer tern_tokenizer;
+
+/* Loads dir/tokenizer.json and, when present, dir/tokenizer_config.json. */
+tern_tokenizer *tern_tokenizer_load(const char *dir, tern_error *err);
+/* Same from explicit paths; config_path may be NULL. */
+tern_tokenizer *tern_tokenizer_load_files(const char *tokenizer_json_path,
+                                          const char *config_path,
+                                          tern_error *err);
+void tern_tokenizer_free(tern_tokenizer *tok);
+
+enum tern_encode_flags {
+    /* Added tokens marked special (e.g. <|im_end|>) are not matched in the
+     * text but tokenized as plain text; non-special added tokens still are.
+     * This is `encode_special_tokens = True` in `tokenizers`, for text that
+     * must not be able to inject control tokens (user content). */
+    TERN_ENCODE_SPLIT_SPECIAL = 1 << 0,
+};
+
+/* Encodes len bytes of UTF-8 text. On success *ids is a malloc'ed array of
+ * *n ids (NULL when n == 0) that the caller frees. */
+int tern_tokenizer_encode(tern_tokenizer *tok, const char *text, size_t len,
+                          unsigned flags, int32_t **ids, size_t *n,
+                          tern_error *err);
+
+/* Appends the ids of text to a growable array (*ids with *n used and *cap
+ * allocated entries; start with NULL/0/0). For building prompts piece by
+ * piece. On failure the array keeps what it had. */
+int tern_tokenizer_encode_append(tern_tokenizer *tok, const char *text,
+                                 size_t len, unsigned flags, int32_t **ids,
+                                 size_t *n, size_t *cap, tern_error *err);
+
+/* Decodes ids to bytes. *out is malloc'ed, NUL-terminated (the NUL not
+ * counted in *out_len; the bytes may hold NULs of their own). Fails on an id
+ * outside the vocabulary. skip_special: leave out added tokens marked
+ * special (like skip_special_tokens=True). */
+int tern_tokenizer_decode(const tern_tokenizer *tok, const int32_t *ids,
+                          size_t n, int skip_special, char **out,
+                          size_t *out_len, tern_error *err);
+
+/* The bytes one id stands for (not NUL-terminated), or NULL if the id is not
+ * in the vocabulary. Valid while the tokenizer lives. */
+const char *tern_tokenizer_token_bytes(const tern_tokenizer *tok, int32_t id,
+                                       size_t *len);
+
+/* The token's string as tokenizer.json spells it (byte-level characters for
+ * BPE tokens, e.g. "Ġthe"; the content for added tokens), NUL-terminated, or
+ * NULL for an unknown id. */
+const char *tern_tokenizer_token_text(const tern_tokenizer *tok, int32_t id);
+
+/* The id of a token given as tokenizer.json spells it (an added token's
+ * content such as "<|im_end|>", or a vocabulary string), or -1. */
+int32_t tern_tokenizer_token_id(const tern_tokenizer *tok, const char *str);
+
+/* 1 if id is an added token, 2 if it is an added token marked special, else 0. */
+int tern_tokenizer_is_added(const tern_tokenizer *tok, int32_t id);
+
+/* One past the largest id (BPE vocabulary plus added tokens). The model's
+ * embedding may have more rows than this. */
+int32_t tern_tokenizer_vocab_size(const tern_tokenizer *tok);
+
+/* From tokenizer_config.json; -1 when not given. */
+int32_t tern_tokenizer_bos_id(const tern_tokenizer *tok);
+int32_t tern_tokenizer_eos_id(const tern_tokenizer *tok);
+int32_t tern_tokenizer_pad_id(const tern_tokenizer *tok);
+
+/* Qwen3.6 chat template (native C, byte-identical to the published
+ * chat_template.jinja). */
+typedef struct tern_chat_options {
+    int add_generation_prompt;  /* end with "<|im_start|>assistant\n<think>\n" */
+    int enable_thinking;        /* 0: the prompt closes an empty think block */
+    int preserve_thinking;      /* keep reasoning of turns before the last query */
+    int add_vision_id;          /* prefix images/videos with "Picture N: " */
+} tern_chat_options;
+
+/* The template's defaults: generation prompt off, thinking on, reasoning of
+ * earlier turns dropped, no vision ids. */
+void tern_chat_options_default(tern_chat_options *opt);
+
+/* Renders an OpenAI-style `messages` JSON array (and optional `tools` JSON
+ * array, may be NULL) into the prompt text. Returns malloc'd UTF-8. */
+char *tern_chat_render(const char *messages_json, const char *tools_json, const tern_chat_options *opt,
+                       tern_error *err);
+
+/* ---- sampling and generation -------------------------------------------- */
+
+#define TERN_SAMPLER_MAX_EOS 16
+
+typedef struct tern_sampler_params {
+    int do_sample;             /* 0: greedy */
+    float temperature;         /* <= 0: greedy */
+    int top_k;                 /* <= 0: off */
+    float top_p;               /* >= 1: off */
+    float min_p;               /* <= 0: off */
+    float repetition_penalty;  /* 1: off */
+    float presence_penalty;    /* 0: off */
+    float frequency_penalty;   /* 0: off */
+    uint64_t seed;
+    int n_eos;                 /* end-of-sequence ids from generation_config */
+    int32_t eos_ids[TERN_SAMPLER_MAX_EOS];
+} tern_sampler_params;
+
+/* transformers' GenerationConfig defaults: greedy, temperature 1, top_k 50,
+ * top_p 1, no min_p, no penalties, seed 0, no EOS ids. */
+void tern_sampler_params_default(tern_sampler_params *p);
+
+/* Defaults, then the fields of <model_dir>/generation_config.json that are
+ * present: do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
+ * eos_token_id (an integer or a list). Fails (p keeps the defaults and
+ * whatever was read) on a missing file or a field of the wrong type. */
+int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern_error *err);
+
+int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);
+
+typedef struct tern_gen_params {
+    tern_sampler_params sampling;    /* tern_sampler_params_load() for the model's defaults */
+    int n_predict;                   /* most tokens to generate; < 0 = until EOS or context end */
+    const char *const *stop;         /* stop strings (not included in the output) */
+    int n_stop;
+    int ignore_eos;
+    /* Optional: called with each generated id (before its text). With no
+     * tokenizer (tok == NULL in tern_generate) this is the only output. */
+    void (*on_token)(void *ctx, int32_t id);
+} tern_gen_params;
+
+enum tern_stop_reason { TERN_STOP_LENGTH, TERN_STOP_EOS, TERN_STOP_STRING, TERN_STOP_CALLER, TERN_STOP_CONTEXT };
+
+typedef struct tern_gen_stats {
+    int n_prompt;                    /* tokens prefilled by this call */
+    int n_generated;
+    double prefill_s, decode_s;      /* wall time of the prefill; of the decode steps */
+    int stop_reason;                 /* enum tern_stop_reason */
+    int32_t last_token;              /* the last generated id (e.g. the EOS) */
+} tern_gen_stats;
+
+/* Called with each piece of generated text (complete UTF-8, stop strings
+ * held back). Return non-zero to stop generating. */
+typedef int (*tern_text_fn)(void *ctx, const char *text, size_t len);
+
+/* Prefills `prompt` onto the session (tok may be NULL: ids only, see
+ * on_token), then samples until n_predict tokens,
+ * an EOS id, a stop string, the callback asking to stop, or the context
+ * end. Generated tokens (the EOS included) are evaluated into the session,
+ * so the next call continues the same sequence. */
+int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                  const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_gen_stats *stats,
+                  tern_error *err);
+
+/* ---- packing ------------------------------------------------------------ */
+
+/* `tern pack SRC DST` (docs/FORMAT.md): a Hugging Face (bf16/f16/f32 or FP8
+ * block-quantized) or MLX (4/8-bit affine) model directory becomes a packed
+ * directory: resident.bin, one file of routed experts per layer,
+ * manifest.json with every file's SHA-256, and the install receipt.
+ * Bits per class: 4 or 8 quantize (affine, groups along the input dim),
+ * 16 keeps the source's float type. MLX sources are copied bit for bit. */
+typedef struct tern_pack_params {
+    const char *src;             /* model directory to read */
+    const char *dst;             /* directory to create (must not exist) */
+    int bits;                    /* every class: 4 or 8; 0 = experts 4, the rest 8 */
+    /* per class, overriding `bits`: 4, 8 or 16; 0 = from `bits` */
+    int embed_bits, attn_bits, router_bits, shared_bits, expert_bits, head_bits, mtp_fc_bits;
+    int group;                   /* 32, 64 or 128 values per scale; 0 = 64 */
+    int resume;                  /* continue DST.partial left by an interrupted pack */
+    int n_threads;               /* 0 = all cores */
+    FILE *progress;              /* progress bar and summary; NULL = silent */
+    uint64_t min_free_bytes;     /* free space to leave on the disk; 0 = 256 MiB */
+} tern_pack_params;
+
+/* Packs p->src into p->dst with the install semantics of docs/FORMAT.md
+ * (DST.partial, lock, fsyncs, atomic rename). Same inputs, same bytes. */
+int tern_pack(const tern_pack_params *p, tern_error *err);
+
+/* Rehashes every file of a packed directory against its manifest, checks
+ * the layout, and on success writes the receipt verified-install.json.
+ * report (may be NULL) gets progress, each failure and a summary; err
+ * names the (first) bad file. */
+int tern_verify(const char *dir, FILE *report, tern_error *err);
 
 #ifdef __cplusplus
 }

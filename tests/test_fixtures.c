@@ -25,7 +25,7 @@ typedef struct {
 static void fx_open(fx *f, const char *name) {
     memset(f, 0, sizeof *f);
     tern_error err;
-    tern_load_params lp = {2};
+    tern_load_params lp = {.n_threads = 2};
     f->m = tern_model_load(fixture_dir(name), &lp, &err);
     cr_assert_not_null(f->m, "%s", err.msg);
     cr_assert_eq(reference_open(&f->ref, name), 0);

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "model/config.h"
+#include "model/manifest.h"
+#include "model/packed.h"
 #include "model/tensors.h"
 #include "util/err.h"
 
@@ -53,7 +55,8 @@ static void print_count(FILE *out, const char *label, double n) {
         grouped[j++] = digits[i];
     }
     grouped[j] = '\0';
-    fprintf(out, "  %-22s %8.2f B  (%s)\n", label, n / 1e9, grouped);
+    if (n >= 1e9) fprintf(out, "  %-22s %8.2f B  (%s)\n", label, n / 1e9, grouped);
+    else fprintf(out, "  %-22s %8.2f M  (%s)\n", label, n / 1e6, grouped);
 }
 
 /* ---- tensor inventory: tensors grouped by name with layer/expert indices
@@ -143,7 +146,46 @@ static double dtype_bytes(const tern_config *c, const tern_tensor_set *ts, const
     return 2;
 }
 
-int tern_model_describe(const char *dir, FILE *out, tern_error *err) {
+static const char *qclass_names[TERN_QC_COUNT] = {"embed", "attn", "router", "shared", "experts", "head", "mtp_fc"};
+
+/* Packed models: quantization, file sizes, bytes per token, and what an
+ * expert budget gives. */
+static int describe_packed(const char *dir, const tern_config *c, uint64_t budget, FILE *out, tern_error *err) {
+    tern_manifest man;
+    if (tern_manifest_read(&man, dir, err) != 0) return -1;
+    fprintf(out, "packed format v%d, quantization:", man.version);
+    for (int q = 0; q < TERN_QC_COUNT; q++)
+        fprintf(out, " %s %d%s", qclass_names[q], man.quant[q].bits, man.quant[q].bits == 16 ? "(float)" : "");
+    fprintf(out, "\n");
+    uint64_t resident = 0, embed = 0;
+    for (int i = 0; i < man.n_files; i++)
+        if (!strcmp(man.files[i].path, "resident.bin")) resident = man.files[i].size;
+    const tern_pk_tensor *e = tern_manifest_tensor(&man, "model.language_model.embed_tokens.weight");
+    if (e) embed = e->data.size + e->scales.size + e->biases.size;
+    int n_files = man.n_layer_files + (man.mtp_file ? 1 : 0);
+    uint64_t experts = (uint64_t)n_files * man.n_experts * man.stride;
+    fprintf(out, "files: resident.bin %.2f GB, %d expert files %.2f GB (%d experts x %.2f MiB blobs)\n",
+            resident / 1e9, n_files, experts / 1e9, man.n_experts, man.stride / 1048576.0);
+    /* a token reads every resident tensor but the embedding (one row) and
+     * top_k expert blobs per decoder layer */
+    double per_token = (double)(resident - embed) + (double)embed / c->vocab +
+                       (double)c->top_k * man.stride * man.n_layer_files;
+    fprintf(out, "weights read per token: %.2f GB\n", per_token / 1e9);
+    if (budget) {
+        uint64_t slots = budget / (man.stride * (uint64_t)n_files);
+        if (slots > (uint64_t)man.n_experts) slots = (uint64_t)man.n_experts;
+        fprintf(out, "expert budget %.2f GiB: %llu slots per layer (%.1f%% of the experts), expert RAM %.2f GiB, "
+                     "total with resident weights %.2f GiB%s\n",
+                budget / 1073741824.0, (unsigned long long)slots, 100.0 * slots / man.n_experts,
+                slots * man.stride * (double)n_files / 1073741824.0,
+                (slots * man.stride * (double)n_files + resident) / 1073741824.0,
+                slots < (uint64_t)c->top_k ? " -- TOO SMALL: fewer slots than top_k experts per token" : "");
+    }
+    tern_manifest_free(&man);
+    return 0;
+}
+
+int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern_error *err) {
     tern_config c;
     if (tern_config_load(&c, dir, err) != 0) return -1;
     tern_tensor_set ts;
@@ -162,6 +204,14 @@ int tern_model_describe(const char *dir, FILE *out, tern_error *err) {
             c.top_k, c.expert_inter, c.shared_inter);
     fprintf(out, "  mtp layers: %d, max positions %d\n", c.mtp_layers, c.max_pos);
 
+    if (tern_is_packed_dir(dir)) {
+        param_parts p = count_params(&c);
+        fprintf(out, "parameters (text model, without MTP and vision):\n");
+        print_count(out, "total", total_of(&p));
+        print_count(out, "active per token", active_of(&p, &c));
+        tern_tensors_close(&ts);
+        return describe_packed(dir, &c, expert_budget, out, err);
+    }
     double text_params = 0;
     if (ts.n_files == 0) fprintf(out, "tensors: none in %s (config only: counts below come from config.json)\n", dir);
     else print_inventory(out, &ts, &text_params);

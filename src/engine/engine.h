@@ -3,7 +3,9 @@
 #ifndef TERN_ENGINE_ENGINE_H
 #define TERN_ENGINE_ENGINE_H
 
+#include "experts/cache.h"
 #include "model/config.h"
+#include "model/manifest.h"
 #include "model/tensors.h"
 #include "model/weights.h"
 #include "tern.h"
@@ -16,6 +18,12 @@ struct tern_model {
     tern_weights w;
     tern_pool *pool;
     float *inv_freq;          /* [rope_dim / 2] RoPE frequencies */
+    /* packed models */
+    int packed;
+    tern_manifest man;
+    tern_expert_cache *experts;   /* streaming: the slot cache */
+    void **expert_maps;           /* resident: one mapping per expert file */
+    size_t expert_map_size;
 };
 
 /* KV cache of one full-attention layer: rows of n_kv_heads * head_dim floats
@@ -45,6 +53,7 @@ struct tern_session {
     int mtp_pos, mtp_cap;
     float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */
     int has_hidden;
+    int broken;               /* a step failed midway (an expert read): state is inconsistent */
     tern_layer_hook hook;
     void *hook_ctx;
 };

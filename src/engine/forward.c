@@ -9,6 +9,7 @@
 #include "cpu/gdn.h"
 #include "cpu/ops.h"
 #include "engine/engine.h"
+#include "model/packed.h"
 #include "util/err.h"
 
 /* Scratch that must not fail mid-layer: an allocation failure here is not a
@@ -210,31 +211,118 @@ static void route(const tern_config *c, float *probs, int *idx, float *wt) {
         for (int r = 0; r < c->top_k; r++) wt[r] /= sum;
 }
 
-static void moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out) {
+/* Tokens routed to each expert: rows[e] lists (token, weight) pairs. */
+typedef struct {
+    int *count, *start;           /* [E]: entries of expert e are at start[e] .. start[e] + count[e] */
+    int *tok;                     /* [T * K] */
+    float *wt;
+} routing;
+
+static void route_tokens(const tern_config *c, float *probs, int T, routing *r) {
+    int E = c->n_experts, K = c->top_k;
+    int *idx = malloc((size_t)T * K * sizeof(int));
+    float *wt = alloc_f((size_t)T * K);
+    if (!idx) abort();
+    for (int t = 0; t < T; t++) route(c, probs + (size_t)t * E, idx + (size_t)t * K, wt + (size_t)t * K);
+    memset(r->count, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < T * K; i++) r->count[idx[i]]++;
+    for (int e = 0, s = 0; e < E; e++) { r->start[e] = s; s += r->count[e]; }
+    int *fill = calloc((size_t)E, sizeof(int));
+    if (!fill) abort();
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e = idx[(size_t)t * K + k], at = r->start[e] + fill[e]++;
+            r->tok[at] = t;
+            r->wt[at] = wt[(size_t)t * K + k];
+        }
+    free(fill);
+    free(idx);
+    free(wt);
+}
+
+/* Expert e applied to the tokens that chose it; its weighted output is
+ * written to ye [count, H] (accumulated later, in expert order). */
+static void run_expert(tern_model *m, const tern_expert_w *ew, const float *xn, const routing *r, int e,
+                       float *xe, float *ye) {
+    int H = m->cfg.hidden, n = r->count[e];
+    for (int i = 0; i < n; i++)
+        memcpy(xe + (size_t)i * H, xn + (size_t)r->tok[r->start[e] + i] * H, (size_t)H * sizeof(float));
+    swiglu(m->pool, ew, xe, n, ye);
+}
+
+static void accumulate(const tern_config *c, const routing *r, int e, const float *ye, float *out) {
+    int H = c->hidden;
+    for (int i = 0; i < r->count[e]; i++) {
+        float w = r->wt[r->start[e] + i];
+        float *o = out + (size_t)r->tok[r->start[e] + i] * H;
+        for (int d = 0; d < H; d++) o[d] += w * ye[(size_t)i * H + d];
+    }
+}
+
+/* Streamed experts: the experts this step needs, in waves of at most the
+ * slots per layer. Within a wave the hits run while the misses load; the
+ * outputs are added in ascending expert order afterwards, so the sum is the
+ * same whatever came from disk first. */
+static int routed_streamed(tern_model *m, const tern_moe_w *w, const float *xn, int T, const routing *r,
+                           float *out, tern_error *err) {
+    const tern_config *c = &m->cfg;
+    int H = c->hidden, E = c->n_experts, slots = tern_expert_cache_slots(m->experts);
+    int *ids = malloc((size_t)E * sizeof(int)), n_ids = 0;
+    size_t *off = malloc((size_t)E * sizeof(size_t));
+    if (!ids || !off) abort();
+    for (int e = 0; e < E; e++) if (r->count[e]) ids[n_ids++] = e;
+    float *xe = alloc_f((size_t)T * H), *ybuf = NULL;
+    int rc = 0;
+    for (int w0 = 0; w0 < n_ids && rc == 0; w0 += slots) {
+        int n = n_ids - w0 < slots ? n_ids - w0 : slots;
+        size_t total = 0;
+        for (int i = 0; i < n; i++) { off[i] = total; total += (size_t)r->count[ids[w0 + i]] * H; }
+        free(ybuf);
+        ybuf = alloc_f(total);
+        tern_expert_batch b;
+        if ((rc = tern_expert_cache_begin(m->experts, w->stream_index, ids + w0, n, &b, err)) != 0) break;
+        for (int pass = 0; pass < 2 && rc == 0; pass++)       /* hits first, then misses */
+            for (int i = 0; i < n && rc == 0; i++) {
+                if (tern_expert_batch_is_hit(&b, i) != (pass == 0)) continue;
+                const uint8_t *blob = tern_expert_batch_wait(&b, i, err);
+                if (!blob) { rc = -1; break; }
+                tern_expert_w ew;
+                tern_packed_expert_view(&m->man, blob, &ew);
+                run_expert(m, &ew, xn, r, ids[w0 + i], xe, ybuf + off[i]);
+            }
+        tern_expert_batch_end(&b);
+        for (int i = 0; i < n && rc == 0; i++) accumulate(c, r, ids[w0 + i], ybuf + off[i], out);
+    }
+    free(ybuf);
+    free(xe);
+    free(ids);
+    free(off);
+    return rc;
+}
+
+static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, tern_error *err) {
     const tern_config *c = &m->cfg;
     int H = c->hidden, E = c->n_experts, K = c->top_k;
-    float *probs = alloc_f((size_t)T * E), *wt = alloc_f((size_t)T * K);
-    int *idx = malloc((size_t)T * K * sizeof(int));
-    int *rows = malloc((size_t)T * sizeof(int));
-    float *rw = alloc_f((size_t)T);
-    if (!idx || !rows) abort();
+    float *probs = alloc_f((size_t)T * E);
+    routing r = {malloc((size_t)E * sizeof(int)), malloc((size_t)E * sizeof(int)),
+                 malloc((size_t)T * K * sizeof(int)), alloc_f((size_t)T * K)};
+    if (!r.count || !r.start || !r.tok) abort();
     tern_matmul(m->pool, probs, xn, T, &w->router);
-    for (int t = 0; t < T; t++) route(c, probs + (size_t)t * E, idx + (size_t)t * K, wt + (size_t)t * K);
+    route_tokens(c, probs, T, &r);
 
     /* Routed experts, each applied once to the tokens that chose it, added
      * in ascending expert order (as the reference's eager loop does). */
     memset(out, 0, (size_t)T * H * sizeof(float));
     float *xe = alloc_f((size_t)T * H), *ye = alloc_f((size_t)T * H);
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int r = 0; r < K; r++)
-                if (idx[(size_t)t * K + r] == e) { rows[n] = t; rw[n] = wt[(size_t)t * K + r]; n++; }
-        if (n == 0) continue;
-        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, xn + (size_t)rows[i] * H, (size_t)H * sizeof(float));
-        swiglu(m->pool, &w->experts[e], xe, n, ye);
-        for (int i = 0; i < n; i++)
-            for (int d = 0; d < H; d++) out[(size_t)rows[i] * H + d] += rw[i] * ye[(size_t)i * H + d];
+    int rc = 0;
+    if (w->experts) {
+        for (int e = 0; e < E; e++) {
+            if (!r.count[e]) continue;
+            run_expert(m, &w->experts[e], xn, &r, e, xe, ye);
+            accumulate(c, &r, e, ye, out);
+        }
+    } else {
+        rc = routed_streamed(m, w, xn, T, &r, out, err);
     }
     /* Shared expert, scaled per token by sigmoid(x . w_sg). */
     swiglu(m->pool, &w->shared, xn, T, ye);
@@ -244,15 +332,16 @@ static void moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T
         float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, sg, H));
         for (int d = 0; d < H; d++) out[(size_t)t * H + d] += s * ye[(size_t)t * H + d];
     }
-    free(probs); free(wt); free(idx); free(rows); free(rw); free(xe); free(ye); free(sg);
+    free(probs); free(r.count); free(r.start); free(r.tok); free(r.wt); free(xe); free(ye); free(sg);
+    return rc;
 }
 
 /* ---- decoder layer and model -------------------------------------------- */
 
 /* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention (kv
  * used) or Gated DeltaNet (gs used). */
-static void decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
-                          tern_gdn_state *gs, int gdn_mode) {
+static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
+                         tern_gdn_state *gs, int gdn_mode, tern_error *err) {
     int H = m->cfg.hidden;
     float eps = m->cfg.norm_eps;
     float *xn = alloc_f((size_t)T * H), *out = alloc_f((size_t)T * H);
@@ -261,10 +350,11 @@ static void decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T,
     else gdn_layer(m, &L->gdn, xn, T, gs, gdn_mode, out);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, eps);
-    moe_layer(m, &L->moe, xn, T, out);
+    int rc = moe_layer(m, &L->moe, xn, T, out, err);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     free(xn);
     free(out);
+    return rc;
 }
 
 static int check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err) {
@@ -299,7 +389,13 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     float *x = alloc_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
-        decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->gdn[l], s->gdn_mode);
+        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->gdn[l], s->gdn_mode, err)) {
+            /* An expert read failed mid-step: the session state is now
+             * partly advanced, so it is unusable until restored or reset. */
+            free(x);
+            s->broken = 1;
+            return -1;
+        }
         if (s->hook) s->hook(s->hook_ctx, l, x, T);
     }
     head(m, x, T, logits, all_logits, hidden_out, s->hidden);
@@ -329,7 +425,12 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
     tern_matmul(m->pool, x, cat, n, &w->fc);
-    decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, NULL, s->gdn_mode);
+    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, NULL, s->gdn_mode, err)) {
+        free(cat);
+        free(x);
+        s->broken = 1;
+        return -1;
+    }
     for (int i = 0; i < n; i++) tern_rmsnorm_1p(x + (size_t)i * H, x + (size_t)i * H, w->norm, H, c->norm_eps);
     if (logits) tern_matmul(m->pool, logits, x, n, &m->w.lm_head);
     s->mtp_pos += n;

@@ -2,7 +2,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "engine/engine.h"
+#include "model/packed.h"
+#include "pack/verify.h"
 #include "util/err.h"
 
 static float *rope_frequencies(const tern_config *c) {
@@ -13,6 +22,91 @@ static float *rope_frequencies(const tern_config *c) {
     return f;
 }
 
+/* Expert files of a packed model: one per decoder layer, then the MTP
+ * layer's. Layer l of the model streams from file l. */
+static int expert_file_count(const tern_model *m) { return m->man.n_layer_files + (m->man.mtp_file ? 1 : 0); }
+
+static const char *expert_file(const tern_model *m, int i, char *buf, size_t n) {
+    const char *rel = i < m->man.n_layer_files ? m->man.layer_files[i] : m->man.mtp_file;
+    snprintf(buf, n, "%s/%s", m->dir, rel);
+    return buf;
+}
+
+static void set_stream_indices(tern_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) m->w.layers[l].moe.stream_index = l;
+    m->w.mtp.layer.moe.stream_index = m->man.n_layer_files;
+}
+
+/* No budget: map every expert file and point the experts' views into it,
+ * which makes a packed model run exactly like a resident one. */
+static int map_experts(tern_model *m, tern_error *err) {
+    int nf = expert_file_count(m);
+    m->expert_map_size = (size_t)m->man.n_experts * m->man.stride;
+    m->expert_maps = calloc((size_t)nf, sizeof *m->expert_maps);
+    if (!m->expert_maps) return tern_fail(err, "out of memory");
+    for (int i = 0; i < nf; i++) {
+        char path[4096];
+        expert_file(m, i, path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size != m->expert_map_size) {
+            if (fd >= 0) close(fd);
+            return tern_fail(err, "%s: missing or not %zu bytes", path, m->expert_map_size);
+        }
+        void *p = mmap(NULL, m->expert_map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return tern_fail(err, "%s: mmap failed: %s", path, strerror(errno));
+        m->expert_maps[i] = p;
+        tern_moe_w *moe = i < m->cfg.n_layers ? &m->w.layers[i].moe : &m->w.mtp.layer.moe;
+        moe->experts = calloc((size_t)m->man.n_experts, sizeof *moe->experts);
+        if (!moe->experts) return tern_fail(err, "out of memory");
+        for (int e = 0; e < m->man.n_experts; e++)
+            tern_packed_expert_view(&m->man, (const uint8_t *)p + (size_t)e * m->man.stride, &moe->experts[e]);
+    }
+    return 0;
+}
+
+static int start_streaming(tern_model *m, const tern_load_params *p, tern_error *err) {
+    int nf = expert_file_count(m);
+    uint64_t per_slot = m->man.stride * (uint64_t)nf;
+    uint64_t slots = p->expert_budget / per_slot;
+    if (slots < (uint64_t)m->cfg.top_k)
+        return tern_fail(err, "expert budget of %llu bytes gives %llu slots per layer; at least top_k = %d "
+                              "are needed (a budget of %llu bytes)",
+                         (unsigned long long)p->expert_budget, (unsigned long long)slots, m->cfg.top_k,
+                         (unsigned long long)(per_slot * m->cfg.top_k));
+    if (slots > (uint64_t)m->man.n_experts) slots = (uint64_t)m->man.n_experts;
+    char (*paths)[4096] = malloc((size_t)nf * sizeof *paths);
+    const char **pp = malloc((size_t)nf * sizeof *pp);
+    int rc = -1;
+    if (paths && pp) {
+        for (int i = 0; i < nf; i++) pp[i] = expert_file(m, i, paths[i], sizeof paths[i]);
+        tern_expert_cache_params cp = {nf, pp, m->man.n_experts, m->man.stride, (int)slots,
+                                       p->expert_policy, p->io_threads};
+        m->experts = tern_expert_cache_create(&cp, err);
+        rc = m->experts ? 0 : -1;
+    } else {
+        tern_fail(err, "out of memory");
+    }
+    free(paths);
+    free(pp);
+    return rc;
+}
+
+static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err) {
+    m->packed = 1;
+    if (tern_manifest_read(&m->man, m->dir, err) != 0 || tern_packed_check(m->dir, &m->man, err) != 0 ||
+        tern_packed_open(&m->ts, &m->man, m->dir, err) != 0 ||
+        tern_weights_bind(&m->w, &m->cfg, &m->ts, err) != 0)
+        return -1;
+    if (m->man.n_layer_files != m->cfg.n_layers || m->man.n_experts != m->cfg.n_experts)
+        return tern_fail(err, "%s/manifest.json: %d expert files of %d experts, but the config has %d layers "
+                              "of %d experts", m->dir, m->man.n_layer_files, m->man.n_experts, m->cfg.n_layers,
+                         m->cfg.n_experts);
+    set_stream_indices(m);
+    return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
+}
+
 tern_model *tern_model_load(const char *dir, const tern_load_params *params, tern_error *err) {
     tern_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
@@ -20,8 +114,16 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
         tern_fail(err, "out of memory");
         return NULL;
     }
-    if (tern_config_load(&m->cfg, dir, err) != 0 || tern_tensors_open(&m->ts, dir, 0, err) != 0 ||
-        tern_weights_bind(&m->w, &m->cfg, &m->ts, err) != 0) {
+    int rc = tern_config_load(&m->cfg, dir, err);
+    if (rc == 0 && tern_is_packed_dir(dir)) {
+        rc = open_packed(m, params, err);
+    } else if (rc == 0) {
+        if (params && params->expert_budget)
+            rc = tern_fail(err, "%s: --expert-budget needs a packed model (tern pack)", dir);
+        else
+            rc = tern_tensors_open(&m->ts, dir, 0, err) || tern_weights_bind(&m->w, &m->cfg, &m->ts, err) ? -1 : 0;
+    }
+    if (rc != 0) {
         tern_model_free(m);
         return NULL;
     }
@@ -37,7 +139,14 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
 
 void tern_model_free(tern_model *m) {
     if (!m) return;
+    tern_expert_cache_destroy(m->experts);
+    if (m->expert_maps) {
+        for (int i = 0; i < expert_file_count(m); i++)
+            if (m->expert_maps[i]) munmap(m->expert_maps[i], m->expert_map_size);
+        free(m->expert_maps);
+    }
     tern_weights_free(&m->w, &m->cfg);
+    if (m->packed) tern_manifest_free(&m->man);
     tern_tensors_close(&m->ts);
     tern_pool_destroy(m->pool);
     free(m->inv_freq);
@@ -53,4 +162,19 @@ int tern_model_is_eos(const tern_model *m, int32_t id) {
     for (int i = 0; i < m->cfg.n_eos; i++)
         if (m->cfg.eos[i] == id) return 1;
     return 0;
+}
+
+void tern_model_stream_stats(const tern_model *m, tern_stream_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!m->experts) return;
+    tern_expert_stats st;
+    tern_expert_cache_stats(m->experts, &st);
+    out->streaming = 1;
+    out->slots_per_layer = tern_expert_cache_slots(m->experts);
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->bytes_read = st.bytes_read;
+    out->read_s = st.read_s;
+    out->wait_s = st.wait_s;
+    out->direct_io = st.direct_io;
 }

@@ -29,33 +29,7 @@
 
 #include "tern.h"
 
-#define TERN_SAMPLER_MAX_EOS 16
 
-typedef struct tern_sampler_params {
-    int do_sample;             /* 0: greedy */
-    float temperature;         /* <= 0: greedy */
-    int top_k;                 /* <= 0: off */
-    float top_p;               /* >= 1: off */
-    float min_p;               /* <= 0: off */
-    float repetition_penalty;  /* 1: off */
-    float presence_penalty;    /* 0: off */
-    float frequency_penalty;   /* 0: off */
-    uint64_t seed;
-    int n_eos;                 /* end-of-sequence ids from generation_config */
-    int32_t eos_ids[TERN_SAMPLER_MAX_EOS];
-} tern_sampler_params;
-
-/* transformers' GenerationConfig defaults: greedy, temperature 1, top_k 50,
- * top_p 1, no min_p, no penalties, seed 0, no EOS ids. */
-void tern_sampler_params_default(tern_sampler_params *p);
-
-/* Defaults, then the fields of <model_dir>/generation_config.json that are
- * present: do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
- * eos_token_id (an integer or a list). Fails (p keeps the defaults and
- * whatever was read) on a missing file or a field of the wrong type. */
-int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern_error *err);
-
-int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);
 
 typedef struct tern_sampler tern_sampler;
 

@@ -103,6 +103,8 @@ int tern_session_pos(const tern_session *s) { return s->pos; }
 int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
                       tern_error *err) {
     if (n <= 0) return tern_fail(err, "no tokens to evaluate");
+    if (s->broken)
+        return tern_fail(err, "the session failed mid-step earlier; restore a snapshot or start a new session");
     if (s->pos + n > s->max_ctx)
         return tern_fail(err, "context full: %d + %d tokens exceed the session's max context of %d", s->pos, n,
                          s->max_ctx);
@@ -183,6 +185,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
     walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0);
     s->pos = snap->pos;
+    s->broken = 0;
     s->mtp_pos = snap->mtp_pos;
     s->has_hidden = snap->has_hidden;
     return 0;

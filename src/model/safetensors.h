@@ -41,6 +41,10 @@ typedef struct tern_tensor {
     const void *data;          /* points into the file's mapping */
     uint64_t nbytes;
     const char *file;          /* path of the file that holds it */
+    /* Packed models only (docs/FORMAT.md): bits 4/8 = affine-quantized with
+     * bf16 scales/biases [rows, cols/group]; data is then the packed q. */
+    int bits, group;
+    const uint16_t *scales, *biases;
 } tern_tensor;
 
 typedef struct tern_st_file {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "util/err.h"
@@ -96,6 +97,8 @@ int tern_tensors_open(tern_tensor_set *ts, const char *dir, int allow_missing, t
 void tern_tensors_close(tern_tensor_set *ts) {
     for (int i = 0; i < ts->n_files; i++) tern_st_close(&ts->files[i]);
     free(ts->files);
+    free(ts->owned);
+    if (ts->map) munmap(ts->map, ts->map_size);
     tern_strmap_destroy(ts->by_name);
     memset(ts, 0, sizeof *ts);
 }

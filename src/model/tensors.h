@@ -10,6 +10,13 @@ typedef struct tern_tensor_set {
     tern_st_file *files;
     int n_files;
     tern_strmap *by_name;   /* name -> tern_tensor * */
+    /* A packed model (model/packed.h) owns its tensors and one mapping, and
+     * keeps routed experts out of the set. */
+    tern_tensor *owned;
+    int n_owned;
+    void *map;
+    size_t map_size;
+    int experts_external;
 } tern_tensor_set;
 
 /* Opens the weights of dir. If the directory has no weights file at all and

@@ -33,7 +33,7 @@ static const tern_tensor *get(binder *b, const char *name, int ndim, const int64
         tern_fail(b->err, "%s: tensor '%s' has shape %s but the config implies %s", t->file, name, have, want);
         return NULL;
     }
-    if (t->dtype != TERN_DTYPE_F32 && t->dtype != TERN_DTYPE_F16 && t->dtype != TERN_DTYPE_BF16) {
+    if (!t->bits && t->dtype != TERN_DTYPE_F32 && t->dtype != TERN_DTYPE_F16 && t->dtype != TERN_DTYPE_BF16) {
         tern_fail(b->err, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
                   tern_dtype_name(t->dtype));
         return NULL;
@@ -52,7 +52,8 @@ static int bind_mat(binder *b, tern_mat *m, int64_t rows, int64_t cols, const ch
     int64_t shape[2] = {rows, cols};
     const tern_tensor *t = get(b, name, 2, shape);
     if (!t) return -1;
-    *m = (tern_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols};
+    *m = (tern_mat){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols, .bits = t->bits,
+                    .group = t->group, .scales = t->scales, .biases = t->biases};
     return 0;
 }
 
@@ -75,6 +76,7 @@ static int bind_vec(binder *b, float **out, int ndim, const int64_t *shape, cons
     va_end(ap);
     const tern_tensor *t = get(b, name, ndim, shape);
     if (!t) return -1;
+    if (t->bits) return tern_fail(b->err, "%s: tensor '%s' is quantized but must be float", t->file, name);
     *out = malloc((size_t)t->numel * sizeof(float));
     if (!*out) return tern_fail(b->err, "out of memory");
     widen(*out, t->data, t->dtype, t->numel);
@@ -143,6 +145,7 @@ static int bind_moe(binder *b, tern_moe_w *m, const tern_config *c, const char *
     int64_t E = c->n_experts, H = c->hidden;
     char name[512];
     if (bind_mat(b, &m->router, E, H, "%smlp.gate.weight", p)) return -1;
+    if (b->ts->experts_external) goto shared;   /* routed experts come from expert files */
     m->experts = calloc((size_t)E, sizeof *m->experts);
     if (!m->experts) return tern_fail(b->err, "out of memory");
     snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", p);
@@ -154,6 +157,7 @@ static int bind_moe(binder *b, tern_moe_w *m, const tern_config *c, const char *
             if (bind_swiglu(b, &m->experts[e], c->expert_inter, H, name)) return -1;
         }
     }
+shared:
     snprintf(name, sizeof name, "%smlp.shared_expert.", p);
     return bind_swiglu(b, &m->shared, c->shared_inter, H, name) ||
            bind_mat(b, &m->shared_gate, 1, H, "%smlp.shared_expert_gate.weight", p)

@@ -31,7 +31,8 @@ typedef struct tern_expert_w {
 
 typedef struct tern_moe_w {
     tern_mat router;              /* [E, H] */
-    tern_expert_w *experts;       /* E views */
+    tern_expert_w *experts;       /* E views; NULL when the experts stream */
+    int stream_index;             /* expert file of this layer (streamed models) */
     tern_expert_w shared;         /* intermediate = shared_inter */
     tern_mat shared_gate;         /* [1, H] */
 } tern_moe_w;

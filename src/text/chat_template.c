@@ -471,3 +471,23 @@ char *tern_chat_template_render(json_t *messages, json_t *tools,
     }
     return chat_buf_take(&out, err);
 }
+
+char *tern_chat_render(const char *messages_json, const char *tools_json, const tern_chat_options *opt,
+                       tern_error *err) {
+    json_error_t jerr;
+    json_t *messages = json_loads(messages_json, 0, &jerr);
+    if (!messages) {
+        tern_fail(err, "messages: not valid JSON (%s, line %d)", jerr.text, jerr.line);
+        return NULL;
+    }
+    json_t *tools = NULL;
+    if (tools_json && !(tools = json_loads(tools_json, 0, &jerr))) {
+        json_decref(messages);
+        tern_fail(err, "tools: not valid JSON (%s, line %d)", jerr.text, jerr.line);
+        return NULL;
+    }
+    char *out = tern_chat_template_render(messages, tools, opt, err);
+    json_decref(messages);
+    json_decref(tools);
+    return out;
+}

@@ -30,16 +30,7 @@
 
 #include "tern.h"
 
-typedef struct tern_chat_options {
-    int add_generation_prompt;  /* end with "<|im_start|>assistant\n<think>\n" */
-    int enable_thinking;        /* 0: the prompt closes an empty think block */
-    int preserve_thinking;      /* keep reasoning of turns before the last query */
-    int add_vision_id;          /* prefix images/videos with "Picture N: " */
-} tern_chat_options;
 
-/* The template's defaults: generation prompt off, thinking on, reasoning of
- * earlier turns dropped, no vision ids. */
-void tern_chat_options_default(tern_chat_options *opt);
 
 /* Returns the rendered prompt (malloc'd UTF-8, caller frees), or NULL with
  * err naming the message and the problem; where the template raises, the

@@ -79,69 +79,6 @@
 
 #include "tern.h"
 
-typedef struct tern_tokenizer tern_tokenizer;
 
-/* Loads dir/tokenizer.json and, when present, dir/tokenizer_config.json. */
-tern_tokenizer *tern_tokenizer_load(const char *dir, tern_error *err);
-/* Same from explicit paths; config_path may be NULL. */
-tern_tokenizer *tern_tokenizer_load_files(const char *tokenizer_json_path,
-                                          const char *config_path,
-                                          tern_error *err);
-void tern_tokenizer_free(tern_tokenizer *tok);
-
-enum tern_encode_flags {
-    /* Added tokens marked special (e.g. <|im_end|>) are not matched in the
-     * text but tokenized as plain text; non-special added tokens still are.
-     * This is `encode_special_tokens = True` in `tokenizers`, for text that
-     * must not be able to inject control tokens (user content). */
-    TERN_ENCODE_SPLIT_SPECIAL = 1 << 0,
-};
-
-/* Encodes len bytes of UTF-8 text. On success *ids is a malloc'ed array of
- * *n ids (NULL when n == 0) that the caller frees. */
-int tern_tokenizer_encode(tern_tokenizer *tok, const char *text, size_t len,
-                          unsigned flags, int32_t **ids, size_t *n,
-                          tern_error *err);
-
-/* Appends the ids of text to a growable array (*ids with *n used and *cap
- * allocated entries; start with NULL/0/0). For building prompts piece by
- * piece. On failure the array keeps what it had. */
-int tern_tokenizer_encode_append(tern_tokenizer *tok, const char *text,
-                                 size_t len, unsigned flags, int32_t **ids,
-                                 size_t *n, size_t *cap, tern_error *err);
-
-/* Decodes ids to bytes. *out is malloc'ed, NUL-terminated (the NUL not
- * counted in *out_len; the bytes may hold NULs of their own). Fails on an id
- * outside the vocabulary. skip_special: leave out added tokens marked
- * special (like skip_special_tokens=True). */
-int tern_tokenizer_decode(const tern_tokenizer *tok, const int32_t *ids,
-                          size_t n, int skip_special, char **out,
-                          size_t *out_len, tern_error *err);
-
-/* The bytes one id stands for (not NUL-terminated), or NULL if the id is not
- * in the vocabulary. Valid while the tokenizer lives. */
-const char *tern_tokenizer_token_bytes(const tern_tokenizer *tok, int32_t id,
-                                       size_t *len);
-
-/* The token's string as tokenizer.json spells it (byte-level characters for
- * BPE tokens, e.g. "Ġthe"; the content for added tokens), NUL-terminated, or
- * NULL for an unknown id. */
-const char *tern_tokenizer_token_text(const tern_tokenizer *tok, int32_t id);
-
-/* The id of a token given as tokenizer.json spells it (an added token's
- * content such as "<|im_end|>", or a vocabulary string), or -1. */
-int32_t tern_tokenizer_token_id(const tern_tokenizer *tok, const char *str);
-
-/* 1 if id is an added token, 2 if it is an added token marked special, else 0. */
-int tern_tokenizer_is_added(const tern_tokenizer *tok, int32_t id);
-
-/* One past the largest id (BPE vocabulary plus added tokens). The model's
- * embedding may have more rows than this. */
-int32_t tern_tokenizer_vocab_size(const tern_tokenizer *tok);
-
-/* From tokenizer_config.json; -1 when not given. */
-int32_t tern_tokenizer_bos_id(const tern_tokenizer *tok);
-int32_t tern_tokenizer_eos_id(const tern_tokenizer *tok);
-int32_t tern_tokenizer_pad_id(const tern_tokenizer *tok);
 
 #endif

@@ -1,0 +1,48 @@
+/* Options shared by the tern subcommands. The CLI speaks only tern.h. */
+#ifndef TERN_CLI_H
+#define TERN_CLI_H
+
+#include <stdint.h>
+
+#include "tern.h"
+
+#define CLI_MAX_STOP 16
+
+typedef struct cli_opts {
+    const char *model;
+    const char *prompt;          /* -p */
+    const char *prompt_file;     /* -f */
+    const char *tokens;          /* --tokens */
+    const char *system;          /* --system (chat) */
+    const char *decode;          /* --decode (tokenize) */
+    const char *positional;      /* tokenize TEXT */
+    int n_predict;               /* -n; -1 = until EOS */
+    int threads;
+    int ctx;                     /* --ctx; 0 = model maximum */
+    int json, stats, ignore_eos, think;
+    uint64_t expert_budget;
+    int expert_policy;
+    /* sampling overrides; NaN / -1 = keep the model's generation_config */
+    float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    int top_k;
+    int64_t seed;                /* -1 = time-based */
+    const char *stop[CLI_MAX_STOP];
+    int n_stop;
+} cli_opts;
+
+int cli_parse(int argc, char **argv, cli_opts *o);
+/* The model directory: -m, $TERN_MODEL, or the embedded default. */
+const char *cli_model_dir(const cli_opts *o);
+void cli_usage(FILE *f);
+
+tern_model *cli_load_model(const cli_opts *o);
+/* The model's generation defaults with the command-line overrides. */
+int cli_gen_params(const cli_opts *o, tern_gen_params *p);
+
+int cmd_run(const cli_opts *o);
+int cmd_chat(const cli_opts *o);
+int cmd_info(const cli_opts *o);
+int cmd_tokenize(const cli_opts *o);
+int cmd_perplexity(const cli_opts *o);
+
+#endif

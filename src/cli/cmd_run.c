@@ -1,0 +1,335 @@
+/* tern run (a raw completion) and tern chat (multi-turn, the session kept
+ * between turns). */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+/* Ctrl-C stops the current generation (and, at the chat prompt, the chat). */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) { (void)sig; interrupted = 1; }
+
+static void install_sigint(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;   /* no SA_RESTART: a blocked read returns EINTR */
+    sigaction(SIGINT, &sa, NULL);
+}
+
+typedef struct {
+    int echo;                    /* print as it streams */
+    int keep;                    /* accumulate (--json output, chat transcript) */
+    char *text;
+    size_t len, cap;
+} sink;
+
+static int on_text(void *ctx, const char *text, size_t len) {
+    sink *k = ctx;
+    if (k->echo) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (k->keep) {
+        if (k->len + len + 1 > k->cap) {
+            size_t cap = (k->len + len + 1) * 2;
+            char *t = realloc(k->text, cap);
+            if (!t) return 1;
+            k->text = t;
+            k->cap = cap;
+        }
+        memcpy(k->text + k->len, text, len);
+        k->len += len;
+        k->text[k->len] = '\0';
+    }
+    return interrupted != 0;
+}
+
+static void print_id(void *ctx, int32_t id) {
+    int *count = ctx;
+    printf("%s%d", (*count)++ ? " " : "", id);
+    fflush(stdout);
+}
+
+static const char *reason_name(int r) {
+    static const char *names[] = {"length", "eos", "stop", "interrupted", "context"};
+    return r >= 0 && r <= TERN_STOP_CONTEXT ? names[r] : "?";
+}
+
+static void footer(const cli_opts *o, const tern_model *m, const tern_gen_stats *st) {
+    fprintf(stderr, "\nprompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.1f tok/s | %s\n",
+            st->n_prompt, st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, st->n_generated,
+            st->decode_s > 0 ? st->n_generated / st->decode_s : 0.0, reason_name(st->stop_reason));
+    if (!o->stats) return;
+    tern_stream_stats ss;
+    tern_model_stream_stats(m, &ss);
+    if (!ss.streaming) { fprintf(stderr, "experts: resident\n"); return; }
+    uint64_t req = ss.hits + ss.misses;
+    fprintf(stderr, "experts: %d slots/layer, hit rate %.1f%% (%llu hits, %llu misses), %.1f MB read, "
+            "%.2f GB/s per reader, %.3f s waiting on I/O, %s\n",
+            ss.slots_per_layer, req ? 100.0 * ss.hits / req : 0.0, (unsigned long long)ss.hits,
+            (unsigned long long)ss.misses, ss.bytes_read / 1e6, ss.read_s > 0 ? ss.bytes_read / ss.read_s / 1e9 : 0.0,
+            ss.wait_s, ss.direct_io ? "O_DIRECT" : "buffered + DONTNEED");
+}
+
+static void print_json(const sink *k, const tern_gen_stats *st) {
+    json_t *j = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:s}", "text", k->text ? k->text : "",
+                          "prompt_tokens", st->n_prompt, "generated_tokens", st->n_generated, "prefill_s",
+                          st->prefill_s, "decode_s", st->decode_s, "prefill_tok_s",
+                          st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, "decode_tok_s",
+                          st->decode_s > 0 ? st->n_generated / st->decode_s : 0.0, "stop_reason",
+                          reason_name(st->stop_reason));
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "tern: %s: %s\n", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t r;
+    while (buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (n + 1 == cap) { char *b = realloc(buf, cap *= 2); if (!b) { free(buf); buf = NULL; } else buf = b; }
+    }
+    fclose(f);
+    if (buf) { buf[n] = '\0'; *len = n; }
+    return buf;
+}
+
+static int32_t *parse_ids(const char *s, size_t *n) {
+    size_t cap = 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    *n = 0;
+    while (ids && *s) {
+        while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n') s++;
+        if (!*s) break;
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "tern: '%.*s' is not a token id\n", (int)strcspn(s, " ,\t\n"), s);
+            free(ids);
+            return NULL;
+        }
+        if (*n == cap) { int32_t *g = realloc(ids, (cap *= 2) * sizeof *ids); if (!g) { free(ids); return NULL; } ids = g; }
+        ids[(*n)++] = (int32_t)v;
+        s = end;
+    }
+    if (ids && *n == 0) { fprintf(stderr, "tern: no token ids given\n"); free(ids); return NULL; }
+    return ids;
+}
+
+/* The prompt of `tern run` as ids: --tokens, or -p / -f text. */
+static int32_t *run_prompt(const cli_opts *o, tern_tokenizer *tok, size_t *n) {
+    if (o->tokens) return parse_ids(o->tokens, n);
+    size_t len = 0;
+    char *owned = NULL;
+    const char *text = o->prompt;
+    if (o->prompt_file) text = owned = read_file(o->prompt_file, &len);
+    else if (text) len = strlen(text);
+    if (!text) return NULL;
+    int32_t *ids = NULL;
+    tern_error err;
+    if (tern_tokenizer_encode(tok, text, len, 0, &ids, n, &err) != 0) {
+        fprintf(stderr, "tern: %s\n", err.msg);
+        ids = NULL;
+    } else if (*n == 0) {
+        fprintf(stderr, "tern: the prompt is empty\n");
+        free(ids);
+        ids = NULL;
+    }
+    free(owned);
+    return ids;
+}
+
+int cmd_run(const cli_opts *o) {
+    if (!!o->prompt + !!o->prompt_file + !!o->tokens != 1) {
+        fprintf(stderr, "tern run: give exactly one of -p TEXT, -f FILE, --tokens IDS\n");
+        return 2;
+    }
+    tern_model *m = cli_load_model(o);
+    if (!m) return 1;
+    tern_error err;
+    tern_tokenizer *tok = NULL;
+    if (!o->tokens && !(tok = tern_tokenizer_load(cli_model_dir(o), &err))) {
+        fprintf(stderr, "tern: %s\n", err.msg);
+        tern_model_free(m);
+        return 1;
+    }
+    size_t n_prompt = 0;
+    int32_t *prompt = run_prompt(o, tok, &n_prompt);
+    tern_gen_params gp;
+    tern_session_params sp = {o->ctx, TERN_GDN_CHUNKED};
+    tern_session *s = prompt && cli_gen_params(o, &gp) == 0 ? tern_session_create(m, &sp, &err) : NULL;
+    int rc = 1, ids_printed = 0;
+    if (s) {
+        gp.n_predict = o->n_predict == INT_MIN ? 256 : o->n_predict;
+        if (o->tokens) gp.on_token = print_id;
+        sink k = {!o->json, o->json, NULL, 0, 0};
+        tern_gen_stats st;
+        install_sigint();
+        void *ctx = o->tokens ? (void *)&ids_printed : (void *)&k;
+        rc = tern_generate(s, o->tokens ? NULL : tok, prompt, n_prompt, &gp, on_text, ctx, &st, &err) ? 1 : 0;
+        if (rc) fprintf(stderr, "\ntern: %s\n", err.msg);
+        if (o->json && !o->tokens) print_json(&k, &st);
+        else if (o->tokens) printf("\n");
+        fflush(stdout);
+        footer(o, m, &st);
+        free(k.text);
+    } else if (prompt) {
+        fprintf(stderr, "tern: %s\n", err.msg);
+    }
+    tern_session_destroy(s);
+    free(prompt);
+    tern_tokenizer_free(tok);
+    tern_model_free(m);
+    return rc;
+}
+
+/* ---- chat --------------------------------------------------------------- */
+
+typedef struct {
+    tern_model *m;
+    tern_tokenizer *tok;
+    tern_session *s;
+    json_t *messages;
+    tern_chat_options opt;
+    int32_t im_end;              /* <|im_end|>: whether the last reply closed its turn */
+    int32_t last_token;
+} chat_state;
+
+static char *render(chat_state *c, int gen_prompt, tern_error *err) {
+    char *js = json_dumps(c->messages, JSON_COMPACT);
+    tern_chat_options opt = c->opt;
+    opt.add_generation_prompt = gen_prompt;
+    char *out = js ? tern_chat_render(js, NULL, &opt, err) : NULL;
+    free(js);
+    return out;
+}
+
+/* The text to append to the session for the newest user message: the whole
+ * rendered prompt on the first turn; afterwards only what the template adds
+ * after the previous reply. Rendering with preserve_thinking keeps earlier
+ * turns byte-identical between renders, so the difference is exactly the
+ * new turn; the session already holds the previous reply as generated. */
+static char *turn_text(chat_state *c, const char *prev, tern_error *err) {
+    char *full = render(c, 1, err);
+    if (!full || !prev) return full;
+    size_t pl = strlen(prev);
+    const char *close = "<|im_end|>";
+    size_t cl = strlen(close);
+    if (strncmp(full, prev, pl) != 0 || pl < cl + 1 || strncmp(prev + pl - cl - 1, close, cl) != 0) {
+        free(full);
+        snprintf(err->msg, sizeof err->msg, "chat template output is not an extension of the previous turn");
+        return NULL;
+    }
+    /* prev ends "<|im_end|>\n"; the session holds the reply up to its EOS */
+    const char *glue = c->last_token == c->im_end ? "\n" : "<|im_end|>\n";
+    char *out = malloc(strlen(glue) + strlen(full + pl) + 1);
+    if (out) { strcpy(out, glue); strcat(out, full + pl); }
+    free(full);
+    return out;
+}
+
+/* The reply as an assistant message: reasoning before "</think>", content
+ * after (the generation prompt opened the think block). */
+static void add_reply(chat_state *c, const char *text) {
+    const char *end = strstr(text, "</think>");
+    json_t *msg = json_object();
+    json_object_set_new(msg, "role", json_string("assistant"));
+    if (end) {
+        const char *r = text, *re = end;
+        while (*r == '\n') r++;
+        while (re > r && re[-1] == '\n') re--;
+        const char *content = end + strlen("</think>");
+        while (*content == '\n') content++;
+        json_object_set_new(msg, "reasoning_content", json_stringn(r, (size_t)(re - r)));
+        json_object_set_new(msg, "content", json_string(content));
+    } else {
+        json_object_set_new(msg, "content", json_string(text));
+    }
+    json_array_append_new(c->messages, msg);
+}
+
+static int chat_turn(chat_state *c, const cli_opts *o, const char *user, int *turn) {
+    tern_error err;
+    char *prev = *turn ? render(c, 0, &err) : NULL;
+    if (*turn && !prev) { fprintf(stderr, "tern: %s\n", err.msg); return -1; }
+    json_array_append_new(c->messages, json_pack("{s:s, s:s}", "role", "user", "content", user));
+    char *text = turn_text(c, prev, &err);
+    free(prev);
+    if (!text) { fprintf(stderr, "tern: %s\n", err.msg); return -1; }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tern_tokenizer_encode(c->tok, text, strlen(text), 0, &ids, &n, &err);
+    free(text);
+    if (rc != 0) { fprintf(stderr, "tern: %s\n", err.msg); return -1; }
+    tern_gen_params gp;
+    if (cli_gen_params(o, &gp) != 0) { free(ids); return -1; }
+    gp.n_predict = o->n_predict == INT_MIN ? 1024 : o->n_predict;
+    sink k = {!o->json, 1, NULL, 0, 0};   /* keep the reply for the transcript */
+    tern_gen_stats st;
+    interrupted = 0;
+    rc = tern_generate(c->s, c->tok, ids, n, &gp, on_text, &k, &st, &err);
+    free(ids);
+    if (rc != 0) { fprintf(stderr, "\ntern: %s\n", err.msg); free(k.text); return -1; }
+    c->last_token = st.last_token;
+    add_reply(c, k.text ? k.text : "");
+    if (o->json) print_json(&k, &st);
+    footer(o, c->m, &st);
+    free(k.text);
+    (*turn)++;
+    return 0;
+}
+
+int cmd_chat(const cli_opts *o) {
+    chat_state c;
+    memset(&c, 0, sizeof c);
+    tern_error err;
+    if (!(c.m = cli_load_model(o))) return 1;
+    int rc = 1;
+    tern_session_params sp = {o->ctx, TERN_GDN_CHUNKED};
+    if (!(c.tok = tern_tokenizer_load(cli_model_dir(o), &err)) || !(c.s = tern_session_create(c.m, &sp, &err))) {
+        fprintf(stderr, "tern: %s\n", err.msg);
+        goto done;
+    }
+    c.im_end = tern_tokenizer_token_id(c.tok, "<|im_end|>");
+    c.last_token = -1;
+    c.messages = json_array();
+    tern_chat_options_default(&c.opt);
+    c.opt.enable_thinking = o->think;
+    c.opt.preserve_thinking = 1;
+    if (o->system) json_array_append_new(c.messages, json_pack("{s:s, s:s}", "role", "system", "content", o->system));
+    install_sigint();
+    int tty = isatty(STDIN_FILENO), turn = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    rc = 0;
+    for (;;) {
+        if (tty) { fprintf(stderr, "> "); fflush(stderr); }
+        interrupted = 0;
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0) break;                       /* EOF, or Ctrl-C at the prompt */
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (n == 0) continue;
+        if (!o->json) printf("\n");
+        if (chat_turn(&c, o, line, &turn) != 0) { rc = 1; break; }
+        if (!o->json) printf("\n");
+    }
+    free(line);
+done:
+    json_decref(c.messages);
+    tern_session_destroy(c.s);
+    tern_tokenizer_free(c.tok);
+    tern_model_free(c.m);
+    return rc;
+}

@@ -1,0 +1,191 @@
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+void cli_usage(FILE *f) {
+    fprintf(f,
+        "usage: tern <command> [options]\n"
+        "\n"
+        "commands:\n"
+        "  run       -p TEXT | -f FILE | --tokens IDS    stream a raw completion\n"
+        "  chat      [--system TEXT] [--no-think]          interactive multi-turn chat (reads stdin)\n"
+        "  info                                            architecture, tensors, parameter counts\n"
+        "  tokenize  TEXT | --decode IDS                   text -> ids, or ids -> text\n"
+        "  perplexity -f FILE [--ctx N]                    perplexity of a text in windows of N tokens\n"
+        "  pack      SRC DST [options]                     convert to tern's packed format (tern pack --help)\n"
+        "  verify    DIR                                   rehash a packed model against its manifest\n"
+        "\n"
+        "model:\n"
+        "  -m, --model DIR          model directory (default: $TERN_MODEL, else models/tern-tiny)\n"
+        "  -t, --threads N          threads for the matrix products (default: all cores)\n"
+        "  --ctx N                  context length (default: the model's maximum)\n"
+        "  --expert-budget SIZE     RAM for routed experts of a packed model, e.g. 8G (default: all)\n"
+        "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
+        "  --stats                  print expert-streaming statistics after the run\n"
+        "generation:\n"
+        "  -n, --n-predict N        tokens to generate (default 256 for run, 1024 for chat; -1 = no limit)\n"
+        "  --temp T --top-k K --top-p P --min-p P     sampling (defaults: generation_config.json)\n"
+        "  --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
+        "  --seed N                 sampling seed (default: time-based)\n"
+        "  --stop TEXT              stop string (repeatable)\n"
+        "  --ignore-eos             keep generating past end-of-sequence ids\n"
+        "  --think / --no-think     chat: reasoning on (default) or off\n"
+        "  --json                   one JSON object per run: text, token counts, timings\n");
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno || v < lo || v > hi) {
+        fprintf(stderr, "tern: %s needs an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "tern: %s needs a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* Options that take a value; returns 1 if `a` was one of them, -1 on a bad
+ * value, 0 if unknown. */
+static int value_opt(cli_opts *o, const char *a, const char *v) {
+    long n;
+    tern_error err;
+#define IS(x) (strcmp(a, x) == 0)
+    if (IS("-m") || IS("--model")) o->model = v;
+    else if (IS("-p") || IS("--prompt")) o->prompt = v;
+    else if (IS("-f") || IS("--file")) o->prompt_file = v;
+    else if (IS("--tokens")) o->tokens = v;
+    else if (IS("--system")) o->system = v;
+    else if (IS("--decode")) o->decode = v;
+    else if (IS("-n") || IS("--n-predict")) { if (parse_long(a, v, -1, INT_MAX, &n)) return -1; o->n_predict = (int)n; }
+    else if (IS("-t") || IS("--threads")) { if (parse_long(a, v, 1, 1024, &n)) return -1; o->threads = (int)n; }
+    else if (IS("--ctx")) { if (parse_long(a, v, 1, INT_MAX, &n)) return -1; o->ctx = (int)n; }
+    else if (IS("--top-k")) { if (parse_long(a, v, 0, INT_MAX, &n)) return -1; o->top_k = (int)n; }
+    else if (IS("--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->seed = n; }
+    else if (IS("--temp")) return parse_float(a, v, 0, 100, &o->temp) ? -1 : 1;
+    else if (IS("--top-p")) return parse_float(a, v, 0, 1, &o->top_p) ? -1 : 1;
+    else if (IS("--min-p")) return parse_float(a, v, 0, 1, &o->min_p) ? -1 : 1;
+    else if (IS("--repeat-penalty")) return parse_float(a, v, 0.01f, 100, &o->repeat_penalty) ? -1 : 1;
+    else if (IS("--presence-penalty")) return parse_float(a, v, -10, 10, &o->presence_penalty) ? -1 : 1;
+    else if (IS("--frequency-penalty")) return parse_float(a, v, -10, 10, &o->frequency_penalty) ? -1 : 1;
+    else if (IS("--stop")) {
+        if (o->n_stop == CLI_MAX_STOP) { fprintf(stderr, "tern: at most %d --stop strings\n", CLI_MAX_STOP); return -1; }
+        if (!*v) { fprintf(stderr, "tern: --stop needs a non-empty string\n"); return -1; }
+        o->stop[o->n_stop++] = v;
+    } else if (IS("--expert-budget")) {
+        if (tern_parse_size(v, &o->expert_budget, &err)) { fprintf(stderr, "tern: --expert-budget: %s\n", err.msg); return -1; }
+    } else if (IS("--expert-policy")) {
+        if (!strcmp(v, "lfu")) o->expert_policy = TERN_POLICY_LFU;
+        else if (!strcmp(v, "lru")) o->expert_policy = TERN_POLICY_LRU;
+        else { fprintf(stderr, "tern: --expert-policy must be lfu or lru, got '%s'\n", v); return -1; }
+    } else return 0;
+#undef IS
+    return 1;
+}
+
+int cli_parse(int argc, char **argv, cli_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = INT_MIN;   /* command default */
+    o->think = 1;
+    o->temp = o->top_p = o->min_p = o->repeat_penalty = o->presence_penalty = o->frequency_penalty = NAN;
+    o->top_k = -1;
+    o->seed = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--stats")) o->stats = 1;
+        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
+        else if (!strcmp(a, "--think")) o->think = 1;
+        else if (!strcmp(a, "--no-think")) o->think = 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { cli_usage(stdout); exit(0); }
+        else if (a[0] == '-' && a[1] != '\0') {
+            if (i + 1 >= argc) {
+                if (value_opt(o, a, "") == 0) fprintf(stderr, "tern: unknown option '%s' (see tern --help)\n", a);
+                else fprintf(stderr, "tern: %s needs a value\n", a);
+                return -1;
+            }
+            int r = value_opt(o, a, argv[i + 1]);
+            if (r == 0) { fprintf(stderr, "tern: unknown option '%s' (see tern --help)\n", a); return -1; }
+            if (r < 0) return -1;
+            i++;
+        } else if (!o->positional) {
+            o->positional = a;
+        } else {
+            fprintf(stderr, "tern: unexpected argument '%s'\n", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The embedded default: models/tern-tiny beside the working directory, or
+ * beside the binary (build/tern -> ../models/tern-tiny). */
+const char *cli_model_dir(const cli_opts *o) {
+    static char buf[4096];
+    if (o->model) return o->model;
+    const char *env = getenv("TERN_MODEL");
+    if (env && *env) return env;
+    if (access("models/tern-tiny/config.json", R_OK) == 0) return "models/tern-tiny";
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 64);
+    if (n > 0) {
+        buf[n] = '\0';
+        char *slash = strrchr(buf, '/');
+        if (slash) {
+            strcpy(slash, "/../models/tern-tiny");
+            char probe[4160];
+            snprintf(probe, sizeof probe, "%s/config.json", buf);
+            if (access(probe, R_OK) == 0) return buf;
+        }
+    }
+    return "models/tern-tiny";
+}
+
+tern_model *cli_load_model(const cli_opts *o) {
+    tern_load_params lp = {o->threads, o->expert_budget, o->expert_policy, 0};
+    tern_error err;
+    const char *dir = cli_model_dir(o);
+    tern_model *m = tern_model_load(dir, &lp, &err);
+    if (!m) fprintf(stderr, "tern: %s\n", err.msg);
+    return m;
+}
+
+int cli_gen_params(const cli_opts *o, tern_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    tern_error err;
+    if (tern_sampler_params_load(&p->sampling, cli_model_dir(o), &err) != 0) {
+        fprintf(stderr, "tern: %s\n", err.msg);
+        return -1;
+    }
+    tern_sampler_params *s = &p->sampling;
+    if (!isnan(o->temp)) { s->temperature = o->temp; s->do_sample = o->temp > 0; }
+    if (o->top_k >= 0) s->top_k = o->top_k;
+    if (!isnan(o->top_p)) s->top_p = o->top_p;
+    if (!isnan(o->min_p)) s->min_p = o->min_p;
+    if (!isnan(o->repeat_penalty)) s->repetition_penalty = o->repeat_penalty;
+    if (!isnan(o->presence_penalty)) s->presence_penalty = o->presence_penalty;
+    if (!isnan(o->frequency_penalty)) s->frequency_penalty = o->frequency_penalty;
+    s->seed = o->seed >= 0 ? (uint64_t)o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    p->stop = o->stop;
+    p->n_stop = o->n_stop;
+    p->ignore_eos = o->ignore_eos;
+    return 0;
+}

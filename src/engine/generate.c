@@ -1,0 +1,124 @@
+/* The generation loop shared by the CLI and the server: prefill, then sample
+ * -> stream text -> evaluate, until a stop condition. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "text/detok.h"
+#include "text/stop.h"
+#include "text/tokenizer.h"
+#include "util/err.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    tern_sampler *sampler;
+    tern_detok *detok;
+    tern_stop *stop;
+    float *logits;
+    int32_t *history;         /* prompt + generated: the penalties' window */
+    int n_history;
+} gen_state;
+
+static void gen_free(gen_state *g) {
+    tern_sampler_destroy(g->sampler);
+    tern_detok_free(g->detok);
+    tern_stop_free(g->stop);
+    free(g->logits);
+    free(g->history);
+}
+
+/* Streams the text of one id through the detokenizer and the stop matcher.
+ * Returns 1 when a stop string matched or the caller asked to stop. */
+static int emit(gen_state *g, int32_t id, tern_text_fn on_text, void *ctx, int *reason, tern_error *err) {
+    if (!g->detok) return 0;
+    const char *piece, *out;
+    size_t plen, olen;
+    if (tern_detok_push(g->detok, id, &piece, &plen, err) != 0) return -1;
+    int hit = tern_stop_push(g->stop, piece, plen, &out, &olen, NULL);
+    if (hit < 0) return tern_fail(err, "out of memory matching stop strings");
+    if (olen && on_text && on_text(ctx, out, olen)) { *reason = TERN_STOP_CALLER; return 1; }
+    if (hit) { *reason = TERN_STOP_STRING; return 1; }
+    return 0;
+}
+
+static void flush(gen_state *g, tern_text_fn on_text, void *ctx) {
+    if (!g->detok) return;
+    const char *piece, *out;
+    size_t plen, olen;
+    tern_detok_flush(g->detok, &piece, &plen);
+    if (plen) {
+        tern_stop_push(g->stop, piece, plen, &out, &olen, NULL);
+        if (olen && on_text) on_text(ctx, out, olen);
+    }
+    tern_stop_flush(g->stop, &out, &olen);
+    if (olen && on_text) on_text(ctx, out, olen);
+}
+
+static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                    const tern_gen_params *p, tern_error *err) {
+    memset(g, 0, sizeof *g);
+    int V = tern_model_vocab_size(s->m);
+    int n_valid = tok ? tern_tokenizer_vocab_size(tok) : V;
+    if (n_valid > V) n_valid = V;
+    int max_new = s->max_ctx - s->pos - (int)n_prompt;
+    size_t hist_cap = n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1;
+    g->logits = malloc((size_t)V * sizeof(float));
+    g->history = malloc(hist_cap * sizeof(int32_t));
+    if (!g->logits || !g->history) return tern_fail(err, "out of memory");
+    memcpy(g->history, prompt, n_prompt * sizeof(int32_t));
+    g->n_history = (int)n_prompt;
+    g->sampler = tern_sampler_create(&p->sampling, V, n_valid, err);
+    if (!g->sampler) return -1;
+    if (!tok) return 0;
+    g->detok = tern_detok_create(tok, 1, err);
+    if (!g->detok) return -1;
+    g->stop = tern_stop_create(p->stop, (size_t)p->n_stop, err);
+    return g->stop ? 0 : -1;
+}
+
+int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                  const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_gen_stats *stats,
+                  tern_error *err) {
+    memset(stats, 0, sizeof *stats);
+    stats->last_token = -1;
+    if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
+    gen_state g;
+    int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
+    double t0 = now_s();
+    if (rc == 0) rc = tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
+    double t1 = now_s();
+    stats->n_prompt = (int)n_prompt;
+    stats->prefill_s = t1 - t0;
+    int reason = TERN_STOP_LENGTH;
+    while (rc == 0) {
+        if (p->n_predict >= 0 && stats->n_generated >= p->n_predict) { reason = TERN_STOP_LENGTH; break; }
+        if (s->pos >= s->max_ctx) { reason = TERN_STOP_CONTEXT; break; }
+        int32_t id = tern_sampler_sample(g.sampler, g.logits, g.history, g.n_history, err);
+        if (id < 0) { rc = -1; break; }
+        g.history[g.n_history++] = id;
+        stats->n_generated++;
+        stats->last_token = id;
+        if (p->on_token) p->on_token(ctx, id);
+        int eos = !p->ignore_eos && tern_sampler_is_eos(&p->sampling, id);
+        int stop = eos ? 0 : emit(&g, id, on_text, ctx, &reason, err);
+        if (stop < 0) { rc = -1; break; }
+        /* Every sampled token enters the session (the EOS too), so the next
+         * turn continues exactly what was generated. */
+        int need_logits = !eos && !stop;
+        if ((rc = tern_session_eval(s, &id, 1, need_logits ? g.logits : NULL, 0, err)) != 0) break;
+        if (eos) { reason = TERN_STOP_EOS; break; }
+        if (stop) break;
+    }
+    if (rc == 0 && reason != TERN_STOP_STRING && reason != TERN_STOP_CALLER) flush(&g, on_text, ctx);
+    stats->decode_s = now_s() - t1;
+    stats->stop_reason = reason;
+    gen_free(&g);
+    return rc;
+}
