@@ -1,0 +1,11 @@
+/* `tern pack` and `tern verify`. Each takes the command's own argv:
+ * argv[0] is the command name ("pack" / "verify"), options follow, e.g.
+ * main calls tern_cli_pack(argc - 1, argv + 1). Returns the process exit
+ * code: 0 done, 1 failed, 2 bad usage. */
+#ifndef TERN_CLI_CMD_PACK_H
+#define TERN_CLI_CMD_PACK_H
+
+int tern_cli_pack(int argc, char **argv);
+int tern_cli_verify(int argc, char **argv);
+
+#endif

@@ -1,0 +1,449 @@
+#include "pack/source.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pack/sha256.h"
+#include "util/err.h"
+#include "util/half.h"
+
+#define MAX_HEADER_BYTES (256ull << 20)
+#define MAX_INDEX_BYTES (64u << 20)
+
+static const struct {
+    const char *name;
+    int dtype;
+    size_t size;
+} dtypes[] = {
+    {"F32", PK_F32, 4}, {"F16", PK_F16, 2}, {"BF16", PK_BF16, 2}, {"U32", PK_U32, 4},
+    {"F8_E4M3", PK_F8E4M3, 1}, {"F64", PK_OTHER, 8}, {"I64", PK_OTHER, 8}, {"U64", PK_OTHER, 8},
+    {"I32", PK_OTHER, 4}, {"I16", PK_OTHER, 2}, {"U16", PK_OTHER, 2}, {"I8", PK_OTHER, 1},
+    {"U8", PK_OTHER, 1}, {"BOOL", PK_OTHER, 1}, {"F8_E5M2", PK_OTHER, 1},
+};
+
+size_t pk_dtype_size(int dtype) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (dtypes[i].dtype == dtype) return dtypes[i].size;
+    return 0;
+}
+
+/* ---- names -------------------------------------------------------------- */
+
+int pk_check_tensor_name(const char *name, const char *file, tern_error *err) {
+    const char *why = NULL;
+    if (!*name) why = "is empty";
+    else if (name[0] == '/') why = "is an absolute path";
+    else if (strlen(name) > 512) why = "is longer than 512 bytes";
+    for (const unsigned char *c = (const unsigned char *)name; !why && *c; c++)
+        if (*c < 0x20 || *c == 0x7f) why = "contains a control character";
+        else if (*c == '\\') why = "contains a backslash";
+    for (const char *s = name; !why && *s;) {
+        size_t n = strcspn(s, "/");
+        if (n == 2 && s[0] == '.' && s[1] == '.') why = "has a '..' path component";
+        s += n + (s[n] == '/');
+    }
+    if (!why) return 0;
+    /* print the name with control characters escaped: one line, always */
+    char shown[160];
+    size_t k = 0;
+    for (const unsigned char *c = (const unsigned char *)name; *c && k + 5 < sizeof shown; c++)
+        k += (size_t)snprintf(shown + k, sizeof shown - k, *c < 0x20 || *c == 0x7f ? "\\x%02x" : "%c", *c);
+    return tern_fail(err, "%s: tensor name '%s' refused: it %s", file, shown, why);
+}
+
+/* The canonical name of a stored one, or NULL to drop it. */
+static char *canonical_name(const char *n) {
+    static const char *const text_roots[] = {"layers.", "embed_tokens.", "norm."};
+    const char *rest = NULL;
+    if (!strncmp(n, "model.language_model.", 21) || !strncmp(n, "lm_head.", 8) || !strncmp(n, "mtp.", 4))
+        return strdup(n);
+    if (!strncmp(n, "language_model.lm_head.", 23) || !strncmp(n, "language_model.mtp.", 19))
+        return strdup(n + 15);
+    if (!strncmp(n, "language_model.model.", 21)) rest = n + 21;
+    else if (!strncmp(n, "model.", 6)) rest = n + 6;
+    for (size_t i = 0; rest && i < sizeof text_roots / sizeof *text_roots; i++) {
+        if (strncmp(rest, text_roots[i], strlen(text_roots[i])) != 0) continue;
+        char *out = malloc(strlen(rest) + 22);
+        if (out) sprintf(out, "model.language_model.%s", rest);
+        return out;
+    }
+    return NULL;
+}
+
+/* ---- safetensors headers ------------------------------------------------ */
+
+typedef struct {
+    pk_source *s;
+    const pk_shard *f;
+    const uint8_t *data;
+    uint64_t data_size;
+    tern_error *err;
+} hdr_ctx;
+
+static int parse_dims(hdr_ctx *h, const char *name, json_t *js, pk_raw *t) {
+    if (!json_is_array(js) || json_array_size(js) > 8)
+        return tern_fail(h->err, "%s: tensor '%s': shape must be an array of at most 8 dims", h->f->path, name);
+    t->ndim = (int)json_array_size(js);
+    uint64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        json_t *v = json_array_get(js, (size_t)d);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return tern_fail(h->err, "%s: tensor '%s': shape[%d] is not a non-negative integer", h->f->path, name, d);
+        uint64_t n = (uint64_t)json_integer_value(v);
+        if (n && numel > (1ull << 62) / n) return tern_fail(h->err, "%s: tensor '%s': shape overflows", h->f->path, name);
+        numel *= n;
+        t->shape[d] = (int64_t)n;
+    }
+    t->numel = (int64_t)numel;
+    return 0;
+}
+
+static int parse_entry(hdr_ctx *h, const char *name, json_t *e, pk_raw *t) {
+    const char *p = h->f->path;
+    const char *dt = json_string_value(json_object_get(e, "dtype"));
+    json_t *jo = json_object_get(e, "data_offsets");
+    if (!json_is_object(e) || !dt) return tern_fail(h->err, "%s: tensor '%s': missing dtype", p, name);
+    size_t esz = 0;
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (!strcmp(dt, dtypes[i].name)) { t->dtype = dtypes[i].dtype; esz = dtypes[i].size; }
+    if (!esz) return tern_fail(h->err, "%s: tensor '%s': unknown dtype '%s'", p, name, dt);
+    snprintf(t->dtype_name, sizeof t->dtype_name, "%s", dt);
+    if (parse_dims(h, name, json_object_get(e, "shape"), t) != 0) return -1;
+    json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
+    if (json_array_size(jo) != 2 || !json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
+        json_integer_value(en) < json_integer_value(b) || (uint64_t)json_integer_value(en) > h->data_size)
+        return tern_fail(h->err, "%s: tensor '%s': data_offsets missing or outside the file", p, name);
+    uint64_t begin = (uint64_t)json_integer_value(b), end = (uint64_t)json_integer_value(en);
+    if (end - begin != (uint64_t)t->numel * esz)
+        return tern_fail(h->err, "%s: tensor '%s': %llu bytes of data but shape x %s needs %llu", p, name,
+                         (unsigned long long)(end - begin), dt, (unsigned long long)((uint64_t)t->numel * esz));
+    t->data = h->data + begin;
+    t->nbytes = end - begin;
+    t->file = h->f->path;
+    return 0;
+}
+
+static int add_raw(hdr_ctx *h, const char *name, json_t *e) {
+    pk_source *s = h->s;
+    if (pk_check_tensor_name(name, h->f->path, h->err) != 0) return -1;
+    char *canon = canonical_name(name);
+    if (!canon) {
+        s->n_dropped++;
+        return 0;
+    }
+    if (s->n_raw == s->cap_raw) {
+        /* a per-expert checkpoint of the full model has ~31 K tensors: grow geometrically */
+        int cap = s->cap_raw ? 2 * s->cap_raw : 1024;
+        pk_raw *grown = realloc(s->raw, (size_t)cap * sizeof *grown);
+        if (!grown) { free(canon); return tern_fail(h->err, "out of memory"); }
+        s->raw = grown;
+        s->cap_raw = cap;
+    }
+    pk_raw *t = &s->raw[s->n_raw++];
+    memset(t, 0, sizeof *t);
+    t->name = canon;
+    t->src_name = strdup(name);
+    if (!t->src_name) return tern_fail(h->err, "out of memory");
+    return parse_entry(h, name, e, t);
+}
+
+static int map_shard(pk_shard *f, tern_error *err) {
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", f->path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
+        close(fd);
+        return tern_fail(err, "%s: not a safetensors file (too short or not a regular file)", f->path);
+    }
+    f->size = (size_t)st.st_size;
+    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return tern_fail(err, "%s: mmap failed: %s", f->path, strerror(errno));
+    }
+    return 0;
+}
+
+static int open_shard(pk_source *s, const char *fname, tern_error *err) {
+    if (!*fname || strchr(fname, '/') || !strcmp(fname, ".") || !strcmp(fname, ".."))
+        return tern_fail(err, "%s/model.safetensors.index.json: shard name '%s' is not a plain file name", s->dir, fname);
+    for (int i = 0; i < s->n_shards; i++)
+        if (!strcmp(strrchr(s->shards[i].path, '/') + 1, fname)) return 0;
+    pk_shard *g = realloc(s->shards, (size_t)(s->n_shards + 1) * sizeof *g);
+    if (!g) return tern_fail(err, "out of memory");
+    s->shards = g;
+    pk_shard *f = &s->shards[s->n_shards++];
+    memset(f, 0, sizeof *f);
+    if (asprintf(&f->path, "%s/%s", s->dir, fname) < 0) { f->path = NULL; return tern_fail(err, "out of memory"); }
+    if (map_shard(f, err) != 0) return -1;
+    s->total_bytes += f->size;
+    const uint8_t *b = f->map;
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
+    if (hl > MAX_HEADER_BYTES || hl > f->size - 8)
+        return tern_fail(err, "%s: header length %llu is past the end of the file", f->path, (unsigned long long)hl);
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return tern_fail(err, "%s: header is not valid JSON (%s)", f->path, jerr.text);
+    }
+    hdr_ctx h = {s, f, b + 8 + hl, f->size - 8 - hl, err};
+    const char *name;
+    json_t *e;
+    int rc = 0;
+    json_object_foreach(root, name, e) {
+        if (strcmp(name, "__metadata__") != 0 && (rc = add_raw(&h, name, e)) != 0) break;
+    }
+    json_decref(root);
+    return rc;
+}
+
+static int read_index(pk_source *s, const char *path, tern_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    uint64_t size;
+    int rc = tern_sha256_fd(fd, path, &size, s->index_sha256, err);
+    close(fd);
+    if (rc != 0) return -1;
+    if (size > MAX_INDEX_BYTES) return tern_fail(err, "%s: larger than %u bytes", path, MAX_INDEX_BYTES);
+    s->has_index = 1;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(map)) rc = tern_fail(err, "%s: missing object 'weight_map'", path);
+    const char *name;
+    json_t *v;
+    json_object_foreach(map, name, v) {
+        if (rc != 0) break;
+        if (pk_check_tensor_name(name, path, err) != 0) { rc = -1; break; }
+        if (!json_is_string(v)) rc = tern_fail(err, "%s: weight_map['%s'] is not a file name", path, name);
+        else rc = open_shard(s, json_string_value(v), err);
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* ---- config: MLX quantization, FP8 block size --------------------------- */
+
+static int read_quant_config(pk_source *s, tern_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", s->dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    s->fp8_block[0] = s->fp8_block[1] = 128;
+    json_t *q = json_object_get(root, "quantization");
+    if (!q) q = json_object_get(root, "quantization_config");
+    json_t *bs = json_object_get(q, "weight_block_size");
+    if (json_is_array(bs) && json_array_size(bs) == 2) {
+        s->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+        s->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+    }
+    int rc = 0;
+    if (s->fp8_block[0] <= 0 || s->fp8_block[1] <= 0)
+        rc = tern_fail(err, "%s: weight_block_size must be two positive integers", path);
+    if (json_is_integer(json_object_get(q, "bits"))) {
+        const char *mode = json_string_value(json_object_get(q, "mode"));
+        if (mode && strcmp(mode, "affine") != 0)
+            rc = tern_fail(err, "%s: quantization mode '%s' is not supported (affine only)", path, mode);
+        s->mlx_bits = (int)json_integer_value(json_object_get(q, "bits"));
+        s->mlx_group = (int)json_integer_value(json_object_get(q, "group_size"));
+        s->mlx_quant = json_incref(q);
+    }
+    json_decref(root);
+    return rc;
+}
+
+int pk_mlx_params(const pk_source *s, const pk_raw *w, const pk_raw *sc, int *bits, int *group, tern_error *err) {
+    char module[600];
+    snprintf(module, sizeof module, "%s", w->src_name);
+    char *dot = strrchr(module, '.');
+    if (dot) *dot = '\0';
+    json_t *over = s->mlx_quant ? json_object_get(s->mlx_quant, module) : NULL;
+    *bits = s->mlx_bits;
+    *group = s->mlx_group;
+    if (json_is_object(over)) {
+        if (json_is_integer(json_object_get(over, "bits"))) *bits = (int)json_integer_value(json_object_get(over, "bits"));
+        if (json_is_integer(json_object_get(over, "group_size")))
+            *group = (int)json_integer_value(json_object_get(over, "group_size"));
+    }
+    if (!*bits || !*group)
+        return tern_fail(err, "%s: '%s' is MLX-quantized but config.json has no 'quantization' bits/group_size", w->file,
+                         w->src_name);
+    if (*bits != 4 && *bits != 8)
+        return tern_fail(err, "%s: '%s' is %d-bit; the packed format holds 4- and 8-bit (and float) only", w->file,
+                         w->src_name, *bits);
+    int64_t words = w->shape[w->ndim - 1], ngroups = sc->shape[sc->ndim - 1];
+    if (words * 32 != (int64_t)*bits * ngroups * *group)
+        return tern_fail(err, "%s: '%s': %lld packed words per row do not match %lld groups of %d at %d bits", w->file,
+                         w->src_name, (long long)words, (long long)ngroups, *group, *bits);
+    return 0;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static int cmp_raw(const void *a, const void *b) { return strcmp(((const pk_raw *)a)->name, ((const pk_raw *)b)->name); }
+
+pk_raw *pk_source_get(const pk_source *s, const char *canonical) {
+    pk_raw key = {.name = (char *)canonical};
+    return s->n_raw ? bsearch(&key, s->raw, (size_t)s->n_raw, sizeof key, cmp_raw) : NULL;
+}
+
+static int finish_names(pk_source *s, tern_error *err) {
+    qsort(s->raw, (size_t)s->n_raw, sizeof *s->raw, cmp_raw);
+    for (int i = 1; i < s->n_raw; i++)
+        if (!strcmp(s->raw[i].name, s->raw[i - 1].name))
+            return tern_fail(err, "tensors '%s' (%s) and '%s' (%s) both map to '%s'", s->raw[i - 1].src_name,
+                             s->raw[i - 1].file, s->raw[i].src_name, s->raw[i].file, s->raw[i].name);
+    for (int i = 0; i < s->n_raw; i++) {
+        const pk_raw *t = &s->raw[i];
+        size_t n = strlen(t->name);
+        /* MLX layout: its own prefix, or packed words with .scales beside them */
+        if (!strncmp(t->src_name, "language_model.", 15) || strstr(t->name, ".switch_mlp.") ||
+            (n > 7 && !strcmp(t->name + n - 7, ".scales")))
+            s->mlx = 1;
+    }
+    return 0;
+}
+
+int pk_source_open(pk_source *s, const char *dir, tern_error *err) {
+    memset(s, 0, sizeof *s);
+    s->dir = realpath(dir, NULL);
+    if (!s->dir) return tern_fail(err, "%s: cannot resolve the source directory: %s", dir, strerror(errno));
+    char path[4096];
+    int rc = read_quant_config(s, err);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->dir);
+    if (rc == 0) {
+        if (access(path, F_OK) == 0) {
+            rc = read_index(s, path, err);
+        } else {
+            snprintf(path, sizeof path, "%s/model.safetensors", s->dir);
+            rc = access(path, F_OK) == 0 ? open_shard(s, "model.safetensors", err)
+                                         : tern_fail(err, "%s: no model.safetensors or model.safetensors.index.json", s->dir);
+        }
+    }
+    if (rc == 0) rc = finish_names(s, err);
+    if (rc != 0) pk_source_close(s);
+    return rc;
+}
+
+void pk_source_close(pk_source *s) {
+    for (int i = 0; i < s->n_raw; i++) {
+        free(s->raw[i].name);
+        free(s->raw[i].src_name);
+    }
+    free(s->raw);
+    for (int i = 0; i < s->n_shards; i++) {
+        if (s->shards[i].map) munmap(s->shards[i].map, s->shards[i].size);
+        free(s->shards[i].path);
+    }
+    free(s->shards);
+    json_decref(s->mlx_quant);
+    free(s->dir);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- matrix views ------------------------------------------------------- */
+
+float pk_f8e4m3_to_f32(uint8_t v) {
+    /* E4M3 "fn": bias 7, no infinities, S.1111.111 is NaN */
+    int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
+    float f;
+    if (exp == 15 && man == 7) f = NAN;
+    else if (exp == 0) f = ldexpf((float)man, -9);           /* man/8 * 2^-6 */
+    else f = ldexpf((float)(8 + man), exp - 10);             /* (1 + man/8) * 2^(exp-7) */
+    return sign ? -f : f;
+}
+
+static float widen(int dtype, const uint8_t *p, int64_t i) {
+    uint16_t h;
+    switch (dtype) {
+    case PK_F32: { float f; memcpy(&f, p + 4 * i, 4); return f; }
+    case PK_BF16: memcpy(&h, p + 2 * i, 2); return tern_bf16_to_f32(h);
+    case PK_F16: memcpy(&h, p + 2 * i, 2); return tern_f16_to_f32(h);
+    default: return 0.0f;
+    }
+}
+
+/* Row index inside the stored tensor, counting every leading dimension. */
+static int64_t stored_row(const pk_mat *m, int64_t r, int64_t rows_per_slice) {
+    return m->slice * rows_per_slice + m->row0 + r;
+}
+
+static int64_t slice_rows(const pk_raw *t) { return t->ndim == 3 ? t->shape[1] : t->shape[0]; }
+
+const uint8_t *pk_mat_float_row(const pk_mat *m, int64_t r) {
+    size_t es = pk_dtype_size(m->w->dtype);
+    int64_t sr = m->w->ndim >= 2 ? stored_row(m, r, slice_rows(m->w)) : r;
+    return m->w->data + (size_t)sr * (size_t)m->cols * es;
+}
+
+const uint8_t *pk_mat_q_row(const pk_mat *m, int64_t r) {
+    int64_t words = m->w->shape[m->w->ndim - 1];
+    return m->w->data + (size_t)stored_row(m, r, slice_rows(m->w)) * (size_t)words * 4;
+}
+
+const uint8_t *pk_mat_sb_row(const pk_mat *m, const pk_raw *sb, int64_t r) {
+    int64_t ng = sb->shape[sb->ndim - 1];
+    return sb->data + (size_t)stored_row(m, r, slice_rows(sb)) * (size_t)ng * pk_dtype_size(sb->dtype);
+}
+
+static void read_mlx_row(const pk_mat *m, int64_t r, float *out) {
+    const uint8_t *q = pk_mat_q_row(m, r);
+    const uint8_t *sc = pk_mat_sb_row(m, m->scales, r), *bi = pk_mat_sb_row(m, m->biases, r);
+    for (int64_t c = 0; c < m->cols; c++) {
+        int v = m->bits == 8 ? q[c] : (q[c / 2] >> (4 * (c & 1))) & 15;
+        int64_t g = c / m->group;
+        out[c] = (float)v * widen(m->scales->dtype, sc, g) + widen(m->biases->dtype, bi, g);
+    }
+}
+
+/* FP8 blocks: w = fp8 * scale_inv[row / block_rows][col / block_cols]
+ * (2-D weights only). */
+static void read_fp8_row(const pk_mat *m, int64_t r, const float lut[256], float *out) {
+    int64_t sr = m->row0 + r;
+    const uint8_t *w = m->w->data + (size_t)sr * (size_t)m->cols;
+    int64_t bc = m->scales->shape[m->scales->ndim - 1];
+    const uint8_t *srow = m->scales->data + (size_t)(sr / m->block[0]) * (size_t)bc * pk_dtype_size(m->scales->dtype);
+    for (int64_t c = 0; c < m->cols; c++) out[c] = lut[w[c]] * widen(m->scales->dtype, srow, c / m->block[1]);
+}
+
+/* One row of float storage, converted in a loop per dtype: this is the
+ * inner loop of packing a bf16 checkpoint. */
+static void widen_row(int dtype, const uint8_t *p, int64_t n, float *out) {
+    if (dtype == PK_F32) {
+        memcpy(out, p, (size_t)n * sizeof *out);
+    } else if (dtype == PK_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
+            memcpy(&out[i], &u, sizeof u);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) out[i] = tern_f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    }
+}
+
+void pk_mat_read_f32(const pk_mat *m, int64_t r, int64_t n, float *out) {
+    float lut[256];
+    if (m->storage == PK_STORE_FP8)
+        for (int v = 0; v < 256; v++) lut[v] = pk_f8e4m3_to_f32((uint8_t)v);
+    for (int64_t i = 0; i < n; i++) {
+        float *o = out + i * m->cols;
+        if (m->storage == PK_STORE_MLX) read_mlx_row(m, r + i, o);
+        else if (m->storage == PK_STORE_FP8) read_fp8_row(m, r + i, lut, o);
+        else widen_row(m->w->dtype, pk_mat_float_row(m, r + i), m->cols, o);
+        if (m->add != 0.0f)
+            for (int64_t c = 0; c < m->cols; c++) o[c] += m->add;
+    }
+}
