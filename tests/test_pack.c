@@ -185,6 +185,9 @@ Test(pack, tiny_defaults_and_class_bits) {
 }
 
 Test(pack, qwen35_sharded_per_expert_mtp) {
+    tern_pack_params p8 = params(fixture_dir("qwen35"), in_dir("out8"), 8);
+    pack_ok(&p8);
+    check_pack(fixture_dir("qwen35"), in_dir("out8"));
     tern_pack_params p = params(fixture_dir("qwen35"), in_dir("out"), 4);
     pack_ok(&p);
     check_pack(fixture_dir("qwen35"), in_dir("out"));
@@ -196,6 +199,9 @@ Test(pack, qwen35_sharded_per_expert_mtp) {
 }
 
 Test(pack, odd_f16_bare_prefix_float_rows) {
+    tern_pack_params p4 = params(fixture_dir("odd"), in_dir("out4"), 4);
+    pack_ok(&p4);
+    check_pack(fixture_dir("odd"), in_dir("out4"));
     tern_pack_params p = params(fixture_dir("odd"), in_dir("out"), 8);
     pack_ok(&p);
     check_pack(fixture_dir("odd"), in_dir("out"));
