@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cmd_pack.h"
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -11,6 +12,9 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    /* pack and verify parse their own options */
+    if (!strcmp(cmd, "pack")) return tern_cli_pack(argc - 1, argv + 1);
+    if (!strcmp(cmd, "verify")) return tern_cli_verify(argc - 1, argv + 1);
     static const struct {
         const char *name;
         int (*fn)(const cli_opts *);
