@@ -146,6 +146,14 @@ static double dtype_bytes(const tern_config *c, const tern_tensor_set *ts, const
     return 2;
 }
 
+/* "1.23 GB" / "45.6 MB" / "7.8 kB" */
+static const char *human(double bytes, char *buf, size_t n) {
+    if (bytes >= 1e9) snprintf(buf, n, "%.2f GB", bytes / 1e9);
+    else if (bytes >= 1e6) snprintf(buf, n, "%.1f MB", bytes / 1e6);
+    else snprintf(buf, n, "%.1f kB", bytes / 1e3);
+    return buf;
+}
+
 static const char *qclass_names[TERN_QC_COUNT] = {"embed", "attn", "router", "shared", "experts", "head", "mtp_fc"};
 
 /* Packed models: quantization, file sizes, bytes per token, and what an
@@ -164,21 +172,22 @@ static int describe_packed(const char *dir, const tern_config *c, uint64_t budge
     if (e) embed = e->data.size + e->scales.size + e->biases.size;
     int n_files = man.n_layer_files + (man.mtp_file ? 1 : 0);
     uint64_t experts = (uint64_t)n_files * man.n_experts * man.stride;
-    fprintf(out, "files: resident.bin %.2f GB, %d expert files %.2f GB (%d experts x %.2f MiB blobs)\n",
-            resident / 1e9, n_files, experts / 1e9, man.n_experts, man.stride / 1048576.0);
+    char b1[32], b2[32], b3[32], b4[32];
+    fprintf(out, "files: resident.bin %s, %d expert files %s (%d experts x %s blobs)\n", human(resident, b1, 32),
+            n_files, human(experts, b2, 32), man.n_experts, human(man.stride, b3, 32));
     /* a token reads every resident tensor but the embedding (one row) and
      * top_k expert blobs per decoder layer */
     double per_token = (double)(resident - embed) + (double)embed / c->vocab +
                        (double)c->top_k * man.stride * man.n_layer_files;
-    fprintf(out, "weights read per token: %.2f GB\n", per_token / 1e9);
+    fprintf(out, "weights read per token: %s\n", human(per_token, b4, 32));
     if (budget) {
         uint64_t slots = budget / (man.stride * (uint64_t)n_files);
         if (slots > (uint64_t)man.n_experts) slots = (uint64_t)man.n_experts;
-        fprintf(out, "expert budget %.2f GiB: %llu slots per layer (%.1f%% of the experts), expert RAM %.2f GiB, "
-                     "total with resident weights %.2f GiB%s\n",
-                budget / 1073741824.0, (unsigned long long)slots, 100.0 * slots / man.n_experts,
-                slots * man.stride * (double)n_files / 1073741824.0,
-                (slots * man.stride * (double)n_files + resident) / 1073741824.0,
+        fprintf(out, "expert budget %s: %llu slots per layer (%.1f%% of the experts), expert RAM %s, "
+                     "total with resident weights %s%s\n",
+                human(budget, b1, 32), (unsigned long long)slots, 100.0 * slots / man.n_experts,
+                human(slots * man.stride * (double)n_files, b2, 32),
+                human(slots * man.stride * (double)n_files + resident, b3, 32),
                 slots < (uint64_t)c->top_k ? " -- TOO SMALL: fewer slots than top_k experts per token" : "");
     }
     tern_manifest_free(&man);
@@ -224,7 +233,8 @@ int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern
     if (ts.n_files > 0) print_count(out, "stored text tensors", text_params);
     const char *src;
     double bpe = dtype_bytes(&c, &ts, &src);
-    fprintf(out, "weights read per token at %s: %.2f GB\n", src, active * bpe / 1e9);
+    char hb[32];
+    fprintf(out, "weights read per token at %s: %s\n", src, human(active * bpe, hb, sizeof hb));
     tern_tensors_close(&ts);
     return 0;
 }
