@@ -47,6 +47,10 @@ typedef struct tern_load_params {
     uint64_t expert_budget;
     int expert_policy;       /* enum tern_expert_policy_kind */
     int io_threads;          /* parallel expert reads; 0 = 4 */
+    /* 1: only the plain fp32 reference kernels (the checked baseline);
+     * 0: SIMD kernels (AVX2/AVX-512) for decode-sized products, which agree
+     * with the reference to rounding. */
+    int reference_kernels;
 } tern_load_params;
 
 /* Loads a Hugging Face model directory (config.json, generation_config.json,

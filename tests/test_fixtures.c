@@ -22,10 +22,10 @@ typedef struct {
     float *ref_logits;        /* computed on first use */
 } fx;
 
-static void fx_open(fx *f, const char *name) {
+static void fx_open_mode(fx *f, const char *name, int reference_kernels) {
     memset(f, 0, sizeof *f);
     tern_error err;
-    tern_load_params lp = {.n_threads = 2};
+    tern_load_params lp = {.n_threads = 2, .reference_kernels = reference_kernels};
     f->m = tern_model_load(fixture_dir(name), &lp, &err);
     cr_assert_not_null(f->m, "%s", err.msg);
     cr_assert_eq(reference_open(&f->ref, name), 0);
@@ -36,6 +36,10 @@ static void fx_open(fx *f, const char *name) {
     f->prompt = p->data;
     f->n_prompt = (int)p->numel;
 }
+
+/* Decode-sized products run on the SIMD kernels by default; the prefill
+ * ones on the reference kernels. */
+static void fx_open(fx *f, const char *name) { fx_open_mode(f, name, 0); }
 
 static void fx_close(fx *f) {
     free(f->ref_logits);
@@ -190,10 +194,11 @@ static void check_greedy(const char *name) {
 }
 
 /* Prefill 65, then decode the remaining prompt tokens one at a time: every
- * row must match the reference's single long prefill. */
-static void check_prefill_then_decode(const char *name) {
+ * row must match the reference's single long prefill, with the SIMD decode
+ * kernels and with the plain reference ones. */
+static void check_prefill_then_decode_mode(const char *name, int reference_kernels) {
     fx f;
-    fx_open(&f, name);
+    fx_open_mode(&f, name, reference_kernels);
     tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
     float *lg = eval_all(&f, s, f.prompt, 65);
     double worst = rel_err(lg, ref_rows(&f, 0), (size_t)65 * f.V);
@@ -203,10 +208,16 @@ static void check_prefill_then_decode(const char *name) {
         double e = rel_err(lg, ref_rows(&f, t), (size_t)f.V);
         if (e > worst) worst = e;
     }
+    cr_log_info("%s prefill+decode (%s kernels): %.2e", name, reference_kernels ? "reference" : "SIMD", worst);
     cr_expect_lt(worst, TOL, "%s: prefill+decode rel err %.3e", name, worst);
     free(lg);
     tern_session_destroy(s);
     fx_close(&f);
+}
+
+static void check_prefill_then_decode(const char *name) {
+    check_prefill_then_decode_mode(name, 0);
+    check_prefill_then_decode_mode(name, 1);
 }
 
 /* Two prefills (40 + 90 tokens) equal one: the chunked DeltaNet must start

@@ -19,7 +19,7 @@ typedef struct cli_opts {
     int n_predict;               /* -n; -1 = until EOS */
     int threads;
     int ctx;                     /* --ctx; 0 = model maximum */
-    int json, stats, ignore_eos, think;
+    int json, stats, ignore_eos, think, reference;
     uint64_t expert_budget;
     int expert_policy;
     /* sampling overrides; NaN / -1 = keep the model's generation_config */

@@ -29,6 +29,7 @@ void cli_usage(FILE *f) {
         "  --expert-budget SIZE     RAM for routed experts of a packed model, e.g. 8G (default: all)\n"
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
+        "  --reference              plain fp32 reference kernels only (no SIMD)\n"
         "generation:\n"
         "  -n, --n-predict N        tokens to generate (default 256 for run, 1024 for chat; -1 = no limit)\n"
         "  --temp T --top-k K --top-p P --min-p P     sampling (defaults: generation_config.json)\n"
@@ -113,6 +114,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
+        else if (!strcmp(a, "--reference")) o->reference = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--think")) o->think = 1;
         else if (!strcmp(a, "--no-think")) o->think = 0;
@@ -160,7 +162,8 @@ const char *cli_model_dir(const cli_opts *o) {
 }
 
 tern_model *cli_load_model(const cli_opts *o) {
-    tern_load_params lp = {o->threads, o->expert_budget, o->expert_policy, 0};
+    tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->expert_budget,
+                          .expert_policy = o->expert_policy, .reference_kernels = o->reference};
     tern_error err;
     const char *dir = cli_model_dir(o);
     tern_model *m = tern_model_load(dir, &lp, &err);

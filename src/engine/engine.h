@@ -18,6 +18,8 @@ struct tern_model {
     tern_weights w;
     tern_pool *pool;
     float *inv_freq;          /* [rope_dim / 2] RoPE frequencies */
+    int fast;                 /* SIMD kernels for decode-sized products */
+    int isa;                  /* tern_isa chosen at load */
     /* packed models */
     int packed;
     tern_manifest man;

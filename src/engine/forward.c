@@ -8,6 +8,7 @@
 #include "cpu/attention.h"
 #include "cpu/gdn.h"
 #include "cpu/ops.h"
+#include "cpu/qmatvec.h"
 #include "engine/engine.h"
 #include "model/packed.h"
 #include "util/err.h"
@@ -18,6 +19,16 @@ static float *alloc_f(size_t n) {
     float *p = malloc((n ? n : 1) * sizeof(float));
     if (!p) abort();
     return p;
+}
+
+/* y[T, W.rows] = x[T, W.cols] @ W^T: the SIMD kernels for decode-sized T
+ * (each weight row read once for up to TERN_GEMV_MAX_T tokens), else the
+ * reference product. */
+static void mm(tern_model *m, float *y, const float *x, int64_t T, const tern_mat *W) {
+    if (m->fast && T <= TERN_GEMV_MAX_T && tern_gemv_supported(W) &&
+        tern_qmatmul(m->pool, (tern_isa)m->isa, y, x, T, W) == 0)
+        return;
+    tern_matmul(m->pool, y, x, T, W);
 }
 
 /* ---- gated full attention ---------------------------------------------- */
@@ -57,9 +68,9 @@ static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int
     int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, row = nkv * hd;
     float *qg = alloc_f((size_t)T * nh * 2 * hd);
     float *k = alloc_f((size_t)T * row), *v = alloc_f((size_t)T * row);
-    tern_matmul(m->pool, qg, xn, T, &w->q);
-    tern_matmul(m->pool, k, xn, T, &w->k);
-    tern_matmul(m->pool, v, xn, T, &w->v);
+    mm(m, qg, xn, T, &w->q);
+    mm(m, k, xn, T, &w->k);
+    mm(m, v, xn, T, &w->v);
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < nh; h++) {
             float *q = qg + ((size_t)t * nh + h) * 2 * hd;     /* the query half of head h */
@@ -77,7 +88,7 @@ static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int
     float *o = alloc_f((size_t)T * nh * hd);
     attend_job job = {c, qg, kv, pos0, o};
     tern_pool_for(m->pool, (int64_t)T * nh, attend_range, &job);
-    tern_matmul(m->pool, out, o, T, &w->o);
+    mm(m, out, o, T, &w->o);
     free(qg);
     free(k);
     free(v);
@@ -133,10 +144,10 @@ static void gdn_layer(tern_model *m, const tern_gdn_w *w, const float *xn, int T
     int nk = c->gdn_k_heads, nv = c->gdn_v_heads, dk = c->gdn_k_dim, dv = c->gdn_v_dim;
     float *qkv = alloc_f((size_t)T * C), *conv = alloc_f((size_t)T * C);
     float *z = alloc_f((size_t)T * vd), *b = alloc_f((size_t)T * nv), *a = alloc_f((size_t)T * nv);
-    tern_matmul(m->pool, qkv, xn, T, &w->qkv);
-    tern_matmul(m->pool, z, xn, T, &w->z);
-    tern_matmul(m->pool, b, xn, T, &w->b);
-    tern_matmul(m->pool, a, xn, T, &w->a);
+    mm(m, qkv, xn, T, &w->qkv);
+    mm(m, z, xn, T, &w->z);
+    mm(m, b, xn, T, &w->b);
+    mm(m, a, xn, T, &w->a);
     gdn_conv(c, w->conv, st->conv, qkv, T, conv);
 
     /* Split the conv output into q | k | v heads (flat channel order). */
@@ -172,7 +183,7 @@ static void gdn_layer(tern_model *m, const tern_gdn_w *w, const float *xn, int T
         tern_rmsnorm(oh, oh, w->norm, dv, c->norm_eps);
         for (int d = 0; d < dv; d++) oh[d] *= tern_silu(zh[d]);
     }
-    tern_matmul(m->pool, out, o, T, &w->out);
+    mm(m, out, o, T, &w->out);
     free(qkv); free(conv); free(z); free(b); free(a);
     free(q); free(k); free(v); free(g); free(beta); free(o);
 }
@@ -180,13 +191,13 @@ static void gdn_layer(tern_model *m, const tern_gdn_w *w, const float *xn, int T
 /* ---- sparse MoE --------------------------------------------------------- */
 
 /* out[n, H] = (silu(x G^T) * (x U^T)) D^T */
-static void swiglu(tern_pool *pool, const tern_expert_w *e, const float *x, int n, float *out) {
+static void swiglu(tern_model *m, const tern_expert_w *e, const float *x, int n, float *out) {
     int64_t I = e->gate.rows;
     float *gt = alloc_f((size_t)n * I), *up = alloc_f((size_t)n * I);
-    tern_matmul(pool, gt, x, n, &e->gate);
-    tern_matmul(pool, up, x, n, &e->up);
+    mm(m, gt, x, n, &e->gate);
+    mm(m, up, x, n, &e->up);
     for (size_t i = 0; i < (size_t)n * I; i++) gt[i] = tern_silu(gt[i]) * up[i];
-    tern_matmul(pool, out, gt, n, &e->down);
+    mm(m, out, gt, n, &e->down);
     free(gt);
     free(up);
 }
@@ -247,7 +258,7 @@ static void run_expert(tern_model *m, const tern_expert_w *ew, const float *xn, 
     int H = m->cfg.hidden, n = r->count[e];
     for (int i = 0; i < n; i++)
         memcpy(xe + (size_t)i * H, xn + (size_t)r->tok[r->start[e] + i] * H, (size_t)H * sizeof(float));
-    swiglu(m->pool, ew, xe, n, ye);
+    swiglu(m, ew, xe, n, ye);
 }
 
 static void accumulate(const tern_config *c, const routing *r, int e, const float *ye, float *out) {
@@ -307,7 +318,7 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
     routing r = {malloc((size_t)E * sizeof(int)), malloc((size_t)E * sizeof(int)),
                  malloc((size_t)T * K * sizeof(int)), alloc_f((size_t)T * K)};
     if (!r.count || !r.start || !r.tok) abort();
-    tern_matmul(m->pool, probs, xn, T, &w->router);
+    mm(m, probs, xn, T, &w->router);
     route_tokens(c, probs, T, &r);
 
     /* Routed experts, each applied once to the tokens that chose it, added
@@ -325,7 +336,7 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
         rc = routed_streamed(m, w, xn, T, &r, out, err);
     }
     /* Shared expert, scaled per token by sigmoid(x . w_sg). */
-    swiglu(m->pool, &w->shared, xn, T, ye);
+    swiglu(m, &w->shared, xn, T, ye);
     float *sg = alloc_f((size_t)H);
     tern_mat_row(&w->shared_gate, 0, sg);
     for (int t = 0; t < T; t++) {
@@ -373,8 +384,8 @@ static void head(tern_model *m, const float *x, int T, float *logits, int all, f
     memcpy(last_hidden, h + (size_t)(T - 1) * H, (size_t)H * sizeof(float));
     if (hidden_out) memcpy(hidden_out, h, (size_t)T * H * sizeof(float));
     if (logits) {
-        if (all) tern_matmul(m->pool, logits, h, T, &m->w.lm_head);
-        else tern_matmul(m->pool, logits, h + (size_t)(T - 1) * H, 1, &m->w.lm_head);
+        if (all) mm(m, logits, h, T, &m->w.lm_head);
+        else mm(m, logits, h + (size_t)(T - 1) * H, 1, &m->w.lm_head);
     }
     free(h);
 }
@@ -424,7 +435,7 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
         tern_rmsnorm_1p(ce, ce, w->pre_emb_norm, H, c->norm_eps);
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
-    tern_matmul(m->pool, x, cat, n, &w->fc);
+    mm(m, x, cat, n, &w->fc);
     if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, NULL, s->gdn_mode, err)) {
         free(cat);
         free(x);
@@ -432,7 +443,7 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
         return -1;
     }
     for (int i = 0; i < n; i++) tern_rmsnorm_1p(x + (size_t)i * H, x + (size_t)i * H, w->norm, H, c->norm_eps);
-    if (logits) tern_matmul(m->pool, logits, x, n, &m->w.lm_head);
+    if (logits) mm(m, logits, x, n, &m->w.lm_head);
     s->mtp_pos += n;
     free(cat);
     free(x);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "cpu/qmatvec.h"
 #include "model/packed.h"
 #include "pack/verify.h"
 #include "util/err.h"
@@ -128,6 +129,8 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
         return NULL;
     }
     m->pool = tern_pool_create(params ? params->n_threads : 0);
+    m->fast = !(params && params->reference_kernels);
+    m->isa = tern_isa_best();
     m->inv_freq = rope_frequencies(&m->cfg);
     if (!m->pool || !m->inv_freq) {
         tern_fail(err, "out of memory");
