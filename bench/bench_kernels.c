@@ -8,7 +8,11 @@
  * "hot" multiplies the same matrix again and again, so a matrix that fits
  * the caches measures the kernel's arithmetic; "cold" cycles through
  * copies totalling >= 1 GiB, so every byte comes from DRAM, as routed
- * experts do in decode. Each figure is the median of several timed runs.
+ * experts do in decode. Every call (one matrix, one pool loop) is timed
+ * on its own and a cell is "median/best" over the calls: on a machine
+ * shared with other work a long timed run is always preempted somewhere,
+ * while most single calls are not, so the median call is what the kernel
+ * does and the best its ceiling; the load average is printed with them.
  * Threads split the rows with tern_pool_for, one parallel loop per matrix
  * (so the small expert shapes pay the pool's wake-up every call, as the
  * engine would). */
@@ -42,6 +46,28 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Rates (work / time) of the median and the fastest of n timed runs. */
+typedef struct {
+    double med, best;
+} rate;
+
+static rate rate_of(double work, double *t, int n) {
+    double lo = t[0];
+    for (int i = 1; i < n; i++) lo = t[i] < lo ? t[i] : lo;
+    return (rate){work / median(t, n), work / lo};
+}
+
+static void print_loadavg(const char *when) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    char buf[128] = "";
+    if (f) {
+        if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+        fclose(f);
+    }
+    buf[strcspn(buf, "\n")] = 0;
+    printf("load average %s: %s\n", when, buf[0] ? buf : "n/a");
 }
 
 static void *xmalloc(size_t n) {
@@ -115,25 +141,24 @@ static void gemv_range(void *ctx, int64_t b, int64_t e) {
     tern_gemv_batch(j->isa, j->W, b, e, j->prep, j->T, j->y);
 }
 
-/* One pass: every matrix of the set once. */
-static void pass(tern_pool *pool, tern_isa isa, const mat_set *s, int count, const float *prep, int T, float *y) {
-    for (int i = 0; i < count; i++) {
-        gemv_job j = {isa, &s->m[i % s->n], prep, T, y};
+/* GB/s of weight bytes over `passes` passes of `count` calls (cycling
+ * through the set), each call timed. */
+static rate time_gemv(tern_pool *pool, tern_isa isa, const mat_set *s, int count, const float *prep, int T,
+                      float *y, int passes) {
+    double *t = xmalloc((size_t)count * (size_t)passes * sizeof(double));
+    for (int i = 0; i < (count < s->n ? count : s->n); i++) {   /* warm up (and fault in) */
+        gemv_job j = {isa, &s->m[i], prep, T, y};
         tern_pool_for(pool, j.W->rows, gemv_range, &j);
     }
-}
-
-/* GB/s of weight bytes: `count` matrices per timed run, median of reps. */
-static double time_gemv(tern_pool *pool, tern_isa isa, const mat_set *s, int count, const float *prep, int T,
-                        float *y, int reps) {
-    double t[32];
-    pass(pool, isa, s, count < s->n ? count : s->n, prep, T, y);   /* warm up (and fault in) */
-    for (int r = 0; r < reps; r++) {
+    for (int i = 0; i < count * passes; i++) {
+        gemv_job j = {isa, &s->m[i % s->n], prep, T, y};
         double t0 = now();
-        pass(pool, isa, s, count, prep, T, y);
-        t[r] = now() - t0;
+        tern_pool_for(pool, j.W->rows, gemv_range, &j);
+        t[i] = now() - t0;
     }
-    return (double)s->bytes * count / median(t, reps) / 1e9;
+    rate r = rate_of((double)s->bytes / 1e9, t, count * passes);
+    free(t);
+    return r;
 }
 
 /* How many matrices make a timed run of about `secs` (at a guessed 10
@@ -176,33 +201,34 @@ static void rooflines(tern_pool *pool1, tern_pool *pool2) {
     memset(a, 1, n);
     memset(b, 2, n);
     float sums[4];
-    printf("Roofline (1 GiB buffers, GB/s; memcpy counts the bytes copied once; read = bytes read by\n"
-           "tern_dot_fast, two streams):\n");
-    printf("  %-24s %10s %10s\n", "", "1 thread", "2 threads");
+    printf("Roofline (1 GiB buffers in 4 MiB calls, GB/s; memcpy counts the bytes copied once; read =\n"
+           "bytes read by tern_dot_fast, two streams):\n");
+    printf("  %-10s %11s %11s\n", "", "1 thread", "2 threads");
     tern_pool *pools[2] = {pool1, pool2};
-    double res[2][2];
-    for (int p = 0; p < 2; p++) {
-        double t[16];
-        int reps = quick ? 3 : 7;
-        copy_job cj = {a, b, n};
-        tern_pool_for(pools[p], (int64_t)n, copy_range, &cj);
-        for (int r = 0; r < reps; r++) {
-            double t0 = now();
-            tern_pool_for(pools[p], (int64_t)n, copy_range, &cj);
-            t[r] = now() - t0;
+    rate res[2][2];
+    size_t piece = (size_t)4 << 20;
+    int np = (int)(n / piece);
+    double *t = xmalloc((size_t)np * sizeof(double));
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 2; k++) {
+            /* one untimed pass faults in and warms up; then each 4 MiB
+             * piece is one timed pool loop, as each matrix is below */
+            for (int pass = 0; pass < 2; pass++)
+                for (int i = 0; i < np; i++) {
+                    copy_job cj = {a + (size_t)i * piece, b + (size_t)i * piece, piece};
+                    read_job rj = {(const float *)(a + (size_t)i * piece), sums, (int64_t)(piece / 4), tern_isa_best()};
+                    double t0 = now();
+                    if (k == 0) tern_pool_for(pools[p], (int64_t)piece, copy_range, &cj);
+                    else tern_pool_for(pools[p], rj.n, read_range, &rj);
+                    t[i] = now() - t0;
+                }
+            res[k][p] = rate_of((double)piece / 1e9, t, np);
         }
-        res[0][p] = (double)n / median(t, reps) / 1e9;
-        read_job rj = {(const float *)a, sums, (int64_t)(n / 4), tern_isa_best()};
-        tern_pool_for(pools[p], rj.n, read_range, &rj);
-        for (int r = 0; r < reps; r++) {
-            double t0 = now();
-            tern_pool_for(pools[p], rj.n, read_range, &rj);
-            t[r] = now() - t0;
-        }
-        res[1][p] = (double)n / median(t, reps) / 1e9;
-    }
-    printf("  %-24s %10.1f %10.1f\n", "memcpy", res[0][0], res[0][1]);
-    printf("  %-24s %10.1f %10.1f\n\n", "read", res[1][0], res[1][1]);
+    free(t);
+    for (int k = 0; k < 2; k++)
+        printf("  %-10s %5.1f/%-5.1f %5.1f/%-5.1f\n", k ? "read" : "memcpy", res[k][0].med, res[k][0].best,
+               res[k][1].med, res[k][1].best);
+    printf("\n");
     free(a);
     free(b);
 }
@@ -223,10 +249,9 @@ static const shape SHAPES[] = {
 
 static void gemv_table(tern_pool *pool1, tern_pool *pool2) {
     printf("GEMV, 1 token: GB/s of weight bytes (q + scales + biases); group 64\n");
-    printf("%-15s %-4s %9s %-7s %9s %9s %9s %9s\n", "shape", "fmt", "MB", "isa", "hot 1T", "hot 2T", "cold 1T",
+    printf("%-15s %-4s %7s %-7s %11s %11s %11s %11s\n", "shape", "fmt", "MB", "isa", "hot 1T", "hot 2T", "cold 1T",
            "cold 2T");
     tern_pool *pools[2] = {pool1, pool2};
-    int reps = quick ? 3 : 7;
     for (size_t si = 0; si < sizeof SHAPES / sizeof *SHAPES; si++)
         for (int bits = 4; bits <= 8; bits += 4) {
             const shape *sh = &SHAPES[si];
@@ -242,13 +267,14 @@ static void gemv_table(tern_pool *pool1, tern_pool *pool2) {
             for (int v = 0; v < TERN_ISA_COUNT; v++) {
                 tern_isa isa = (tern_isa)v;
                 if (!tern_isa_supported(isa)) continue;
-                double g[4];
+                rate g[4];
                 for (int p = 0; p < 2; p++) {
-                    g[p] = time_gemv(pools[p], isa, &one, count_for(one.bytes, quick ? 0.01 : 0.03), prep, 1, y, reps);
-                    g[2 + p] = time_gemv(pools[p], isa, &cold, ncold, prep, 1, y, quick ? 3 : 5);
+                    g[p] = time_gemv(pools[p], isa, &one, count_for(one.bytes, quick ? 0.05 : 0.2), prep, 1, y, 1);
+                    g[2 + p] = time_gemv(pools[p], isa, &cold, ncold, prep, 1, y, quick ? 1 : 2);
                 }
-                printf("%-15s q%-3d %9.2f %-7s %9.1f %9.1f %9.1f %9.1f\n", sh->name, bits, (double)one.bytes / 1e6,
-                       tern_isa_name(isa), g[0], g[1], g[2], g[3]);
+                printf("%-15s q%-3d %7.2f %-7s", sh->name, bits, (double)one.bytes / 1e6, tern_isa_name(isa));
+                for (int k = 0; k < 4; k++) printf(" %5.1f/%-5.1f", g[k].med, g[k].best);
+                printf("\n");
                 fflush(stdout);
             }
             free(x);
@@ -266,7 +292,7 @@ static void batch_table(tern_pool *pool1) {
     tern_isa isa = tern_isa_best();
     printf("GEMV batch (tern_gemv_batch, %s, 1 thread, attn qkv 8192x2048, cold): weight GB/s and per-token us\n",
            tern_isa_name(isa));
-    printf("%-4s %4s %10s %12s\n", "fmt", "T", "GB/s", "us/token");
+    printf("%-4s %4s %11s %12s\n", "fmt", "T", "GB/s", "us/token");
     for (int bits = 4; bits <= 8; bits += 4) {
         mat_set one = make_set(8192, 2048, bits, 64, 1);
         int ncold = (int)((COLD_BYTES + one.bytes - 1) / one.bytes);
@@ -281,9 +307,9 @@ static void batch_table(tern_pool *pool1) {
         }
         static const int Ts[] = {1, 2, 4, 8};
         for (int k = 0; k < 4; k++) {
-            double gbs = time_gemv(pool1, isa, &cold, ncold, prep, Ts[k], y, quick ? 3 : 5);
-            double us = (double)cold.bytes / (gbs * 1e9) * 1e6 / Ts[k];
-            printf("q%-3d %4d %10.1f %12.1f\n", bits, Ts[k], gbs, us);
+            rate gbs = time_gemv(pool1, isa, &cold, ncold, prep, Ts[k], y, quick ? 1 : 2);
+            double us = (double)cold.bytes / (gbs.med * 1e9) * 1e6 / Ts[k];
+            printf("q%-3d %4d %5.1f/%-5.1f %12.1f\n", bits, Ts[k], gbs.med, gbs.best, us);
             fflush(stdout);
         }
         free(x);
@@ -303,8 +329,8 @@ static void batch_table(tern_pool *pool1) {
 static void kv_table(void) {
     const int nkv = 2, hd = 256, nq = 8;
     static const int ctx[] = {4096, 32768};
-    printf("KV attention, one KV head x %d query heads, head_dim %d, 1 thread: us per step (tern_kv_attend; fp32: 8 x tern_attend)\n", nq, hd);
-    printf("%-8s %-7s %10s %10s\n", "kv", "isa", "n=4096", "n=32768");
+    printf("KV attention, one KV head x %d query heads, head_dim %d, 1 thread: us per step, median/best\n(tern_kv_attend; fp32: 8 x tern_attend)\n", nq, hd);
+    printf("%-8s %-7s %17s %17s\n", "kv", "isa", "n=4096", "n=32768");
     int nmax = ctx[1];
     float *x = xmalloc((size_t)nkv * hd * sizeof(float));
     float *q = xmalloc((size_t)nq * 2 * hd * sizeof(float)), *o = xmalloc((size_t)nq * hd * sizeof(float));
@@ -314,18 +340,19 @@ static void kv_table(void) {
     {
         float *K = xmalloc((size_t)nmax * nkv * hd * sizeof(float)), *V = xmalloc((size_t)nmax * nkv * hd * sizeof(float));
         for (size_t i = 0; i < (size_t)nmax * nkv * hd; i++) K[i] = V[i] = (float)(i % 29) / 14.0f - 1.0f;
-        double us[2];
+        rate us[2];
         for (int c = 0; c < 2; c++) {
-            double t[9];
-            int reps = quick ? 3 : 7;
+            double t[16];
+            int reps = quick ? 3 : 15;
             for (int r = 0; r < reps; r++) {
                 double t0 = now();
                 for (int h = 0; h < nq; h++) tern_attend(o + h * hd, q + h * 2 * hd, K, V, ctx[c], nkv * hd, hd, 0.0625f, s);
                 t[r] = now() - t0;
             }
-            us[c] = median(t, reps) * 1e6;
+            us[c] = rate_of(1e-6, t, reps);
         }
-        printf("%-8s %-7s %10.1f %10.1f\n", "fp32", "ref", us[0], us[1]);
+        printf("%-8s %-7s %8.0f/%-8.0f %8.0f/%-8.0f\n", "fp32", "ref", 1 / us[0].med, 1 / us[0].best, 1 / us[1].med,
+               1 / us[1].best);
         free(K);
         free(V);
     }
@@ -341,20 +368,21 @@ static void kv_table(void) {
         for (int v = 0; v < TERN_ISA_COUNT; v++) {
             tern_isa isa = (tern_isa)v;
             if (!tern_isa_supported(isa)) continue;
-            double us[2];
+            rate us[2];
             for (int c = 0; c < 2; c++) {
-                double t[9];
-                int reps = quick ? 3 : 7;
+                double t[16];
+                int reps = quick ? 3 : 15;
                 for (int r = 0; r < reps; r++) {
                     double t0 = now();
                     tern_kv_attend(isa, &L, 0, q, nq, 2 * hd, K, V, L.row_bytes, ctx[c], 0.0625f, s, o, hd);
                     t[r] = now() - t0;
                 }
-                us[c] = median(t, reps) * 1e6;
+                us[c] = rate_of(1e-6, t, reps);
             }
             char name[16];
             snprintf(name, sizeof name, "%d-bit", bits);
-            printf("%-8s %-7s %10.1f %10.1f\n", name, tern_isa_name(isa), us[0], us[1]);
+            printf("%-8s %-7s %8.0f/%-8.0f %8.0f/%-8.0f\n", name, tern_isa_name(isa), 1 / us[0].med, 1 / us[0].best,
+                   1 / us[1].med, 1 / us[1].best);
             fflush(stdout);
         }
         free(K);
@@ -377,11 +405,14 @@ int main(int argc, char **argv) {
     }
     tern_pool *pool1 = tern_pool_create(1), *pool2 = tern_pool_create(2);
     if (!pool1 || !pool2) return 1;
-    printf("bench_kernels: best ISA %s\n\n", tern_isa_name(tern_isa_best()));
+    printf("bench_kernels: best ISA %s\n", tern_isa_name(tern_isa_best()));
+    print_loadavg("at start");
+    printf("\n");
     rooflines(pool1, pool2);
     gemv_table(pool1, pool2);
     batch_table(pool1);
     kv_table();
+    print_loadavg("at end");
     tern_pool_destroy(pool1);
     tern_pool_destroy(pool2);
     return 0;
