@@ -18,10 +18,11 @@
  * Quantization is asymmetric per group, value = q * scale + bias, chosen so
  * every value of the group lies in [bias, bias + levels * scale]: bias is
  * the group minimum rounded down to f16 and scale = (max - bias) / levels
- * rounded up to f16 (levels 15 or 255). Directed rounding is what makes
- * the error bound hold after the f16 rounding of scale and bias:
- * |value - x| <= scale / 2 for every element (plus fp32 rounding of the
- * dequantization). A constant group whose value is an f16 gets scale 0
+ * rounded up to f16 (levels 15 or 255), so |value - x| <= scale / 2 for
+ * every element (plus fp32 rounding of the dequantization). Rounding the
+ * bias to nearest instead could put it above the minimum by half an f16
+ * ulp of the minimum, several steps for a narrow group far from zero (the
+ * test has one); rounding the scale up keeps the maximum inside the range. A constant group whose value is an f16 gets scale 0
  * and dequantizes to exactly bias. Values beyond the f16 range (|x| >
  * 65504) saturate to +-65504 in every mode, so an outlier cannot turn the
  * attention into inf/NaN.
@@ -35,8 +36,8 @@
 
 #include "cpu/qmatvec.h"   /* tern_isa */
 
-/* head_dim bound: the attention loops keep one head of per-query sums on
- * the stack. */
+/* head_dim bound: the attention loops keep one head-sized row (portable)
+ * or 8 queries (SIMD) on the stack. */
 #define TERN_KV_MAX_HEAD_DIM 512
 
 typedef struct tern_kvq {
