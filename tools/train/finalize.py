@@ -91,9 +91,10 @@ def verify_references(dst, data_dir):
     path = os.path.join(dst, "reference.safetensors")
     if not os.path.exists(path):
         tok = Tokenizer.from_file(os.path.join(dst, "tokenizer.json"))
-        _, docs, enc = T.token_stream(tok, os.path.join(data_dir, "corpus", "heldout.txt"),
-                                      tok.token_to_id("<|endoftext|>"))
-        prompt, _ = T.pick_prompt(docs, enc, mf.PROMPT_LEN)
+        stream, docs, enc = T.token_stream(tok, os.path.join(data_dir, "corpus", "heldout.txt"),
+                                           tok.token_to_id("<|endoftext|>"))
+        prompt, label, _ = T.choose_prompt(model, mtp, T.prompt_candidates(docs, enc, stream, mf.PROMPT_LEN))
+        print(f"reference prompt: {label}")
         ref, _ = mf.compute_references(model, mtp, prompt, cfg, False)
         save_file(OrderedDict((k, v.contiguous()) for k, v in ref.items()), path,
                   metadata={"tern_oracle": "format=1;fixture=tern-tiny;full_logits=false"})
@@ -223,7 +224,7 @@ and the 33 Qwen added tokens with their real strings, order and special flags (`
 {files_table}
 
 `reference.safetensors` holds golden outputs in the oracle's format (tools/oracle/README.md) for a held-out
-130-token prompt, computed with transformers in fp32 on the CPU from these exact BF16 files: per-layer hidden
+130-token prompt ({ref.get('prompt_source', 'chosen among 8 held-out candidates as the one farthest from a tie')}), computed with transformers in fp32 on the CPU from these exact BF16 files: per-layer hidden
 states, last-position logits for prompt lengths 1, 63, 64, 65, 130, 32 cached greedy tokens from the first 16
 prompt tokens with their top-1/top-2 margins, and the MTP output. Smallest greedy margin
 {fmt(ref.get('greedy_min_margin'), '.4f')}, smallest router top-k gap {fmt(ref.get('min_router_gap'), '.2e')}.

@@ -506,15 +506,63 @@ def reload_saved(outdir, spec, seed):
     return cfg, model, mtp, main_sd, mtp_sd, disk
 
 
-def pick_prompt(held_docs, held_enc, n):
-    """First held-out KJV chapter (file order) with at least n tokens: its first n tokens."""
+def prompt_candidates(held_docs, held_enc, held_stream, n, k=8):
+    """Up to k held-out 130-token prompts: the first n tokens of each held-out KJV chapter (file order), then windows
+    of the packed held-out stream (fortunes, chats and <|endoftext|>) starting at document starts."""
+    out = []
     for d, e in zip(held_docs, held_enc):
+        if len(out) >= k // 2:
+            break
         if not d.startswith("<|im_start|>") and "\n\n" in d[:40] and len(e.ids) >= n:
-            return torch.tensor(e.ids[:n], dtype=torch.int64), d
+            out.append((torch.tensor(e.ids[:n], dtype=torch.int64), "KJV " + d.split("\n", 1)[0]))
+    pos = 0
     for d, e in zip(held_docs, held_enc):
-        if len(e.ids) >= n:
-            return torch.tensor(e.ids[:n], dtype=torch.int64), d
-    raise SystemExit("no held-out document is long enough for the reference prompt")
+        if len(out) >= k:
+            break
+        if pos + n <= len(held_stream) and not ("\n\n" in d[:40] and not d.startswith("<|im_start|>")):
+            out.append((held_stream[pos:pos + n].clone(), f"packed held-out stream from token {pos}"))
+        pos += len(e.ids) + 1
+    if not out:
+        raise SystemExit("no held-out text is long enough for the reference prompt")
+    return out
+
+
+@torch.no_grad()
+def prompt_robustness(model, mtp, prompt, greedy_prompt, greedy_steps):
+    """Smallest gap between the k-th and (k+1)-th router logit (main layers and MTP, 130-token run) and smallest
+    top1 - top2 margin of a greedy continuation of prompt[:greedy_prompt] (cache-free forwards): how far the
+    reference is from a tie that an engine's rounding could flip (the oracle's robustness measures)."""
+    gaps = []
+
+    def hook(mod, inp, out):
+        lg = out[0].float().sort(dim=-1, descending=True).values
+        gaps.append((lg[:, mod.top_k - 1] - lg[:, mod.top_k]).min().item())
+
+    hooks = [m.register_forward_hook(hook) for m in list(model.modules()) + list(mtp.modules())
+             if isinstance(m, hf_qwen.Qwen3_5MoeTopKRouter)]
+    final = model.model(input_ids=prompt[None], use_cache=False).last_hidden_state[0]
+    mtp(model.model.embed_tokens(prompt[1:]), final[:-1], model.lm_head.weight)
+    for h in hooks:
+        h.remove()
+    ids, margins = prompt[:greedy_prompt], []
+    for _ in range(greedy_steps):
+        logits = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
+        top2 = logits.topk(2).values
+        margins.append((top2[0] - top2[1]).item())
+        ids = torch.cat([ids, logits.argmax()[None]])
+    return min(gaps), min(margins)
+
+
+def choose_prompt(model, mtp, candidates):
+    """The candidate farthest from a tie: max of min(router gap / MIN_ROUTER_GAP, greedy margin /
+    MIN_GREEDY_MARGIN) (the oracle's thresholds). Returns (prompt, label, report)."""
+    report = []
+    for prompt, label in candidates:
+        gap, margin = prompt_robustness(model, mtp, prompt, mf.GREEDY_PROMPT, mf.GREEDY_STEPS)
+        score = min(gap / mf.MIN_ROUTER_GAP, margin / mf.MIN_GREEDY_MARGIN)
+        report.append(dict(label=label, min_router_gap=gap, greedy_min_margin=margin, score=score))
+    best = max(range(len(candidates)), key=lambda i: report[i]["score"])
+    return candidates[best][0], candidates[best][1], report
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -784,7 +832,10 @@ def main():
         assert torch.equal(t, tensors[n]), f"tensor {n} changed on disk"
     del tensors
     cache_kwarg_shim(model)
-    prompt, prompt_doc = pick_prompt(held_docs, held_enc, mf.PROMPT_LEN)
+    prompt, prompt_label, prompt_report = choose_prompt(
+        model, mtp, prompt_candidates(held_docs, held_enc, held_stream, mf.PROMPT_LEN))
+    log(f"reference prompt: {prompt_label} (" + "; ".join(
+        f"{r['label']}: gap {r['min_router_gap']:.1e} margin {r['greedy_min_margin']:.1e}" for r in prompt_report) + ")")
     info, greedy_text, ref_error = {}, None, None
     try:  # a failure here must not lose the trained model: it is reported and finalize.py can redo it
         ref, info = mf.compute_references(model, mtp, prompt, cfg2, False)
@@ -825,7 +876,8 @@ def main():
                                       "prefix_rel_err", "greedy_vs_recompute_rel_err", "mtp_incremental_rel_err",
                                       "final_to_logits_rel_err", "spec_check", "hf_loader_rel_err") if k in info}
     metrics["final"] = final
-    metrics["reference"] = dict(ref_info, prompt_text=tok.decode(prompt.tolist()), greedy_text=greedy_text,
+    metrics["reference"] = dict(ref_info, prompt_text=tok.decode(prompt.tolist()), prompt_source=prompt_label,
+                                prompt_candidates=prompt_report, greedy_text=greedy_text,
                                 gdn_functions_swapped=swapped, error=ref_error)
     metrics["timing"] = timing
     metrics["files"] = {fn: os.path.getsize(os.path.join(args.out, fn)) for fn in sorted(os.listdir(args.out))
