@@ -95,6 +95,7 @@ enum tern_gdn_mode {
 typedef struct tern_session_params {
     int max_context;         /* 0 = the model's max_position_embeddings */
     int gdn_mode;            /* enum tern_gdn_mode */
+    int kv_bits;             /* KV cache: 0 or 32 = fp32 (the reference); 16 = f16; 8, 4 = affine groups */
 } tern_session_params;
 
 tern_session *tern_session_create(tern_model *m, const tern_session_params *p,

@@ -85,7 +85,7 @@ Test(generate, stops_at_eos_and_keeps_it) {
 Test(generate, stops_at_context_end) {
     tern_model *m = load("tiny");
     tern_error err;
-    tern_session_params sp = {20, TERN_GDN_CHUNKED};
+    tern_session_params sp = {.max_context = 20};
     tern_session *s = tern_session_create(m, &sp, &err);
     tern_gen_params p = greedy(100);
     int32_t prompt[4] = {1, 2, 3, 4};

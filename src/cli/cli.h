@@ -19,6 +19,7 @@ typedef struct cli_opts {
     int n_predict;               /* -n; -1 = until EOS */
     int threads;
     int ctx;                     /* --ctx; 0 = model maximum */
+    int kv_bits;                 /* --kv-bits */
     int json, stats, ignore_eos, think, reference;
     uint64_t expert_budget;
     int expert_policy;

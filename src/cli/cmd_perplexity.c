@@ -57,7 +57,8 @@ int cmd_perplexity(const cli_opts *o) {
         clock_t t0 = clock();
         for (size_t start = 0; start + 1 < n; start += (size_t)win) {
             int w = n - start < (size_t)win ? (int)(n - start) : win;
-            tern_session *s = tern_session_create(m, NULL, &err);
+            tern_session_params sp = {.max_context = win, .kv_bits = o->kv_bits};
+            tern_session *s = tern_session_create(m, &sp, &err);
             if (!s || tern_session_eval(s, ids + start, w, logits, 1, &err) != 0) {
                 fprintf(stderr, "tern: %s\n", err.msg);
                 tern_session_destroy(s);

@@ -168,7 +168,7 @@ int cmd_run(const cli_opts *o) {
     size_t n_prompt = 0;
     int32_t *prompt = run_prompt(o, tok, &n_prompt);
     tern_gen_params gp;
-    tern_session_params sp = {o->ctx, TERN_GDN_CHUNKED};
+    tern_session_params sp = {.max_context = o->ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
     tern_session *s = prompt && cli_gen_params(o, &gp) == 0 ? tern_session_create(m, &sp, &err) : NULL;
     int rc = 1, ids_printed = 0;
     if (s) {
@@ -297,7 +297,7 @@ int cmd_chat(const cli_opts *o) {
     tern_error err;
     if (!(c.m = cli_load_model(o))) return 1;
     int rc = 1;
-    tern_session_params sp = {o->ctx, TERN_GDN_CHUNKED};
+    tern_session_params sp = {.max_context = o->ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
     if (!(c.tok = tern_tokenizer_load(cli_model_dir(o), &err)) || !(c.s = tern_session_create(c.m, &sp, &err))) {
         fprintf(stderr, "tern: %s\n", err.msg);
         goto done;

@@ -26,6 +26,7 @@ void cli_usage(FILE *f) {
         "  -m, --model DIR          model directory (default: $TERN_MODEL, else models/tern-tiny)\n"
         "  -t, --threads N          threads for the matrix products (default: all cores)\n"
         "  --ctx N                  context length (default: the model's maximum)\n"
+        "  --kv-bits 32|16|8|4      KV cache precision (default 16; 32 = fp32 reference)\n"
         "  --expert-budget SIZE     RAM for routed experts of a packed model, e.g. 8G (default: all)\n"
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
@@ -79,7 +80,13 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
     else if (IS("--decode")) o->decode = v;
     else if (IS("-n") || IS("--n-predict")) { if (parse_long(a, v, -1, INT_MAX, &n)) return -1; o->n_predict = (int)n; }
     else if (IS("-t") || IS("--threads")) { if (parse_long(a, v, 1, 1024, &n)) return -1; o->threads = (int)n; }
-    else if (IS("--ctx")) { if (parse_long(a, v, 1, INT_MAX, &n)) return -1; o->ctx = (int)n; }
+    else if (IS("--kv-bits")) {
+        if (parse_long(a, v, 4, 32, &n) || (n != 4 && n != 8 && n != 16 && n != 32)) {
+            fprintf(stderr, "tern: --kv-bits must be 4, 8, 16 or 32\n");
+            return -1;
+        }
+        o->kv_bits = (int)n;
+    } else if (IS("--ctx")) { if (parse_long(a, v, 1, INT_MAX, &n)) return -1; o->ctx = (int)n; }
     else if (IS("--top-k")) { if (parse_long(a, v, 0, INT_MAX, &n)) return -1; o->top_k = (int)n; }
     else if (IS("--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->seed = n; }
     else if (IS("--temp")) return parse_float(a, v, 0, 100, &o->temp) ? -1 : 1;
@@ -106,6 +113,7 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
 int cli_parse(int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = INT_MIN;   /* command default */
+    o->kv_bits = 16;
     o->think = 1;
     o->temp = o->top_p = o->min_p = o->repeat_penalty = o->presence_penalty = o->frequency_penalty = NAN;
     o->top_k = -1;

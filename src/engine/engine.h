@@ -3,6 +3,7 @@
 #ifndef TERN_ENGINE_ENGINE_H
 #define TERN_ENGINE_ENGINE_H
 
+#include "cpu/kvquant.h"
 #include "experts/cache.h"
 #include "model/config.h"
 #include "model/manifest.h"
@@ -28,11 +29,18 @@ struct tern_model {
     size_t expert_map_size;
 };
 
-/* KV cache of one full-attention layer: rows of n_kv_heads * head_dim floats
- * per position; k is stored after q/k-norm and RoPE, v as projected. */
+/* KV cache of one full-attention layer: one row of n_kv_heads * head_dim
+ * values per position (k after q/k-norm and RoPE, v as projected), stored
+ * as fp32 (the reference) or quantized rows (cpu/kvquant.h). */
 typedef struct tern_kv {
-    float *k, *v;
+    uint8_t *k, *v;
 } tern_kv;
+
+typedef struct tern_kv_format {
+    int bits;                 /* 32 = fp32 rows; 16, 8, 4 = tern_kvq rows */
+    tern_kvq q;               /* the quantized layout (bits < 32) */
+    size_t row_bytes;
+} tern_kv_format;
 
 /* Gated DeltaNet state of one layer. */
 typedef struct tern_gdn_state {
@@ -48,6 +56,7 @@ struct tern_session {
     tern_model *m;
     int gdn_mode;
     int max_ctx;
+    tern_kv_format kvf;
     int pos, cap;             /* tokens held; KV rows allocated */
     tern_kv *kv;              /* per layer; NULL arrays for GDN layers */
     tern_gdn_state *gdn;      /* per layer; NULL arrays for attention layers */

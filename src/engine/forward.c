@@ -34,36 +34,58 @@ static void mm(tern_model *m, float *y, const float *x, int64_t T, const tern_ma
 /* ---- gated full attention ---------------------------------------------- */
 
 typedef struct {
-    const tern_config *c;
+    const tern_model *m;
     const float *qg;          /* [T, n_heads, 2, head_dim] query | gate per head */
     const tern_kv *kv;
+    const tern_kv_format *f;
     int pos0;
     float *o;                 /* [T, n_heads * head_dim] */
 } attend_job;
 
-/* Work item i = (token t, head h). */
-static void attend_range(void *ctx, int64_t begin, int64_t end) {
+/* fp32 rows (the reference): work item i = (token t, query head h). */
+static void attend_f32(void *ctx, int64_t begin, int64_t end) {
     const attend_job *j = ctx;
-    const tern_config *c = j->c;
+    const tern_config *c = &j->m->cfg;
     int hd = c->head_dim, nh = c->n_heads, row = c->n_kv_heads * hd;
     int group = nh / c->n_kv_heads;
     /* the last item's token attends to the most positions */
     float *scores = alloc_f((size_t)j->pos0 + (size_t)((end - 1) / nh) + 1);
     float scale = 1.0f / sqrtf((float)hd);
+    const float *K = (const float *)j->kv->k, *V = (const float *)j->kv->v;
     for (int64_t i = begin; i < end; i++) {
         int t = (int)(i / nh), h = (int)(i % nh), g = h / group;
         const float *q = j->qg + ((size_t)t * nh + h) * 2 * hd;
-        const float *gate = q + hd;
         float *o = j->o + ((size_t)t * nh + h) * hd;
-        tern_attend(o, q, j->kv->k + (size_t)g * hd, j->kv->v + (size_t)g * hd, j->pos0 + t + 1, row, hd,
-                    scale, scores);
-        for (int d = 0; d < hd; d++) o[d] *= tern_sigmoid(gate[d]);
+        tern_attend(o, q, K + (size_t)g * hd, V + (size_t)g * hd, j->pos0 + t + 1, row, hd, scale, scores);
     }
     free(scores);
 }
 
+/* Quantized rows: work item i = (token t, kv head g), taking the query
+ * heads that share g together so each K/V row is read once for them. */
+static void attend_quant(void *ctx, int64_t begin, int64_t end) {
+    const attend_job *j = ctx;
+    const tern_config *c = &j->m->cfg;
+    int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv;
+    int t_max = (int)((end - 1) / nkv);
+    float *scores = alloc_f((size_t)group * ((size_t)j->pos0 + (size_t)t_max + 1));
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t i = begin; i < end; i++) {
+        int t = (int)(i / nkv), g = (int)(i % nkv), h0 = g * group;
+        tern_kv_attend((tern_isa)j->m->isa, &j->f->q, g, j->qg + ((size_t)t * nh + h0) * 2 * hd, group,
+                       (size_t)2 * hd, j->kv->k, j->kv->v, j->f->row_bytes, j->pos0 + t + 1, scale, scores,
+                       j->o + ((size_t)t * nh + h0) * hd, (size_t)hd);
+    }
+    free(scores);
+}
+
+static void store_row(const tern_kv_format *f, const float *x, uint8_t *dst) {
+    if (f->bits == 32) memcpy(dst, x, f->row_bytes);
+    else tern_kv_quantize_row(&f->q, x, dst);
+}
+
 static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int T, int pos0, tern_kv *kv,
-                       float *out) {
+                       const tern_kv_format *f, float *out) {
     const tern_config *c = &m->cfg;
     int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, row = nkv * hd;
     float *qg = alloc_f((size_t)T * nh * 2 * hd);
@@ -82,12 +104,20 @@ static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int
             tern_rmsnorm_1p(kh, kh, w->k_norm, hd, c->norm_eps);
             tern_rope(kh, c->rope_dim, m->inv_freq, pos0 + t);
         }
-        memcpy(kv->k + (size_t)(pos0 + t) * row, k + (size_t)t * row, (size_t)row * sizeof(float));
-        memcpy(kv->v + (size_t)(pos0 + t) * row, v + (size_t)t * row, (size_t)row * sizeof(float));
+        store_row(f, k + (size_t)t * row, kv->k + (size_t)(pos0 + t) * f->row_bytes);
+        store_row(f, v + (size_t)t * row, kv->v + (size_t)(pos0 + t) * f->row_bytes);
     }
     float *o = alloc_f((size_t)T * nh * hd);
-    attend_job job = {c, qg, kv, pos0, o};
-    tern_pool_for(m->pool, (int64_t)T * nh, attend_range, &job);
+    attend_job job = {m, qg, kv, f, pos0, o};
+    if (f->bits == 32) tern_pool_for(m->pool, (int64_t)T * nh, attend_f32, &job);
+    else tern_pool_for(m->pool, (int64_t)T * nkv, attend_quant, &job);
+    /* output gate: o * sigmoid(gate), per head */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            float *oh = o + ((size_t)t * nh + h) * hd;
+            const float *gate = qg + ((size_t)t * nh + h) * 2 * hd + hd;
+            for (int d = 0; d < hd; d++) oh[d] *= tern_sigmoid(gate[d]);
+        }
     mm(m, out, o, T, &w->o);
     free(qg);
     free(k);
@@ -352,12 +382,12 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
 /* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention (kv
  * used) or Gated DeltaNet (gs used). */
 static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
-                         tern_gdn_state *gs, int gdn_mode, tern_error *err) {
+                         const tern_kv_format *f, tern_gdn_state *gs, int gdn_mode, tern_error *err) {
     int H = m->cfg.hidden;
     float eps = m->cfg.norm_eps;
     float *xn = alloc_f((size_t)T * H), *out = alloc_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->in_norm, H, eps);
-    if (L->kind == TERN_LAYER_ATTN) attn_layer(m, &L->attn, xn, T, pos0, kv, out);
+    if (L->kind == TERN_LAYER_ATTN) attn_layer(m, &L->attn, xn, T, pos0, kv, f, out);
     else gdn_layer(m, &L->gdn, xn, T, gs, gdn_mode, out);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, eps);
@@ -400,7 +430,7 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     float *x = alloc_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
-        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->gdn[l], s->gdn_mode, err)) {
+        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->kvf, &s->gdn[l], s->gdn_mode, err)) {
             /* An expert read failed mid-step: the session state is now
              * partly advanced, so it is unusable until restored or reset. */
             free(x);
@@ -436,7 +466,7 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
     mm(m, x, cat, n, &w->fc);
-    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, NULL, s->gdn_mode, err)) {
+    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, err)) {
         free(cat);
         free(x);
         s->broken = 1;

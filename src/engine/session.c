@@ -7,7 +7,6 @@
 #include "engine/engine.h"
 #include "util/err.h"
 
-static size_t kv_row(const tern_config *c) { return (size_t)c->n_kv_heads * c->head_dim; }
 static size_t conv_floats(const tern_config *c) {
     return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c);
 }
@@ -15,16 +14,16 @@ static size_t state_floats(const tern_config *c) {
     return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
 }
 
-static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row, tern_error *err) {
+static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, tern_error *err) {
     if (needed <= *cap) return 0;
     if (needed > max_ctx)
         return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, max_ctx);
     int n = *cap < 256 ? 256 : *cap;
     while (n < needed) n = n > max_ctx / 2 ? max_ctx : n * 2;
     if (n > max_ctx) n = max_ctx;
-    float *k = realloc(kv->k, (size_t)n * row * sizeof(float));
+    uint8_t *k = realloc(kv->k, (size_t)n * row_bytes);
     if (k) kv->k = k;
-    float *v = k ? realloc(kv->v, (size_t)n * row * sizeof(float)) : NULL;
+    uint8_t *v = k ? realloc(kv->v, (size_t)n * row_bytes) : NULL;
     if (v) kv->v = v;
     if (!k || !v) return tern_fail(err, "out of memory growing the KV cache to %d positions", n);
     return 0;
@@ -37,7 +36,7 @@ int tern_session_reserve(tern_session *s, int needed, tern_error *err) {
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
         cap = s->cap;
-        if (grow(&s->kv[l], &cap, needed, s->max_ctx, kv_row(c), err)) return -1;
+        if (grow(&s->kv[l], &cap, needed, s->max_ctx, s->kvf.row_bytes, err)) return -1;
     }
     if (cap) s->cap = cap;
     else if (needed > s->max_ctx)
@@ -46,7 +45,19 @@ int tern_session_reserve(tern_session *s, int needed, tern_error *err) {
 }
 
 int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err) {
-    return grow(&s->mtp_kv, &s->mtp_cap, needed, s->max_ctx, kv_row(&s->m->cfg), err);
+    return grow(&s->mtp_kv, &s->mtp_cap, needed, s->max_ctx, s->kvf.row_bytes, err);
+}
+
+static int init_kv_format(tern_kv_format *f, const tern_config *c, int bits, tern_error *err) {
+    f->bits = bits ? bits : 32;
+    if (f->bits == 32) {
+        f->row_bytes = (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
+        return 0;
+    }
+    if (tern_kvq_init(&f->q, c->n_kv_heads, c->head_dim, f->bits) != 0)
+        return tern_fail(err, "kv_bits %d is not supported (32, 16, 8 or 4)", bits);
+    f->row_bytes = f->q.row_bytes;
+    return 0;
 }
 
 tern_session *tern_session_create(tern_model *m, const tern_session_params *p, tern_error *err) {
@@ -58,6 +69,10 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
     s->max_ctx = p && p->max_context > 0 ? p->max_context : c->max_pos;
     if (s->gdn_mode != TERN_GDN_CHUNKED && s->gdn_mode != TERN_GDN_RECURRENT) {
         tern_fail(err, "unknown gdn_mode %d", s->gdn_mode);
+        free(s);
+        return NULL;
+    }
+    if (init_kv_format(&s->kvf, c, p ? p->kv_bits : 0, err) != 0) {
         free(s);
         return NULL;
     }
@@ -129,34 +144,34 @@ int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, t
 
 struct tern_snapshot {
     const tern_model *m;
-    int pos, mtp_pos, has_hidden;
-    size_t n_floats;
-    float *data;   /* attention KV rows, GDN conv + state, MTP KV, hidden, in layer order */
+    int pos, mtp_pos, has_hidden, kv_bits;
+    size_t n_bytes;
+    uint8_t *data;   /* attention KV rows, GDN conv + state, MTP KV, hidden, in layer order */
 };
 
 /* Copies every piece of state between the session and a flat buffer, in a
  * fixed order; `to_buf` picks the direction. */
-static size_t walk_state(tern_session *s, float *buf, int pos, int mtp_pos, int to_buf) {
+static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, int to_buf) {
     const tern_config *c = &s->m->cfg;
-    size_t off = 0;
-#define MOVE(ptr, n)                                                           \
+    size_t off = 0, row = s->kvf.row_bytes;
+#define MOVE(ptr, bytes)                                                       \
     do {                                                                       \
-        if (buf && to_buf) memcpy(buf + off, (ptr), (n) * sizeof(float));     \
-        else if (buf) memcpy((ptr), buf + off, (n) * sizeof(float));           \
-        off += (n);                                                            \
+        if (buf && to_buf) memcpy(buf + off, (ptr), (bytes));                 \
+        else if (buf) memcpy((ptr), buf + off, (bytes));                       \
+        off += (bytes);                                                        \
     } while (0)
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] == TERN_LAYER_ATTN) {
-            MOVE(s->kv[l].k, (size_t)pos * kv_row(c));
-            MOVE(s->kv[l].v, (size_t)pos * kv_row(c));
+            MOVE(s->kv[l].k, (size_t)pos * row);
+            MOVE(s->kv[l].v, (size_t)pos * row);
         } else {
-            MOVE(s->gdn[l].conv, conv_floats(c));
-            MOVE(s->gdn[l].S, state_floats(c));
+            MOVE(s->gdn[l].conv, conv_floats(c) * sizeof(float));
+            MOVE(s->gdn[l].S, state_floats(c) * sizeof(float));
         }
     }
-    MOVE(s->mtp_kv.k, (size_t)mtp_pos * kv_row(c));
-    MOVE(s->mtp_kv.v, (size_t)mtp_pos * kv_row(c));
-    MOVE(s->hidden, (size_t)c->hidden);
+    MOVE(s->mtp_kv.k, (size_t)mtp_pos * row);
+    MOVE(s->mtp_kv.v, (size_t)mtp_pos * row);
+    MOVE(s->hidden, (size_t)c->hidden * sizeof(float));
 #undef MOVE
     return off;
 }
@@ -169,10 +184,11 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
     snap->pos = s->pos;
     snap->mtp_pos = s->mtp_pos;
     snap->has_hidden = s->has_hidden;
-    snap->n_floats = walk_state(ms, NULL, s->pos, s->mtp_pos, 1);
-    snap->data = malloc(snap->n_floats * sizeof(float));
+    snap->kv_bits = s->kvf.bits;
+    snap->n_bytes = walk_state(ms, NULL, s->pos, s->mtp_pos, 1);
+    snap->data = malloc(snap->n_bytes ? snap->n_bytes : 1);
     if (!snap->data) {
-        tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_floats * sizeof(float));
+        tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_bytes);
         free(snap);
         return NULL;
     }
@@ -182,6 +198,8 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
 
 int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error *err) {
     if (snap->m != s->m) return tern_fail(err, "snapshot belongs to another model");
+    if (snap->kv_bits != s->kvf.bits)
+        return tern_fail(err, "snapshot has %d-bit KV rows, the session %d-bit", snap->kv_bits, s->kvf.bits);
     if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
     walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0);
     s->pos = snap->pos;
@@ -197,4 +215,4 @@ void tern_snapshot_free(tern_snapshot *snap) {
     free(snap);
 }
 
-size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_floats * sizeof(float); }
+size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }
