@@ -69,7 +69,7 @@ mutation-check: $(B)/tern-tests
 
 run: deps
 	$(MAKE) all
-	$(B)/tern run -m tests/fixtures/tiny --tokens "1 2 3 4 5 6 7 8" -n 32
+	$(B)/tern run -p "And God said," -n 96
 
 clean:
 	rm -rf build build-asan
