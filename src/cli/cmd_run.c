@@ -187,6 +187,8 @@ int cmd_run(const cli_opts *o) {
         free(k.text);
     } else if (prompt) {
         fprintf(stderr, "tern: %s\n", err.msg);
+    } else {
+        rc = 2;   /* the prompt itself was bad */
     }
     tern_session_destroy(s);
     free(prompt);

@@ -1,0 +1,122 @@
+/* The tern command end to end on the embedded tern-tiny model: chat keeps
+ * its session between turns (the second turn prefills only the new turn's
+ * tokens), replies end their turn, and bad input gives one line and a
+ * non-zero exit. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tern.h"
+
+static const char *tern_bin(void) {
+    const char *b = getenv("TERN_BIN");
+    return b && *b ? b : "build/tern";
+}
+
+/* Runs a shell command line; returns its combined output, exit code in *rc. */
+static char *sh(const char *cmd, int *rc) {
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t r;
+    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 == cap) out = realloc(out, cap *= 2);
+    }
+    out[n] = '\0';
+    int st = pclose(p);
+    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static int count_tokens(const char *text) {
+    tern_error err;
+    tern_tokenizer *tok = tern_tokenizer_load("models/tern-tiny", &err);
+    cr_assert_not_null(tok, "%s", err.msg);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    cr_assert_eq(tern_tokenizer_encode(tok, text, strlen(text), 0, &ids, &n, &err), 0, "%s", err.msg);
+    free(ids);
+    tern_tokenizer_free(tok);
+    return (int)n;
+}
+
+Test(cli, chat_second_turn_prefills_only_the_new_turn) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "printf 'Tell me a fortune.\\nQuote a verse about light.\\n' | %s chat --no-think --seed 3 -n 120 -t 2 2>&1",
+             tern_bin());
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    int p1 = -1, g1 = -1, p2 = -1, g2 = -1;
+    char r1[32] = "", r2[32] = "";
+    const char *a = strstr(out, "prompt ");
+    cr_assert(a, "%s", out);
+    sscanf(a, "prompt %d tokens, prefill %*f tok/s | generated %d tokens, decode %*f tok/s | %31s", &p1, &g1, r1);
+    const char *b = strstr(a + 1, "prompt ");
+    cr_assert(b, "%s", out);
+    sscanf(b, "prompt %d tokens, prefill %*f tok/s | generated %d tokens, decode %*f tok/s | %31s", &p2, &g2, r2);
+    /* turn 1 is the whole rendered prompt */
+    int want1 = count_tokens("<|im_start|>user\nTell me a fortune.<|im_end|>\n"
+                             "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    cr_assert_eq(p1, want1, "turn 1 prefilled %d tokens, the prompt has %d\n%s", p1, want1, out);
+    /* the reply closed its turn, so turn 2 is "\n" + the new user turn +
+     * the generation prompt: nothing of turn 1 is prefilled again */
+    cr_assert_str_eq(r1, "eos", "%s", out);
+    int want2 = count_tokens("\n<|im_start|>user\nQuote a verse about light.<|im_end|>\n"
+                             "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    cr_assert_eq(p2, want2, "turn 2 prefilled %d tokens, expected %d\n%s", p2, want2, out);
+    cr_assert_lt(p2, p1 + g1 + want2);
+    free(out);
+}
+
+Test(cli, run_generates_english) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s run -p 'And God said,' -n 40 --seed 1 -t 2 2>/dev/null", tern_bin());
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    /* a trained model writes words: mostly letters and spaces, common words */
+    int letters = 0;
+    for (const char *p = out; *p; p++) letters += (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == ' ';
+    cr_assert_gt(letters, (int)strlen(out) * 3 / 4, "%s", out);
+    cr_assert(strstr(out, " the ") || strstr(out, " and "), "%s", out);
+    free(out);
+}
+
+static void expect_fail(const char *args, int want_rc, const char *fragment) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 </dev/null", tern_bin(), args);
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, want_rc, "'%s' exited %d: %s", args, rc, out);
+    cr_assert(strstr(out, fragment), "'%s' said: %s", args, out);
+    free(out);
+}
+
+Test(cli, bad_input_is_one_line_and_nonzero) {
+    expect_fail("run --bogus", 2, "unknown option '--bogus'");
+    expect_fail("run -p hi -n x", 2, "-n needs an integer");
+    expect_fail("run -m /nonexistent -p hi", 1, "/nonexistent/config.json");
+    expect_fail("run -p hi --kv-bits 5", 2, "--kv-bits");
+    expect_fail("run -p hi --expert-budget 10Q", 2, "unknown unit");
+    expect_fail("frobnicate", 2, "unknown command 'frobnicate'");
+    expect_fail("run --tokens '1 x 3'", 2, "'x' is not a token id");
+    expect_fail("run --tokens '99999999'", 1, "out of range");
+    expect_fail("tokenize", 2, "give TEXT or --decode IDS");
+}
+
+Test(cli, tokenize_round_trip) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s tokenize --decode \"$(%s tokenize 'In the beginning, God')\"", tern_bin(),
+             tern_bin());
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, 0);
+    cr_assert_str_eq(out, "In the beginning, God\n");
+    free(out);
+}
