@@ -22,12 +22,12 @@ MUTATIONS = {
     ],
     "query_gate_interleave": [  # all queries, then all gates, instead of per head
         ("src/engine/forward.c",
-         "const float *q = j->qg + ((size_t)t * nh + h) * 2 * hd;\n        const float *gate = q + hd;",
-         "const float *q = j->qg + (size_t)t * nh * 2 * hd + (size_t)h * hd;\n"
-         "        const float *gate = j->qg + (size_t)t * nh * 2 * hd + (size_t)(nh + h) * hd;"),
-        ("src/engine/forward.c",
-         "float *q = qg + ((size_t)t * nh + h) * 2 * hd;",
-         "float *q = qg + (size_t)t * nh * 2 * hd + (size_t)h * hd;"),
+         "static inline size_t q_at(int t, int h, int nh, int hd) { return ((size_t)t * nh + h) * 2 * hd; }\n"
+         "static inline size_t gate_at(int t, int h, int nh, int hd) { return q_at(t, h, nh, hd) + hd; }\n"
+         "static inline size_t q_head_stride(int hd) { return (size_t)2 * hd; }",
+         "static inline size_t q_at(int t, int h, int nh, int hd) { return (size_t)t * nh * 2 * hd + (size_t)h * hd; }\n"
+         "static inline size_t gate_at(int t, int h, int nh, int hd) { return q_at(t, nh + h, nh, hd); }\n"
+         "static inline size_t q_head_stride(int hd) { return (size_t)hd; }"),
     ],
     "rope_pairs": [  # interleaved (2d, 2d+1) pairs instead of rotate-half (d, d+half)
         ("src/cpu/attention.c", "float a = x[d], b = x[d + half];", "float a = x[2 * d], b = x[2 * d + 1];"),

@@ -33,6 +33,12 @@ static void mm(tern_model *m, float *y, const float *x, int64_t T, const tern_ma
 
 /* ---- gated full attention ---------------------------------------------- */
 
+/* q_proj's output per token, per head h: [query (head_dim) | gate
+ * (head_dim)], interleaved head by head (not all queries then all gates). */
+static inline size_t q_at(int t, int h, int nh, int hd) { return ((size_t)t * nh + h) * 2 * hd; }
+static inline size_t gate_at(int t, int h, int nh, int hd) { return q_at(t, h, nh, hd) + hd; }
+static inline size_t q_head_stride(int hd) { return (size_t)2 * hd; }
+
 typedef struct {
     const tern_model *m;
     const float *qg;          /* [T, n_heads, 2, head_dim] query | gate per head */
@@ -54,7 +60,7 @@ static void attend_f32(void *ctx, int64_t begin, int64_t end) {
     const float *K = (const float *)j->kv->k, *V = (const float *)j->kv->v;
     for (int64_t i = begin; i < end; i++) {
         int t = (int)(i / nh), h = (int)(i % nh), g = h / group;
-        const float *q = j->qg + ((size_t)t * nh + h) * 2 * hd;
+        const float *q = j->qg + q_at(t, h, nh, hd);
         float *o = j->o + ((size_t)t * nh + h) * hd;
         tern_attend(o, q, K + (size_t)g * hd, V + (size_t)g * hd, j->pos0 + t + 1, row, hd, scale, scores);
     }
@@ -72,8 +78,8 @@ static void attend_quant(void *ctx, int64_t begin, int64_t end) {
     float scale = 1.0f / sqrtf((float)hd);
     for (int64_t i = begin; i < end; i++) {
         int t = (int)(i / nkv), g = (int)(i % nkv), h0 = g * group;
-        tern_kv_attend((tern_isa)j->m->isa, &j->f->q, g, j->qg + ((size_t)t * nh + h0) * 2 * hd, group,
-                       (size_t)2 * hd, j->kv->k, j->kv->v, j->f->row_bytes, j->pos0 + t + 1, scale, scores,
+        tern_kv_attend((tern_isa)j->m->isa, &j->f->q, g, j->qg + q_at(t, h0, nh, hd), group,
+                       q_head_stride(hd), j->kv->k, j->kv->v, j->f->row_bytes, j->pos0 + t + 1, scale, scores,
                        j->o + ((size_t)t * nh + h0) * hd, (size_t)hd);
     }
     free(scores);
@@ -95,7 +101,7 @@ static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int
     mm(m, v, xn, T, &w->v);
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < nh; h++) {
-            float *q = qg + ((size_t)t * nh + h) * 2 * hd;     /* the query half of head h */
+            float *q = qg + q_at(t, h, nh, hd);
             tern_rmsnorm_1p(q, q, w->q_norm, hd, c->norm_eps);
             tern_rope(q, c->rope_dim, m->inv_freq, pos0 + t);
         }
@@ -115,7 +121,7 @@ static void attn_layer(tern_model *m, const tern_attn_w *w, const float *xn, int
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) {
             float *oh = o + ((size_t)t * nh + h) * hd;
-            const float *gate = qg + ((size_t)t * nh + h) * 2 * hd + hd;
+            const float *gate = qg + gate_at(t, h, nh, hd);
             for (int d = 0; d < hd; d++) oh[d] *= tern_sigmoid(gate[d]);
         }
     mm(m, out, o, T, &w->o);
