@@ -2,7 +2,8 @@
 """Turns what the GPU run returned into the model directory models/tern-tiny/.
 
   python3 tools/train/finalize.py --src DIR_RETURNED [--dst models/tern-tiny]
-  python3 tools/train/finalize.py --readme-only [--dst models/tern-tiny]     (README with placeholders)
+  python3 tools/train/finalize.py [--dst models/tern-tiny]                   (refresh a finished directory)
+  python3 tools/train/finalize.py --readme-only [--dst models/tern-tiny]     (README only; placeholders if no run)
 
 DIR_RETURNED is what run_gpu.sh left under $OUT/tern-tiny/: config.json, generation_config.json, the weights
 (model.safetensors, or shards model-0000i-of-0000n.safetensors + model.safetensors.index.json when the run split
@@ -12,7 +13,9 @@ Steps: copy config.json, generation_config.json, reference.safetensors, metrics.
 model.safetensors (tensor bytes unchanged; checked by reading both back); copy tokenizer.json,
 tokenizer_config.json and chat_template.jinja from data/tokenizer/ (checked against the sha256 the run recorded);
 recompute the oracle references from the merged directory with the local transformers and compare them with the
-returned reference.safetensors; draw loss.png (plot_losses.py); write README.md (the model card) from metrics.json.
+returned reference.safetensors (or write it, for the prompt train.py would choose, when the run did not return it)
+and make metrics.json's `reference` section describe that file's prompt; draw loss.png (plot_losses.py); write
+README.md (the model card) from metrics.json. Without --src only the last three steps run, on --dst as it is.
 """
 
 import argparse
@@ -71,9 +74,10 @@ def merge_weights(src, dst):
 
 
 def verify_references(dst, data_dir):
-    """Recomputes the references from the merged directory with the local transformers (fp32, CPU, eager). With a
-    returned reference.safetensors: returns the largest relative difference per tensor. Without one (the GPU run
-    failed at that step): writes it, for the same prompt train.py uses, and returns {}."""
+    """Recomputes the references from the merged directory with the local transformers (fp32, CPU, eager).
+    With a reference.safetensors in dst: compares (largest relative difference per tensor). Without one (the GPU
+    run did not return it): computes it for the prompt train.py would choose and writes it.
+    Returns (errors per tensor or {}, the oracle's robustness info for the file's prompt)."""
     sys.path.insert(0, HERE)
     import torch
     from safetensors.torch import load_file, save_file
@@ -88,27 +92,34 @@ def verify_references(dst, data_dir):
     mf.install_call_counters()
     cfg, model, mtp, *_ = T.reload_saved(dst, spec, 0)
     T.cache_kwarg_shim(model)
+    tok = Tokenizer.from_file(os.path.join(dst, "tokenizer.json"))
     path = os.path.join(dst, "reference.safetensors")
+    errs, label, report = {}, None, None
     if not os.path.exists(path):
-        tok = Tokenizer.from_file(os.path.join(dst, "tokenizer.json"))
         stream, docs, enc = T.token_stream(tok, os.path.join(data_dir, "corpus", "heldout.txt"),
                                            tok.token_to_id("<|endoftext|>"))
-        prompt, label, _ = T.choose_prompt(model, mtp, T.prompt_candidates(docs, enc, stream, mf.PROMPT_LEN))
-        print(f"reference prompt: {label}")
-        ref, _ = mf.compute_references(model, mtp, prompt, cfg, False)
+        prompt, label, report = T.choose_prompt(model, mtp, T.prompt_candidates(docs, enc, stream, mf.PROMPT_LEN))
+        ref, info = mf.compute_references(model, mtp, prompt, cfg, False)
         save_file(OrderedDict((k, v.contiguous()) for k, v in ref.items()), path,
                   metadata={"tern_oracle": "format=1;fixture=tern-tiny;full_logits=false"})
-        print("reference.safetensors was not returned: computed here")
-        return {}
-    ref_old = load_file(path)
-    ref_new, _ = mf.compute_references(model, mtp, ref_old["prompt"].long(), cfg, False)
-    errs = {}
-    for k, v in ref_old.items():
-        if v.dtype == torch.int32:
-            errs[k] = 0.0 if torch.equal(v, ref_new[k].to(torch.int32)) else float("inf")
-        else:
-            errs[k] = mf.rel_err(ref_new[k].float(), v)
-    return errs
+        print(f"reference.safetensors was not returned: computed here for {label}")
+    else:
+        ref_old = load_file(path)
+        prompt = ref_old["prompt"].long()
+        ref, info = mf.compute_references(model, mtp, prompt, cfg, False)
+        for k, v in ref_old.items():
+            if v.dtype == torch.int32:
+                errs[k] = 0.0 if torch.equal(v, ref[k].to(torch.int32)) else float("inf")
+            else:
+                errs[k] = mf.rel_err(ref[k].float(), v)
+    keep = ("logits_std", "mtp_logits_std", "greedy_min_margin", "min_router_gap", "prefix_rel_err",
+            "greedy_vs_recompute_rel_err", "mtp_incremental_rel_err", "final_to_logits_rel_err")
+    section = {k: info[k] for k in keep if k in info}
+    section.update(prompt_text=tok.decode(prompt.tolist()),
+                   greedy_text=tok.decode(ref["greedy.tokens"].tolist(), skip_special_tokens=False))
+    if label is not None:
+        section.update(prompt_source=label, prompt_candidates=report, computed_by="finalize.py")
+    return errs, section
 
 
 def planned_metrics(data_dir):
@@ -250,7 +261,7 @@ prompt tokens with their top-1/top-2 margins, and the MTP output. Smallest greed
 |---|---|
 | hardware, software | {m.get('device_name', '(pending)')}; torch {m.get('torch', '')}, transformers {m.get('transformers', '')} |
 | steps (saved snapshot: lowest held-out loss) | {fmt(m.get('final_step'), ',')} ({fmt(m.get('best_step'), ',')}) |
-| tokens per step | {a.get('batch', '')} x {a.get('seq_len', '')} (+2 for the MTP target), documents packed with `<|endoftext|>` |
+| tokens per step | {a.get('batch') or 'auto (16..64)'} x {a.get('seq_len', '')} (+2 for the MTP target), documents packed with `<|endoftext|>` |
 | training time | {fmt(tim.get('train_s'), '.0f')} s ({fmt(tim.get('mean_step_s') and tim['mean_step_s'] * 1000, '.0f')} ms/step), whole run {fmt(tim.get('total_s'), '.0f')} s |
 | optimizer | AdamW (0.9, 0.95), lr {a.get('lr', '')}, warmup {a.get('warmup_steps', '')} steps, cosine to {a.get('min_lr_ratio', '')} x (time- and step-based), weight decay {a.get('weight_decay', '')}, clip {a.get('grad_clip', '')}; fp32 master weights{', bf16 autocast' if str(m.get('device', 'cuda')).startswith('cuda') else ''} |
 | loss | LM + {a.get('mtp_weight', '')} x MTP (draft from final-normed h_t and embed(x_(t+1)) predicts x_(t+2)) + {a.get('aux_weight', '')} x router load balance |
@@ -289,8 +300,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.dst, exist_ok=True)
 
-    if not args.readme_only:
-        assert args.src, "--src is required"
+    if not args.readme_only and args.src:
         for fn in ("config.json", "generation_config.json", "reference.safetensors", "metrics.json"):
             if fn == "reference.safetensors" and not os.path.exists(os.path.join(args.src, fn)):
                 if os.path.exists(os.path.join(args.dst, fn)):
@@ -307,13 +317,28 @@ def main():
             if fn in want:
                 assert sha256(src) == want[fn], f"{src} is not the file the model was trained with"
             shutil.copyfile(src, os.path.join(args.dst, fn))
-        if not args.no_verify or not os.path.exists(os.path.join(args.dst, "reference.safetensors")):
-            errs = verify_references(args.dst, os.path.dirname(os.path.abspath(args.tokenizer)))
-            if errs:
-                worst = max(errs.values())
-                print(f"references recomputed locally: max rel err {worst:.2e} ("
-                      + ", ".join(f"{k} {v:.1e}" for k, v in errs.items() if v > 0) + ")")
-                assert worst < 1e-3, errs
+    if not args.readme_only and (not args.no_verify
+                                 or not os.path.exists(os.path.join(args.dst, "reference.safetensors"))):
+        errs, section = verify_references(args.dst, os.path.dirname(os.path.abspath(args.tokenizer)))
+        if errs:
+            worst = max(errs.values())
+            print(f"references recomputed locally: max rel err {worst:.2e} ("
+                  + ", ".join(f"{k} {v:.1e}" for k, v in errs.items() if v > 0) + ")")
+            assert worst < 1e-3, errs
+        # metrics.json must describe the prompt that is in reference.safetensors (the GPU run's description is
+        # kept as reference_gpu_run when they differ, e.g. when the references were made here).
+        mpath = os.path.join(args.dst, "metrics.json")
+        with open(mpath) as f:
+            metrics = json.load(f)
+        old = metrics.get("reference") or {}
+        if old.get("prompt_text") != section["prompt_text"]:
+            metrics["reference_gpu_run"] = old
+            metrics["reference"] = section
+            with open(mpath, "w") as f:
+                json.dump(metrics, f, indent=1)
+                f.write("\n")
+            print("metrics.json: reference section updated for the prompt in reference.safetensors")
+    if not args.readme_only:
         subprocess.run([sys.executable, os.path.join(HERE, "plot_losses.py"), os.path.join(args.dst, "metrics.json")],
                        check=True)
     mpath = os.path.join(args.dst, "metrics.json")

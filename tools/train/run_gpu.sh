@@ -8,8 +8,9 @@
 # (or ./out/tern-tiny without $OUT) with exactly 8 files, each under 16 MiB: config.json, generation_config.json,
 # model-0000{1,2,3}-of-00003.safetensors + model.safetensors.index.json (the BF16 weights split for the transfer
 # limit; finalize.py merges them), reference.safetensors and metrics.json (losses, metrics, timings).
-# Training stops after BUDGET seconds (default 300) or 8 epochs, whichever comes first; everything else (start,
-# tokenisation, held-out evaluation, saving, fp32 CPU references) takes about a minute more.
+# Training stops after BUDGET seconds (default 300) or 6 epochs, whichever comes first (the batch is fitted to
+# the budget after probing the step time); everything else (start, probe, tokenisation, saving, fp32 CPU references
+# and their prompt choice, final held-out evaluation) takes about a minute more.
 # Extra flags go to train.py and override the defaults, e.g. `--device cpu --max-steps 20 --batch 2` for a test.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -581,6 +581,64 @@ def log(msg):
     print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
 
 
+def set_experts_impl(cfg, mtp, impl):
+    """transformers picks the experts implementation from the config at every forward."""
+    cfg._experts_implementation = impl
+    mtp.layer_cfg._experts_implementation = impl
+
+
+def time_steps(model, mtp, w, autocast, dev, reps):
+    """Seconds per forward + backward (no optimizer step) on batch w, after one warm-up; the losses and the
+    gradient norm of the first routed-expert tensor of the last repetition."""
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for i in range(reps + 1):
+        if i == 1:
+            sync()
+            t = time.time()
+        model.zero_grad(set_to_none=True)
+        mtp.zero_grad(set_to_none=True)
+        o = forward_losses(model, mtp, w, autocast)
+        (o["lm"] + 0.3 * o["mtp"]).backward()
+    sync()
+    dt = (time.time() - t) / reps
+    g = model.model.layers[0].mlp.experts.gate_up_proj.grad.float().norm().item()
+    model.zero_grad(set_to_none=True)
+    mtp.zero_grad(set_to_none=True)
+    return dt, o["lm"].item(), o["mtp"].item(), g
+
+
+def probe_experts(model, mtp, cfg, w, autocast, dev, candidates):
+    """Runs a few training steps with each experts implementation of transformers on a real batch, keeps those whose
+    losses and expert gradients agree with the eager loop (the reference), returns the fastest and the report.
+    An implementation that raises (e.g. a dtype its kernel does not support) is skipped."""
+    report = OrderedDict()
+    for impl in candidates:
+        try:
+            set_experts_impl(cfg, mtp, impl)
+            dt, lm, mt, g = time_steps(model, mtp, w, autocast, dev, reps=3)
+            report[impl] = dict(step_s=dt, lm=lm, mtp=mt, grad=g)
+        except Exception as e:  # noqa: BLE001 (any failure means: do not use it)
+            report[impl] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+    ref = report.get("eager", {})
+    ok = []
+    for impl, r in report.items():
+        if "error" in r:
+            continue
+        if impl != "eager" and ("error" in ref or abs(r["lm"] - ref["lm"]) > 0.02 or abs(r["mtp"] - ref["mtp"]) > 0.02
+                                or abs(r["grad"] - ref["grad"]) > 0.05 * abs(ref["grad"]) + 1e-6):
+            r["rejected"] = "differs from eager"
+            continue
+        ok.append(impl)
+    if not ok:
+        raise SystemExit(f"no experts implementation works: {report}")
+    best = min(ok, key=lambda i: report[i]["step_s"])
+    set_experts_impl(cfg, mtp, best)
+    return best, report
+
+
 def lr_at(step, progress, args):
     warm = min(1.0, (step + 1) / max(1, args.warmup_steps))
     cos = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
@@ -619,7 +677,9 @@ def build_parser():
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     ap.add_argument("--preset", default="full", choices=["full", "small"], help="small: CPU smoke tests only")
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="sequences per step (0: CUDA: fit --epochs into the time budget at the probed step time, "
+                         "16..64; CPU: 16)")
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--warmup-steps", type=int, default=100)
@@ -629,13 +689,15 @@ def build_parser():
     ap.add_argument("--mtp-detach", action="store_true", help="stop the MTP loss gradient at the main hidden state")
     ap.add_argument("--aux-weight", type=float, default=0.01, help="router load-balancing loss weight")
     ap.add_argument("--max-steps", type=int, default=0, help="total steps (0: from --epochs)")
-    ap.add_argument("--epochs", type=float, default=8.0, help="total steps = epochs over the train stream")
+    ap.add_argument("--epochs", type=float, default=6.0, help="total steps = epochs over the train stream")
     ap.add_argument("--time-budget-s", type=float, default=300.0, help="training loop wall-clock budget")
     ap.add_argument("--eval-every-s", type=float, default=20.0)
     ap.add_argument("--eval-tokens", type=int, default=0, help="cap on held-out tokens per eval (0: all)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--attn", default="sdpa", help="attention implementation for training (sdpa | eager)")
-    ap.add_argument("--experts", default="eager", help="experts implementation for training (transformers name)")
+    ap.add_argument("--experts", default="auto",
+                    help="experts implementation for training: a transformers name (eager, grouped_mm, ...) or auto "
+                         "(CUDA: the faster of eager and grouped_mm among those that agree with eager; CPU: eager)")
     ap.add_argument("--amp", default="auto", choices=["auto", "on", "off"],
                     help="bf16 autocast (auto: on for CUDA; 'on' on the CPU tests the mixed-precision path)")
     ap.add_argument("--seed", type=int, default=3636)
@@ -693,7 +755,8 @@ def main():
 
     # ---- model
     fields = text_config_fields(vocab, special, args.preset)
-    cfg, model, mtp = build_train_models(fields, args.seed, args.attn, args.experts)
+    cfg, model, mtp = build_train_models(fields, args.seed, args.attn,
+                                         "eager" if args.experts == "auto" else args.experts)
     params = count_params(model, mtp, cfg)
     log("params: " + ", ".join(f"{k} {v:,}" for k, v in params.items()))
     if args.preset == "full":
@@ -711,6 +774,33 @@ def main():
     model.to(dev).train()
     mtp.to(dev).train()
     windows_eval = eval_windows(held_stream, args.seq_len, args.eval_tokens or None)
+    # Experts implementation and batch size. On the GPU a step of this small model costs about the same whatever the
+    # batch (kernel launches and host syncs dominate: 0.40 s at batch 16 with the eager experts loop on the H200),
+    # so `--batch 0` picks the batch that fits --epochs into the time budget at the probed step time.
+    probe_b = 16
+    probe_w = train_stream[:probe_b * (args.seq_len + 2)].view(probe_b, args.seq_len + 2).to(dev)
+    experts_report = None
+    if args.experts == "auto" and dev.type != "cuda":
+        args.experts = "eager"
+    if args.experts == "auto":
+        impl, experts_report = probe_experts(model, mtp, cfg, probe_w, autocast, dev, ["eager", "grouped_mm"])
+        log(f"experts implementation: {impl} (" + "; ".join(
+            f"{k}: " + (v["error"] if "error" in v else f"{v['step_s'] * 1000:.0f} ms/step"
+                        + (f", {v['rejected']}" if "rejected" in v else ""))
+            for k, v in experts_report.items()) + ")")
+        args.experts = impl
+    if args.batch <= 0:
+        if dev.type == "cuda":
+            step_s = (experts_report[args.experts]["step_s"] if experts_report else
+                      time_steps(model, mtp, probe_w, autocast, dev, reps=3)[0])
+            windows = (len(train_stream) - args.seq_len - 2) // args.seq_len
+            steps_fit = max(1.0, 0.85 * args.time_budget_s / (step_s * 1.15))  # +15 % for optimizer and evals
+            args.batch = int(min(64, max(16, math.ceil(args.epochs * windows / steps_fit / 8) * 8)))
+            log(f"batch {args.batch}: {step_s * 1000:.0f} ms per step at batch {probe_b}, {args.epochs:g} epochs of "
+                f"{windows} windows in {args.time_budget_s:.0f} s")
+        else:
+            args.batch = 16
+    del probe_w
     batcher = Batcher(train_stream, args.seq_len, args.batch, args.seed)
     steps_per_epoch = batcher.windows_per_epoch / args.batch
     total_steps = args.max_steps or max(1, int(args.epochs * steps_per_epoch))
@@ -726,7 +816,8 @@ def main():
         tokens={"train": len(train_stream), "heldout": len(held_stream)}, corpus=corpus_stats,
         tokenizer_sha256={fn: sha256(os.path.join(tok_dir, fn)) for fn in
                           ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")},
-        total_steps_planned=total_steps, steps_per_epoch=steps_per_epoch, train_log=[], eval_log=[])
+        total_steps_planned=total_steps, steps_per_epoch=steps_per_epoch, experts_probe=experts_report,
+        train_log=[], eval_log=[])
     log(f"training: batch {args.batch} x {args.seq_len} = {args.batch * args.seq_len:,} tokens/step, "
         f"{steps_per_epoch:.1f} steps/epoch, planned {total_steps} steps, budget {args.time_budget_s:.0f} s")
 
