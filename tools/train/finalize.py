@@ -174,6 +174,12 @@ def model_card(metrics, dst):
             d = d[k]
         return d
 
+    if a.get("batch"):
+        train_cmd = (f"train.py --device {a.get('device')} --batch {a.get('batch')} --epochs {a.get('epochs')} "
+                     f"--experts {a.get('experts')} --lr {a.get('lr')} --time-budget-s {a.get('time_budget_s'):g} "
+                     f"--seed {a.get('seed')} --shard-mib {a.get('shard_mib'):g} --no-tokenizer-copy")
+    else:
+        train_cmd = "(pending)"
     files = []
     for fn in MODEL_FILES:
         path = os.path.join(dst, fn)
@@ -256,6 +262,7 @@ prompt tokens with their top-1/top-2 margins, and the MTP output. Smallest greed
 ## Training
 
     bash tools/train/run_gpu.sh        # on one H200; then tools/train/finalize.py --src <returned dir>
+    # the training call it made: {train_cmd}
 
 | | |
 |---|---|
