@@ -240,8 +240,10 @@ void tern_sampler_params_default(tern_sampler_params *p);
 
 /* Defaults, then the fields of <model_dir>/generation_config.json that are
  * present: do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
- * eos_token_id (an integer or a list). Fails (p keeps the defaults and
- * whatever was read) on a missing file or a field of the wrong type. */
+ * eos_token_id (an integer or a list). No file: the defaults (generation
+ * then stops at config.json's EOS ids). Fails (p keeps the defaults and
+ * whatever was read) on a file that is not JSON or a field of the wrong
+ * type. */
 int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern_error *err);
 
 int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);

@@ -309,8 +309,14 @@ Test(sampler, generation_config_fields_and_errors) {
 
     char path[512];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    unlink(path);
+    write_config(dir, "{\"top_k\": ");
     cr_expect_eq(tern_sampler_params_load(&p, dir, &err), -1);
     cr_expect(strstr(err.msg, "generation_config.json") != NULL, "%s", err.msg);
+    unlink(path);
+    /* no file at all: the defaults */
+    cr_expect_eq(tern_sampler_params_load(&p, dir, &err), 0, "%s", err.msg);
+    cr_expect_eq(p.do_sample, 0);
+    cr_expect_eq(p.top_k, 50);
+    cr_expect_eq(p.n_eos, 0);
     rmdir(dir);
 }

@@ -56,7 +56,8 @@ def measure(model, budget, tokens, n):
         "p=subprocess.Popen(sys.argv[1:],stdout=subprocess.PIPE,stderr=subprocess.STDOUT);"
         "out=p.stdout.read();p.wait();"
         "print(out.decode(),end='');"
-        "print('PEAK_RSS_KB',resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+        "print('PEAK_RSS_KB',resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
+        "sys.exit(p.returncode)"
     )
     cmd = [sys.executable, "-c", probe, TERN, "run", "-m", model, "--tokens", tokens, "-n", str(n),
            "--temp", "0", "--stats", "-t", "2"]

@@ -106,7 +106,9 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         stats->n_generated++;
         stats->last_token = id;
         if (p->on_token) p->on_token(ctx, id);
-        int eos = !p->ignore_eos && tern_sampler_is_eos(&p->sampling, id);
+        /* EOS ids from generation_config.json, else the model's config.json */
+        int eos = !p->ignore_eos && (p->sampling.n_eos ? tern_sampler_is_eos(&p->sampling, id)
+                                                       : tern_model_is_eos(s->m, id));
         int stop = eos ? 0 : emit(&g, id, on_text, ctx, &reason, err);
         if (stop < 0) { rc = -1; break; }
         /* Every sampled token enters the session (the EOS too), so the next

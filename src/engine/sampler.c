@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/err.h"
 
@@ -83,6 +84,8 @@ int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern
     snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
     tern_sampler_params_default(p);
     json_error_t je;
+    /* No file: transformers' defaults, as GenerationConfig has without one. */
+    if (access(path, F_OK) != 0) return 0;
     json_t *cfg = json_load_file(path, 0, &je);
     if (!cfg) return tern_fail(err, "%s: %s", path, je.text);
     int rc = json_is_object(cfg) ? read_fields(cfg, p, path, err)
