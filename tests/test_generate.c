@@ -33,6 +33,7 @@ static tern_gen_params greedy(int n) {
     tern_sampler_params_default(&p.sampling);   /* do_sample 0 */
     p.n_predict = n;
     p.on_token = collect;
+    p.ignore_eos = 1;   /* the references run past EOS ids */
     return p;
 }
 
@@ -66,6 +67,7 @@ Test(generate, stops_at_eos_and_keeps_it) {
     tern_error err;
     tern_session *s = tern_session_create(m, NULL, &err);
     tern_gen_params p = greedy(32);
+    p.ignore_eos = 0;
     p.sampling.n_eos = 1;
     p.sampling.eos_ids[0] = want[5];            /* the 6th greedy token ends it */
     int first = 0;
