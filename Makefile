@@ -1,6 +1,6 @@
 # tern: build, test, run.
 #   make            build build/tern and build/libtern.a
-#   make test       install deps, build, run every test (+ the loader tests under ASan)
+#   make test       install deps, build, run every test, again under ASan/UBSan, then the mutation check
 #   make run        install deps, build, run tern on the default model
 #   make asan       the tests built with AddressSanitizer/UBSan in build-asan/
 
@@ -54,13 +54,13 @@ check: $(B)/tern $(B)/tern-tests
 	$(B)/tern-tests --jobs 2
 
 asan:
-	$(MAKE) B=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	$(MAKE) B=build-asan OPT="-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	        build-asan/tern-tests build-asan/tern
 
 test: deps
 	$(MAKE) check
 	$(MAKE) asan
-	ASAN_OPTIONS=detect_leaks=1 build-asan/tern-tests --filter 'loader/*' --jobs 2
+	ASAN_OPTIONS=detect_leaks=1 TERN_BIN=build-asan/tern build-asan/tern-tests --jobs 2
 	python3 tools/mutation_check.py
 
 # Each classic mistake in the model math must make a fixture test fail.

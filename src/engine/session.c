@@ -156,8 +156,8 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
     size_t off = 0, row = s->kvf.row_bytes;
 #define MOVE(ptr, bytes)                                                       \
     do {                                                                       \
-        if (buf && to_buf) memcpy(buf + off, (ptr), (bytes));                 \
-        else if (buf) memcpy((ptr), buf + off, (bytes));                       \
+        if (buf && (bytes) && to_buf) memcpy(buf + off, (ptr), (bytes));      \
+        else if (buf && (bytes)) memcpy((ptr), buf + off, (bytes));            \
         off += (bytes);                                                        \
     } while (0)
     for (int l = 0; l < c->n_layers; l++) {
