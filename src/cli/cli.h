@@ -2,7 +2,9 @@
 #ifndef TERN_CLI_H
 #define TERN_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tern.h"
 
@@ -35,6 +37,7 @@ int cli_parse(int argc, char **argv, cli_opts *o);
 /* The model directory: -m, $TERN_MODEL, or the embedded default. */
 const char *cli_model_dir(const cli_opts *o);
 void cli_usage(FILE *f);
+int32_t *cli_parse_ids(const char *s, size_t *n);
 
 tern_model *cli_load_model(const cli_opts *o);
 /* The model's generation defaults with the command-line overrides. */

@@ -17,28 +17,14 @@ int cmd_info(const cli_opts *o) {
 }
 
 static int decode_ids(tern_tokenizer *tok, const char *s) {
-    size_t n = 0, cap = 64;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    while (ids && *s) {
-        while (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t') s++;
-        if (!*s) break;
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "tern: --decode: '%.*s' is not a token id\n", (int)strcspn(s, " ,\n\t"), s);
-            free(ids);
-            return 2;
-        }
-        if (n == cap) { int32_t *g = realloc(ids, (cap *= 2) * sizeof *ids); if (!g) break; ids = g; }
-        ids[n++] = (int32_t)v;
-        s = end;
-    }
+    size_t n = 0;
+    int32_t *ids = cli_parse_ids(s, &n);
+    if (!ids) return 2;
     char *out = NULL;
     size_t len = 0;
     tern_error err;
-    int rc = ids && tern_tokenizer_decode(tok, ids, n, 0, &out, &len, &err) == 0 ? 0 : 1;
-    if (rc) fprintf(stderr, "tern: %s\n", ids ? err.msg : "out of memory");
+    int rc = tern_tokenizer_decode(tok, ids, n, 0, &out, &len, &err) == 0 ? 0 : 1;
+    if (rc) fprintf(stderr, "tern: %s\n", err.msg);
     else { fwrite(out, 1, len, stdout); printf("\n"); }
     free(out);
     free(ids);

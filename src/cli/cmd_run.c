@@ -105,32 +105,9 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-static int32_t *parse_ids(const char *s, size_t *n) {
-    size_t cap = 16;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    *n = 0;
-    while (ids && *s) {
-        while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n') s++;
-        if (!*s) break;
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "tern: '%.*s' is not a token id\n", (int)strcspn(s, " ,\t\n"), s);
-            free(ids);
-            return NULL;
-        }
-        if (*n == cap) { int32_t *g = realloc(ids, (cap *= 2) * sizeof *ids); if (!g) { free(ids); return NULL; } ids = g; }
-        ids[(*n)++] = (int32_t)v;
-        s = end;
-    }
-    if (ids && *n == 0) { fprintf(stderr, "tern: no token ids given\n"); free(ids); return NULL; }
-    return ids;
-}
-
 /* The prompt of `tern run` as ids: --tokens, or -p / -f text. */
 static int32_t *run_prompt(const cli_opts *o, tern_tokenizer *tok, size_t *n) {
-    if (o->tokens) return parse_ids(o->tokens, n);
+    if (o->tokens) return cli_parse_ids(o->tokens, n);
     size_t len = 0;
     char *owned = NULL;
     const char *text = o->prompt;

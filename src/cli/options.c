@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdint.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -200,3 +201,29 @@ int cli_gen_params(const cli_opts *o, tern_gen_params *p) {
     p->ignore_eos = o->ignore_eos;
     return 0;
 }
+
+/* "1 2 3" (spaces, commas or newlines between) -> ids; every entry must be
+ * a non-negative integer. Prints what is wrong and returns NULL. */
+int32_t *cli_parse_ids(const char *s, size_t *n) {
+    size_t cap = 16;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    *n = 0;
+    while (ids && *s) {
+        while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n') s++;
+        if (!*s) break;
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "tern: '%.*s' is not a token id\n", (int)strcspn(s, " ,\t\n"), s);
+            free(ids);
+            return NULL;
+        }
+        if (*n == cap) { int32_t *g = realloc(ids, (cap *= 2) * sizeof *ids); if (!g) { free(ids); return NULL; } ids = g; }
+        ids[(*n)++] = (int32_t)v;
+        s = end;
+    }
+    if (ids && *n == 0) { fprintf(stderr, "tern: no token ids given\n"); free(ids); return NULL; }
+    return ids;
+}
+

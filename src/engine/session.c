@@ -156,9 +156,10 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
     size_t off = 0, row = s->kvf.row_bytes;
 #define MOVE(ptr, bytes)                                                       \
     do {                                                                       \
-        if (buf && (bytes) && to_buf) memcpy(buf + off, (ptr), (bytes));      \
-        else if (buf && (bytes)) memcpy((ptr), buf + off, (bytes));            \
-        off += (bytes);                                                        \
+        size_t n_ = (bytes);  /* an empty cache may have no buffer at all */   \
+        if (buf && n_ && to_buf) memcpy(buf + off, (ptr), n_);                 \
+        else if (buf && n_) memcpy((ptr), buf + off, n_);                      \
+        off += n_;                                                             \
     } while (0)
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] == TERN_LAYER_ATTN) {
