@@ -418,7 +418,7 @@ class MTPHead(nn.Module):
         u = self.fused_input(next_token_embeds, final_hidden)[None]  # [1, T, H]
         t = u.shape[1]
         pos = torch.arange(t)[None]
-        cos_sin = self.rotary(u, pos)
+        cos_sin = self.rotary(u, pos[None].expand(3, -1, -1))  # (t, h, w) rows, equal for text
         mask = torch.full((t, t), torch.finfo(u.dtype).min, dtype=u.dtype).triu(1)[None, None]
         u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=mask, position_ids=pos,
                            **{_cache_kw(self.layers[0].forward): None})
@@ -433,7 +433,7 @@ class MTPHead(nn.Module):
         for t in range(u_all.shape[0]):
             u = u_all[t][None, None]
             pos = torch.tensor([[t]])
-            cos_sin = self.rotary(u, pos)
+            cos_sin = self.rotary(u, pos[None].expand(3, -1, -1))  # (t, h, w) rows, equal for text
             u = self.layers[0](u, position_embeddings=cos_sin, attention_mask=None, position_ids=pos,
                                **{_cache_kw(self.layers[0].forward): cache})
             outs.append(nn.functional.linear(self.norm(u)[0, 0], lm_head_weight))
@@ -804,7 +804,7 @@ def compute_references(model, mtp, prompt, text_cfg, full_logits):
         step_logits.append(logits.clone())
         if step == GREEDY_STEPS - 1:
             break
-        out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{_cache_kw(model.forward): cache})
         cache = _out_cache(out)
         decode_calls.update(take_calls())
     steps = GREEDY_STEPS - 1
