@@ -27,20 +27,9 @@
 #include <string.h>
 
 #include "cpu/ops.h"
+#include "cpu/simd.h"
 #include "util/half.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#define TERN_X86 1
-#include <immintrin.h>
-#else
-#define TERN_X86 0
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
-/* Full unrolling of the loops over tokens / queries is what lets the
- * per-token accumulator arrays live in registers; -O2 alone leaves loops
- * of 5..8 iterations rolled and the arrays on the stack. */
-#define UNROLL _Pragma("GCC unroll 8")
 #define MAXQ 8              /* queries per register-blocked pass */
 #define F16_MAX 65504.0f
 

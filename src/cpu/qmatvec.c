@@ -18,23 +18,11 @@
 #include <string.h>
 
 #include "cpu/ops.h"
+#include "cpu/simd.h"
 #include "cpu/quant.h"
 #include "model/safetensors.h"
 #include "util/half.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#define TERN_X86 1
-#include <cpuid.h>
-#include <immintrin.h>
-#else
-#define TERN_X86 0
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
-/* Full unrolling of the loops over tokens / queries is what lets the
- * per-token accumulator arrays live in registers; -O2 alone leaves loops
- * of 5..8 iterations rolled and the arrays on the stack. */
-#define UNROLL _Pragma("GCC unroll 8")
 
 /* ---- CPU features ------------------------------------------------------ */
 

@@ -1,6 +1,8 @@
 #include "pack/sha256.h"
+#include "pack/progress.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +51,9 @@ int tern_sha256_buf(const void *data, size_t n, char hex[65], tern_error *err) {
     return 0;
 }
 
-int tern_sha256_fd(int fd, const char *name, uint64_t *size, char hex[65], tern_error *err) {
-    enum { CHUNK = 4 << 20 };
+int tern_sha256_fd(int fd, const char *name, struct tern_progress *bar, uint64_t *size, char hex[65],
+                   tern_error *err) {
+    enum { CHUNK = 8 << 20 };
     unsigned char *buf = malloc(CHUNK);
     tern_sha256 s;
     if (!buf) return tern_fail(err, "%s: out of memory", name);
@@ -68,7 +71,9 @@ int tern_sha256_fd(int fd, const char *name, uint64_t *size, char hex[65], tern_
         if (n == 0) break;
         tern_sha256_update(&s, buf, (size_t)n);
         total += (uint64_t)n;
+        tern_progress_add(bar, (uint64_t)n);
     }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     free(buf);
     tern_sha256_final(&s, hex);
     if (size) *size = total;

@@ -9,6 +9,8 @@
 
 #include "tern.h"
 
+struct tern_progress;
+
 typedef struct tern_sha256 {
     void *ctx;                   /* EVP_MD_CTX */
 } tern_sha256;
@@ -22,8 +24,11 @@ void tern_sha256_discard(tern_sha256 *s);
 
 int tern_sha256_buf(const void *data, size_t n, char hex[65], tern_error *err);
 /* Hashes fd from offset 0 to its end; *size gets the bytes read. `name`
- * only labels errors. */
-int tern_sha256_fd(int fd, const char *name, uint64_t *size, char hex[65], tern_error *err);
+ * only labels errors; bar (may be NULL) advances by the bytes read. The
+ * file's pages are dropped from the page cache afterwards: hashing a 20 GB
+ * model must not leave it cached. */
+int tern_sha256_fd(int fd, const char *name, struct tern_progress *bar, uint64_t *size, char hex[65],
+                   tern_error *err);
 
 /* 1 if s is 64 lowercase hex characters. */
 int tern_sha256_hex_ok(const char *s);

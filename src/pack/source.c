@@ -212,7 +212,7 @@ static int read_index(pk_source *s, const char *path, tern_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
     uint64_t size;
-    int rc = tern_sha256_fd(fd, path, &size, s->index_sha256, err);
+    int rc = tern_sha256_fd(fd, path, NULL, &size, s->index_sha256, err);
     close(fd);
     if (rc != 0) return -1;
     if (size > MAX_INDEX_BYTES) return tern_fail(err, "%s: larger than %u bytes", path, MAX_INDEX_BYTES);

@@ -19,35 +19,6 @@
 
 /* ---- hashing ------------------------------------------------------------ */
 
-static int hash_fd(int fd, const char *name, tern_progress *bar, uint64_t *size, char hex[65], tern_error *err) {
-    enum { CHUNK = 8 << 20 };
-    unsigned char *buf = malloc(CHUNK);
-    tern_sha256 s;
-    if (!buf) return tern_fail(err, "%s: out of memory", name);
-    if (tern_sha256_init(&s, err) != 0) { free(buf); return -1; }
-    uint64_t total = 0;
-    for (;;) {
-        ssize_t n = pread(fd, buf, CHUNK, (off_t)total);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            int e = errno;
-            tern_sha256_discard(&s);
-            free(buf);
-            return tern_fail(err, "%s: read failed: %s", name, strerror(e));
-        }
-        if (n == 0) break;
-        tern_sha256_update(&s, buf, (size_t)n);
-        total += (uint64_t)n;
-        tern_progress_add(bar, (uint64_t)n);
-    }
-    /* the page cache need not keep a 20 GB model we only hashed */
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    free(buf);
-    tern_sha256_final(&s, hex);
-    *size = total;
-    return 0;
-}
-
 static int open_payload(int root, const char *label, const char *rel, tern_error *err) {
     tern_error e2;
     int fd = tern_open_in(root, rel, NULL, &e2);
@@ -68,7 +39,7 @@ int tern_check_file(int root, const char *label, const tern_pk_file *f, tern_pro
     uint64_t size = 0;
     char hex[65], name[4200];
     snprintf(name, sizeof name, "%s/%s", label, f->path);
-    int rc = hash_fd(fd, name, bar, &size, hex, err);
+    int rc = tern_sha256_fd(fd, name, bar, &size, hex, err);
     close(fd);
     if (rc != 0) return -1;
     if (size != f->size || strcmp(hex, f->sha256) != 0)
