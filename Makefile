@@ -23,6 +23,11 @@ LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
 TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
 
+# The CUDA backend (make CUDA=1, make test-cuda): mk/cuda.mk adds its objects
+# and libraries to the ones above when CUDA=1.
+.DEFAULT_GOAL := all
+-include mk/cuda.mk
+
 .PHONY: all deps test run asan check clean mutation-check bench
 all: $(B)/tern
 
