@@ -28,7 +28,7 @@ TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
 .DEFAULT_GOAL := all
 -include mk/cuda.mk
 
-.PHONY: all deps test run asan check clean mutation-check bench
+.PHONY: all deps test run asan check clean mutation-check bench FORCE
 all: $(B)/tern
 
 deps:
@@ -37,6 +37,12 @@ deps:
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
+
+# tern bench prints the commit it was built from: that one object is rebuilt
+# every time so the commit stays current.
+$(B)/src/cli/cmd_bench.o: CFLAGS += -DTERN_COMMIT='"$(shell git describe --always --dirty 2>/dev/null || echo unknown)"'
+$(B)/src/cli/cmd_bench.o: FORCE
+FORCE:
 
 $(B)/libtern.a: $(LIB_OBJ)
 	@rm -f $@

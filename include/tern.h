@@ -63,6 +63,12 @@ void tern_model_free(tern_model *m);
 int tern_model_vocab_size(const tern_model *m);   /* rows of the lm_head */
 int tern_model_has_mtp(const tern_model *m);
 int tern_model_n_threads(const tern_model *m);
+/* Bytes one decode step reads at context ctx with a kv_bits KV cache
+ * (weights a token touches, KV rows, DeltaNet state read and written): the
+ * numerator of the memory-bandwidth floor. 0 for unpacked models. */
+uint64_t tern_model_decode_bytes(const tern_model *m, int ctx, int kv_bits);
+/* Decoder layers, routed experts per layer, experts per token. */
+void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, int *top_k);
 /* 1 if id ends generation (generation_config.json's eos_token_id list). */
 int tern_model_is_eos(const tern_model *m, int32_t id);
 
@@ -110,6 +116,36 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n,
 
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
+
+/* Routing observer: after each MoE layer's router, fn hears every token's
+ * top-k expert ids (router order, best first) with the layer (n_layers for
+ * the MTP layer) and the token's position. NULL fn stops it. For routing
+ * statistics and expert-cache simulations (tern bench). */
+typedef void (*tern_route_fn)(void *ud, int layer, int pos, const int *experts, int k);
+void tern_session_set_route_observer(tern_session *s, tern_route_fn fn, void *ud);
+
+/* A routing trace: the experts every token chose in every decoder layer
+ * (pass tern_route_trace_record and the trace to the observer). */
+typedef struct tern_route_trace tern_route_trace;
+tern_route_trace *tern_route_trace_create(int n_layers, int n_experts, int k, tern_error *err);
+void tern_route_trace_destroy(tern_route_trace *t);
+void tern_route_trace_record(void *trace, int layer, int pos, const int *experts, int k);
+void tern_route_trace_clear(tern_route_trace *t);
+int tern_route_trace_tokens(const tern_route_trace *t);   /* tokens every layer has */
+
+typedef struct tern_route_summary {
+    int tokens;
+    double reuse;                /* share of a token's experts its predecessor also chose */
+    double distinct8, distinct32, distinct128;   /* distinct experts per window of that many tokens */
+    double lifetime;             /* distinct experts over the whole trace */
+    double first_touch_ceiling;  /* hit rate no cache can beat: 1 - first touches / requests */
+} tern_route_summary;          /* means over the layers */
+void tern_route_trace_summary(const tern_route_trace *t, tern_route_summary *out);
+
+/* Hit rate of an expert slot cache with `slots` per layer and policy (enum
+ * tern_expert_policy_kind) over the trace, planned token by token exactly
+ * as the engine's cache plans a decode step. */
+double tern_route_trace_simulate(const tern_route_trace *t, int slots, int policy);
 
 /* Draft logits of the MTP head for the token after `next_token`, where
  * next_token is the token that follows the last one evaluated (the pair is
@@ -312,6 +348,35 @@ int tern_pack(const tern_pack_params *p, tern_error *err);
  * report (may be NULL) gets progress, each failure and a summary; err
  * names the (first) bad file. */
 int tern_verify(const char *dir, FILE *report, tern_error *err);
+
+/* ---- synthetic models (tern synth) ------------------------------------- */
+
+/* A random-weight model at an exact named shape, for measuring speed and
+ * memory without the real weights (speed depends on shapes, encodings and
+ * routing, not on the values). Deterministic from the seed. The value
+ * distributions and the routing modes are documented in src/synth/synth.h
+ * and docs/PERFORMANCE.md. */
+typedef struct tern_synth_params {
+    const char *shape;           /* a name tern_synth_list prints; NULL = "qwen3.6-35b-a3b" */
+    int bits;                    /* every matrix 4 or 8 bits; 0 = 4 */
+    uint64_t seed;
+    const char *routing;         /* "prose" (NULL: calibrated to real traffic) or "uniform" (pessimistic) */
+    /* tern_synth only: where and how to write */
+    const char *dst;             /* directory to create (must not exist) */
+    int resume;
+    int n_threads;               /* 0 = all cores */
+    FILE *progress;
+    uint64_t min_free_bytes;
+} tern_synth_params;
+
+/* Writes the model as a packed directory (docs/FORMAT.md) with tern pack's
+ * install semantics; config.json carries a "tern_synthetic" record. */
+int tern_synth(const tern_synth_params *p, tern_error *err);
+/* The same model built in memory, no file: a resident packed model.
+ * lp's expert_budget must be 0 (there is nothing to stream from). */
+tern_model *tern_model_synth(const tern_synth_params *p, const tern_load_params *lp, tern_error *err);
+/* One line per shape: name and what it is. */
+void tern_synth_list(FILE *out);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* `tern pack` and `tern verify`. Each takes the command's own argv:
+/* `tern pack`, `tern verify` and `tern synth`. Each takes the command's own argv:
  * argv[0] is the command name ("pack" / "verify"), options follow, e.g.
  * main calls tern_cli_pack(argc - 1, argv + 1). Returns the process exit
  * code: 0 done, 1 failed, 2 bad usage. */
@@ -7,5 +7,7 @@
 
 int tern_cli_pack(int argc, char **argv);
 int tern_cli_verify(int argc, char **argv);
+int tern_cli_synth(int argc, char **argv);   /* cmd_synth.c */
+int tern_cli_bench(int argc, char **argv);   /* cmd_bench.c */
 
 #endif

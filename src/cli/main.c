@@ -15,6 +15,8 @@ int main(int argc, char **argv) {
     /* pack and verify parse their own options */
     if (!strcmp(cmd, "pack")) return tern_cli_pack(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return tern_cli_verify(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return tern_cli_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return tern_cli_bench(argc - 1, argv + 1);
     static const struct {
         const char *name;
         int (*fn)(const cli_opts *);

@@ -22,6 +22,8 @@ void cli_usage(FILE *f) {
         "  perplexity -f FILE [--ctx N]                    perplexity of a text in windows of N tokens\n"
         "  pack      SRC DST [options]                     convert to tern's packed format (tern pack --help)\n"
         "  verify    DIR                                   rehash a packed model against its manifest\n"
+        "  synth     DST [options]                         write a random-weight model at an exact shape (--help)\n"
+        "  bench     (-m DIR | --synth SHAPE) [options]    measure prefill, decode, TTFT, memory (--help)\n"
         "\n"
         "model:\n"
         "  -m, --model DIR          model directory (default: $TERN_MODEL, else models/tern-tiny)\n"

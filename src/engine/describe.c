@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "model/config.h"
 #include "model/manifest.h"
 #include "model/packed.h"
@@ -237,4 +238,29 @@ int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern
     fprintf(out, "weights read per token at %s: %s\n", src, human(active * bpe, hb, sizeof hb));
     tern_tensors_close(&ts);
     return 0;
+}
+
+/* Weights: every resident tensor a decoder step touches (all but the MTP
+ * head's and the embedding table, of which one row), plus top_k expert
+ * blobs per layer. State: the KV rows of the context in every attention
+ * layer, and each DeltaNet layer's fp32 state read and written. */
+uint64_t tern_model_decode_bytes(const tern_model *m, int ctx, int kv_bits) {
+    if (!m->packed) return 0;
+    const tern_config *c = &m->cfg;
+    double bytes = 0;
+    for (int i = 0; i < m->man.n_tensors; i++) {
+        const tern_pk_tensor *t = &m->man.tensors[i];
+        double b = (double)(t->data.size + t->scales.size + t->biases.size);
+        if (!strncmp(t->name, "mtp.", 4)) continue;
+        if (strstr(t->name, "embed_tokens.")) b /= c->vocab;
+        bytes += b;
+    }
+    bytes += (double)c->top_k * m->man.stride * c->n_layers;
+    int row_len = c->n_kv_heads * c->head_dim;
+    double kv_row = kv_bits >= 32 || kv_bits == 0 ? 4.0 * row_len
+                                                  : (double)tern_kv_row_bytes(row_len, tern_kv_group(c->head_dim), kv_bits);
+    double gdn = 2.0 * 4.0 * c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
+    for (int l = 0; l < c->n_layers; l++)
+        bytes += c->layer_kind[l] == TERN_LAYER_ATTN ? 2.0 * kv_row * ctx : gdn;
+    return (uint64_t)bytes;
 }

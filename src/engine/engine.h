@@ -29,6 +29,11 @@ struct tern_model {
     size_t expert_map_size;
 };
 
+/* A model with its thread pool and kernel choice, nothing loaded yet, and
+ * the step after the weights are bound (RoPE tables). model.c. */
+tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
+int tern_model_finish(tern_model *m, tern_error *err);
+
 /* KV cache of one full-attention layer: one row of n_kv_heads * head_dim
  * values per position (k after q/k-norm and RoPE, v as projected), stored
  * as fp32 (the reference) or quantized rows (cpu/kvquant.h). */
@@ -67,6 +72,8 @@ struct tern_session {
     int broken;               /* a step failed midway (an expert read): state is inconsistent */
     tern_layer_hook hook;
     void *hook_ctx;
+    tern_route_fn route_fn;   /* tern_session_set_route_observer */
+    void *route_ud;
 };
 
 /* Grow the KV caches (main / MTP) to hold `needed` positions; capacity

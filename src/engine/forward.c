@@ -265,12 +265,22 @@ typedef struct {
     float *wt;
 } routing;
 
-static void route_tokens(const tern_config *c, float *probs, int T, routing *r) {
+/* Where a session's routing observer (tern_session_set_route_observer)
+ * hears of each token's experts. */
+typedef struct {
+    tern_route_fn fn;
+    void *ud;
+    int layer, pos0;
+} route_obs;
+
+static void route_tokens(const tern_config *c, float *probs, int T, routing *r, const route_obs *obs) {
     int E = c->n_experts, K = c->top_k;
     int *idx = malloc((size_t)T * K * sizeof(int));
     float *wt = alloc_f((size_t)T * K);
     if (!idx) abort();
     for (int t = 0; t < T; t++) route(c, probs + (size_t)t * E, idx + (size_t)t * K, wt + (size_t)t * K);
+    if (obs && obs->fn)
+        for (int t = 0; t < T; t++) obs->fn(obs->ud, obs->layer, obs->pos0 + t, idx + (size_t)t * K, K);
     memset(r->count, 0, (size_t)E * sizeof(int));
     for (int i = 0; i < T * K; i++) r->count[idx[i]]++;
     for (int e = 0, s = 0; e < E; e++) { r->start[e] = s; s += r->count[e]; }
@@ -347,7 +357,8 @@ static int routed_streamed(tern_model *m, const tern_moe_w *w, const float *xn, 
     return rc;
 }
 
-static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, tern_error *err) {
+static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, const route_obs *obs,
+                     tern_error *err) {
     const tern_config *c = &m->cfg;
     int H = c->hidden, E = c->n_experts, K = c->top_k;
     float *probs = alloc_f((size_t)T * E);
@@ -355,7 +366,7 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
                  malloc((size_t)T * K * sizeof(int)), alloc_f((size_t)T * K)};
     if (!r.count || !r.start || !r.tok) abort();
     mm(m, probs, xn, T, &w->router);
-    route_tokens(c, probs, T, &r);
+    route_tokens(c, probs, T, &r, obs);
 
     /* Routed experts, each applied once to the tokens that chose it, added
      * in ascending expert order (as the reference's eager loop does). */
@@ -388,7 +399,8 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
 /* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention (kv
  * used) or Gated DeltaNet (gs used). */
 static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
-                         const tern_kv_format *f, tern_gdn_state *gs, int gdn_mode, tern_error *err) {
+                         const tern_kv_format *f, tern_gdn_state *gs, int gdn_mode, const route_obs *obs,
+                         tern_error *err) {
     int H = m->cfg.hidden;
     float eps = m->cfg.norm_eps;
     float *xn = alloc_f((size_t)T * H), *out = alloc_f((size_t)T * H);
@@ -397,7 +409,7 @@ static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, 
     else gdn_layer(m, &L->gdn, xn, T, gs, gdn_mode, out);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, eps);
-    int rc = moe_layer(m, &L->moe, xn, T, out, err);
+    int rc = moe_layer(m, &L->moe, xn, T, out, obs, err);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     free(xn);
     free(out);
@@ -436,7 +448,8 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     float *x = alloc_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
-        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->kvf, &s->gdn[l], s->gdn_mode, err)) {
+        route_obs obs = {s->route_fn, s->route_ud, l, s->pos};
+        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->kvf, &s->gdn[l], s->gdn_mode, &obs, err)) {
             /* An expert read failed mid-step: the session state is now
              * partly advanced, so it is unusable until restored or reset. */
             free(x);
@@ -472,7 +485,8 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
     mm(m, x, cat, n, &w->fc);
-    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, err)) {
+    route_obs obs = {s->route_fn, s->route_ud, m->cfg.n_layers, s->mtp_pos};
+    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, &obs, err)) {
         free(cat);
         free(x);
         s->broken = 1;

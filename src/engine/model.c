@@ -108,14 +108,29 @@ static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err
     return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
 }
 
-tern_model *tern_model_load(const char *dir, const tern_load_params *params, tern_error *err) {
+tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err) {
     tern_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->dir = strdup(dir))) {
+    if (m) m->pool = tern_pool_create(params ? params->n_threads : 0);
+    if (!m || !m->pool) {
         free(m);
         tern_fail(err, "out of memory");
         return NULL;
     }
-    int rc = tern_config_load(&m->cfg, dir, err);
+    m->fast = !(params && params->reference_kernels);
+    m->isa = tern_isa_best();
+    return m;
+}
+
+int tern_model_finish(tern_model *m, tern_error *err) {
+    m->inv_freq = rope_frequencies(&m->cfg);
+    return m->inv_freq ? 0 : tern_fail(err, "out of memory");
+}
+
+tern_model *tern_model_load(const char *dir, const tern_load_params *params, tern_error *err) {
+    tern_model *m = tern_model_alloc(params, err);
+    if (!m) return NULL;
+    int rc = (m->dir = strdup(dir)) ? 0 : tern_fail(err, "out of memory");
+    if (rc == 0) rc = tern_config_load(&m->cfg, dir, err);
     if (rc == 0 && tern_is_packed_dir(dir)) {
         rc = open_packed(m, params, err);
     } else if (rc == 0) {
@@ -124,16 +139,8 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
         else
             rc = tern_tensors_open(&m->ts, dir, 0, err) || tern_weights_bind(&m->w, &m->cfg, &m->ts, err) ? -1 : 0;
     }
+    if (rc == 0) rc = tern_model_finish(m, err);
     if (rc != 0) {
-        tern_model_free(m);
-        return NULL;
-    }
-    m->pool = tern_pool_create(params ? params->n_threads : 0);
-    m->fast = !(params && params->reference_kernels);
-    m->isa = tern_isa_best();
-    m->inv_freq = rope_frequencies(&m->cfg);
-    if (!m->pool || !m->inv_freq) {
-        tern_fail(err, "out of memory");
         tern_model_free(m);
         return NULL;
     }
@@ -180,4 +187,10 @@ void tern_model_stream_stats(const tern_model *m, tern_stream_stats *out) {
     out->read_s = st.read_s;
     out->wait_s = st.wait_s;
     out->direct_io = st.direct_io;
+}
+
+void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, int *top_k) {
+    *n_layers = m->cfg.n_layers;
+    *n_experts = m->cfg.n_experts;
+    *top_k = m->cfg.top_k;
 }

@@ -217,3 +217,8 @@ void tern_snapshot_free(tern_snapshot *snap) {
 }
 
 size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }
+
+void tern_session_set_route_observer(tern_session *s, tern_route_fn fn, void *ud) {
+    s->route_fn = fn;
+    s->route_ud = ud;
+}

@@ -168,6 +168,27 @@ static int check_consistency(reader *r, tern_config *c) {
     return 0;
 }
 
+static int config_from_json(tern_config *c, json_t *root, const char *path, tern_error *err) {
+    memset(c, 0, sizeof *c);
+    reader r = {path, NULL, root, err};
+    int rc = json_is_object(root) ? 0 : tern_fail(err, "%s: not a JSON object", path);
+    if (rc == 0) rc = check_arch(&r, c);
+    if (rc == 0) rc = read_fields(&r, c);
+    if (rc == 0) rc = read_layer_types(&r, c);
+    if (rc == 0) rc = read_rope(&r, c);
+    if (rc == 0) rc = check_consistency(&r, c);
+    return rc;
+}
+
+int tern_config_parse(tern_config *c, const char *text, const char *label, tern_error *err) {
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", label, jerr.text, jerr.line);
+    int rc = config_from_json(c, root, label, err);
+    json_decref(root);
+    return rc;
+}
+
 int tern_config_load(tern_config *c, const char *dir, tern_error *err) {
     memset(c, 0, sizeof *c);
     char path[4096];
@@ -178,13 +199,7 @@ int tern_config_load(tern_config *c, const char *dir, tern_error *err) {
         if (access(path, F_OK) != 0) return tern_fail(err, "%s: no such file", path);
         return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
     }
-    reader r = {path, NULL, root, err};
-    int rc = json_is_object(root) ? 0 : tern_fail(err, "%s: not a JSON object", path);
-    if (rc == 0) rc = check_arch(&r, c);
-    if (rc == 0) rc = read_fields(&r, c);
-    if (rc == 0) rc = read_layer_types(&r, c);
-    if (rc == 0) rc = read_rope(&r, c);
-    if (rc == 0) rc = check_consistency(&r, c);
+    int rc = config_from_json(c, root, path, err);
     json_decref(root);
     if (rc != 0) return rc;
 

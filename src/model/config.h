@@ -42,6 +42,9 @@ typedef struct tern_config {
 
 /* Reads dir/config.json (and dir/generation_config.json if present). */
 int tern_config_load(tern_config *c, const char *dir, tern_error *err);
+/* The same from config.json's text (no generation_config.json); label
+ * names it in errors. */
+int tern_config_parse(tern_config *c, const char *text, const char *label, tern_error *err);
 
 /* Derived sizes. */
 static inline int tern_cfg_gdn_key_dim(const tern_config *c) { return c->gdn_k_heads * c->gdn_k_dim; }

@@ -68,6 +68,12 @@ int tern_packed_open(tern_tensor_set *ts, const tern_manifest *man, const char *
         ts->map = NULL;
         return tern_fail(err, "%s: mmap failed: %s", path, strerror(errno));
     }
+    return tern_packed_open_mem(ts, man, ts->map, ts->map_size, err);
+}
+
+int tern_packed_open_mem(tern_tensor_set *ts, const tern_manifest *man, void *base, size_t size, tern_error *err) {
+    ts->map = base;
+    ts->map_size = size;
     ts->by_name = tern_strmap_create();
     ts->owned = calloc((size_t)man->n_tensors + 1, sizeof *ts->owned);
     ts->experts_external = 1;
@@ -82,7 +88,7 @@ int tern_packed_open(tern_tensor_set *ts, const tern_manifest *man, const char *
                                    (pk->scales.off + pk->scales.size > ts->map_size ||
                                     pk->biases.off + pk->biases.size > ts->map_size))) {
             tern_tensors_close(ts);
-            return tern_fail(err, "%s: tensor '%s' lies past the end of the file", path, pk->name);
+            return tern_fail(err, "resident.bin: tensor '%s' lies past the end of the file", pk->name);
         }
         fill_tensor(&ts->owned[i], pk, ts->map, "resident.bin");
         if (tern_strmap_put(ts->by_name, pk->name, &ts->owned[i]) != 0) {

@@ -15,6 +15,10 @@ int tern_is_packed_dir(const char *dir);
  * (ts->experts_external set). The manifest must already be read and checked. */
 int tern_packed_open(tern_tensor_set *ts, const tern_manifest *man, const char *dir, tern_error *err);
 
+/* The same over resident bytes already in memory: base (an mmap of size
+ * bytes) becomes the set's mapping, unmapped by tern_tensors_close. */
+int tern_packed_open_mem(tern_tensor_set *ts, const tern_manifest *man, void *base, size_t size, tern_error *err);
+
 /* Views of one expert's gate/up/down inside its blob. */
 void tern_packed_expert_view(const tern_manifest *man, const uint8_t *blob, tern_expert_w *out);
 

@@ -24,6 +24,7 @@
 #include "pack/sha256.h"
 #include "pack/source.h"
 #include "pack/verify.h"
+#include "synth/synth.h"
 #include "util/err.h"
 #include "util/pool.h"
 
@@ -35,6 +36,7 @@
 
 typedef struct pk_job {
     const tern_pack_params *prm;
+    const tern_synth_params *synth;      /* tern synth: the source is drawn, not read */
     pk_options opt;
     char *dst, *dst_real, *partial, *lock_path;
     tern_install_lock lock;
@@ -66,7 +68,7 @@ static int class_bits(pk_job *j, int q, int given, const char *flag) {
 
 static int job_options(pk_job *j) {
     const tern_pack_params *p = j->prm;
-    if (!p->src || !p->dst) return tern_fail(j->err, "pack: source and destination are required");
+    if ((!p->src && !j->synth) || !p->dst) return tern_fail(j->err, "pack: source and destination are required");
     if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(j->err, "--bits must be 4 or 8 (got %d)", p->bits);
     j->opt.group = p->group ? p->group : 64;
     if (j->opt.group != 32 && j->opt.group != 64 && j->opt.group != 128)
@@ -127,6 +129,7 @@ static int plan_fingerprint(pk_job *j) {
     tern_sha256_update(&h, TERN_TOOL_VERSION, strlen(TERN_TOOL_VERSION));
     tern_sha256_update(&h, text, strlen(text));
     free(text);
+    if (j->src.synth) tern_sha256_update(&h, j->src.synth->config_json, strlen(j->src.synth->config_json));
     for (int i = 0; i < j->plan.n_out; i++) {
         char line[1200];
         int n = snprintf(line, sizeof line, "%s %llu\n", j->plan.out_paths[i], (unsigned long long)j->plan.out_sizes[i]);
@@ -143,9 +146,11 @@ static int plan_fingerprint(pk_job *j) {
 }
 
 static int job_plan(pk_job *j) {
-    if (pk_source_open(&j->src, j->prm->src, j->err) != 0) return -1;
+    if ((j->synth ? pk_source_synth(&j->src, j->synth, j->err) : pk_source_open(&j->src, j->prm->src, j->err)) != 0)
+        return -1;
     j->have_src = 1;
-    if (tern_config_load(&j->cfg, j->src.dir, j->err) != 0) return -1;
+    if (j->src.synth) j->cfg = j->src.synth->cfg;
+    else if (tern_config_load(&j->cfg, j->src.dir, j->err) != 0) return -1;
     if (pk_plan_build(&j->plan, &j->src, &j->cfg, &j->opt, j->err) != 0) return -1;
     j->have_plan = 1;
     return plan_fingerprint(j);
@@ -499,6 +504,7 @@ static int write_experts(sink *k, int file) {
 /* ---- sidecars ----------------------------------------------------------- */
 
 static int copy_sidecar(sink *k) {
+    if (k->j->src.synth) return sink_write(k, k->j->src.synth->config_json, strlen(k->j->src.synth->config_json));
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", k->j->src.dir, k->path);
     /* the source may be a Hugging Face cache snapshot, whose files are
@@ -544,7 +550,7 @@ static int write_file(pk_job *j, int i) {
 static int write_all_files(pk_job *j) {
     uint64_t done = 0;
     for (int i = 0; i < j->n_done; i++) done += j->done[i].size;
-    j->bar = tern_progress_create(j->prm->progress, "pack", j->plan.out_bytes);
+    j->bar = tern_progress_create(j->prm->progress, j->synth ? "synth" : "pack", j->plan.out_bytes);
     if (!j->bar) return tern_fail(j->err, "out of memory");
     tern_progress_start_at(j->bar, done);
     for (int i = j->n_done; i < j->plan.n_out; i++)
@@ -613,8 +619,8 @@ static void summary(const pk_job *j) {
     FILE *f = j->prm->progress;
     if (!f) return;
     const tern_manifest *m = &j->plan.man;
-    fprintf(f, "packed %s -> %s: %d resident tensors (%.1f MB), %d expert files x %d experts x %.2f MB%s%s\n",
-            j->src.dir, j->dst, m->n_tensors, j->plan.resident_size / 1e6, j->plan.n_expert_files, m->n_experts,
+    fprintf(f, "%s %s -> %s: %d resident tensors (%.1f MB), %d expert files x %d experts x %.2f MB%s%s\n",
+            j->synth ? "synthesized" : "packed", j->src.dir, j->dst, m->n_tensors, j->plan.resident_size / 1e6, j->plan.n_expert_files, m->n_experts,
             m->stride / 1e6, j->src.mlx ? ", MLX bits copied" : "", j->src.n_dropped ? ", vision/audio dropped" : "");
 }
 
@@ -633,8 +639,8 @@ static void job_free(pk_job *j) {
     free(j->lock_path);
 }
 
-int tern_pack(const tern_pack_params *p, tern_error *err) {
-    pk_job j = {.prm = p, .err = err, .pdir = -1, .lock = {.fd = -1}};
+static int pack_run(const tern_pack_params *p, const tern_synth_params *sp, tern_error *err) {
+    pk_job j = {.prm = p, .synth = sp, .err = err, .pdir = -1, .lock = {.fd = -1}};
     int rc = job_options(&j) || job_paths(&j) || tern_lock_acquire(&j.lock, j.lock_path, err) ? -1 : 0;
     if (rc == 0) rc = job_paths_recheck(&j);
     if (rc == 0) rc = job_plan(&j) || open_partial(&j) || check_space(&j) ? -1 : 0;
@@ -646,4 +652,13 @@ int tern_pack(const tern_pack_params *p, tern_error *err) {
     if (rc == 0) summary(&j);
     job_free(&j);
     return rc;
+}
+
+int tern_pack(const tern_pack_params *p, tern_error *err) { return pack_run(p, NULL, err); }
+
+int tern_synth(const tern_synth_params *p, tern_error *err) {
+    if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(err, "--bits must be 4 or 8 (got %d)", p->bits);
+    tern_pack_params pp = {.dst = p->dst, .bits = p->bits ? p->bits : 4, .resume = p->resume,
+                           .n_threads = p->n_threads, .progress = p->progress, .min_free_bytes = p->min_free_bytes};
+    return pack_run(&pp, p, err);
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cpu/quant.h"
+#include "synth/synth.h"
 #include "util/err.h"
 #include "util/half.h"
 
@@ -123,6 +124,11 @@ static int fp8_view(const pk_source *s, pk_raw *w, pk_mat *m, tern_error *err) {
 /* A view of a whole tensor: 2-D tensors as matrices, anything else as one
  * row of numel values. */
 static int view_of(const pk_source *s, pk_raw *w, pk_mat *m, tern_error *err) {
+    if (w->synth) {
+        int two = w->ndim == 2;
+        *m = (pk_mat){.storage = PK_STORE_SYNTH, .w = w, .rows = two ? w->shape[0] : 1, .cols = two ? w->shape[1] : w->numel};
+        return 0;
+    }
     if (w->dtype == PK_U32) return mlx_view(s, w, m, err);
     if (w->dtype == PK_F8E4M3) return fp8_view(s, w, m, err);
     if (!is_float(w->dtype))
@@ -164,10 +170,12 @@ static int decide(pk_plan *p, const pk_mat *m, int qc, int shift, const pk_optio
         t->group = group;
         *mode = PK_MODE_QUANT;
     } else {
-        t->encoding = m->storage == PK_STORE_FLOAT ? float_enc(m->w->dtype) : TERN_ENC_BF16;
+        t->encoding = m->storage == PK_STORE_FLOAT || m->storage == PK_STORE_SYNTH ? float_enc(m->w->dtype)
+                                                                                   : TERN_ENC_BF16;
         t->group = 0;
         *mode = m->storage == PK_STORE_FLOAT && !shift ? PK_MODE_COPY : PK_MODE_FLOAT;
     }
+    if (m->storage == PK_STORE_SYNTH) *mode = PK_MODE_SYNTH;
     note_class(p, qc, o->bits[qc < 0 ? 0 : qc], o->group, seen);
     return 0;
 }
@@ -217,11 +225,12 @@ static int experts_fused(builder *b, const char *P, pk_item *out, int *found) {
                          (long long)H, (long long)I);
     gu->used = dn->used = 1;
     for (int64_t e = 0; e < E; e++) {
-        pk_mat g = {.storage = PK_STORE_FLOAT, .w = gu, .slice = e, .rows = I, .cols = H};
+        int st = gu->synth ? PK_STORE_SYNTH : PK_STORE_FLOAT;
+        pk_mat g = {.storage = st, .w = gu, .slice = e, .rows = I, .cols = H};
         out[e * 3 + 0].src = g;
         g.row0 = I;
         out[e * 3 + 1].src = g;
-        out[e * 3 + 2].src = (pk_mat){.storage = PK_STORE_FLOAT, .w = dn, .slice = e, .rows = H, .cols = I};
+        out[e * 3 + 2].src = (pk_mat){.storage = st, .w = dn, .slice = e, .rows = H, .cols = I};
     }
     *found = 1;
     return 0;
@@ -452,6 +461,7 @@ static int plan_files(builder *b) {
         if (add_out(p, p->man.layer_files[i], expert_file, b->err) != 0) return -1;
     if (p->man.mtp_file && add_out(p, p->man.mtp_file, expert_file, b->err) != 0) return -1;
     p->first_sidecar = p->n_out;
+    if (b->s->synth) return add_out(p, "config.json", strlen(b->s->synth->config_json), b->err);
     for (size_t i = 0; i < sizeof sidecar_names / sizeof *sidecar_names; i++) {
         char path[4096];
         struct stat st;
@@ -575,6 +585,16 @@ void pk_encode_rows(const pk_item *it, const tern_pk_tensor *out, int64_t r0, in
     case PK_MODE_QUANT:
         pk_mat_read_f32(m, r0, n, scratch);
         tern_quantize(scratch, n, m->cols, out->encoding == TERN_ENC_Q4 ? 4 : 8, out->group, data, scales, biases);
+        break;
+    case PK_MODE_SYNTH:
+        if (scales && synth_direct_q(m->w->synth)) {
+            synth_rows_q(m->w->synth, m->slice, m->row0 + r0, n, m->cols, out->encoding == TERN_ENC_Q4 ? 4 : 8,
+                         out->group, data, scales, biases);
+            break;
+        }
+        synth_rows_f32(m->w->synth, m->slice, m->row0 + r0, n, m->cols, scratch);
+        if (scales) tern_quantize(scratch, n, m->cols, out->encoding == TERN_ENC_Q4 ? 4 : 8, out->group, data, scales, biases);
+        else narrow(scratch, n * m->cols, out->encoding, data);
         break;
     case PK_MODE_MLX:
         for (int64_t i = 0; i < n; i++) memcpy(data + (size_t)(i * (int64_t)rb), pk_mat_q_row(m, r0 + i), (size_t)rb);

@@ -25,6 +25,7 @@ enum pk_mode {
     PK_MODE_FLOAT,                 /* converted (or shifted) to the output float type */
     PK_MODE_QUANT,                 /* fp32 -> tern_quantize */
     PK_MODE_MLX,                   /* MLX packed words, scales, biases copied */
+    PK_MODE_SYNTH,                 /* drawn by src/synth (tern synth) */
 };
 
 typedef struct pk_item {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "pack/sha256.h"
+#include "synth/synth.h"
 #include "util/err.h"
 #include "util/half.h"
 
@@ -338,7 +339,51 @@ int pk_source_open(pk_source *s, const char *dir, tern_error *err) {
     return rc;
 }
 
+/* ---- a synthetic source ------------------------------------------------- */
+
+int pk_source_synth(pk_source *s, const tern_synth_params *p, tern_error *err) {
+    memset(s, 0, sizeof *s);
+    s->synth = calloc(1, sizeof *s->synth);
+    if (!s->synth) return tern_fail(err, "out of memory");
+    if (synth_create(s->synth, p, err) != 0) {
+        free(s->synth);
+        s->synth = NULL;
+        return -1;
+    }
+    const synth *y = s->synth;
+    if (asprintf(&s->dir, "synthetic:%s:%s:seed=%llu", y->shape.name, synth_routing_name(y->routing),
+                 (unsigned long long)y->seed) < 0)
+        s->dir = NULL;
+    s->raw = calloc((size_t)y->n_tensors, sizeof *s->raw);
+    if (!s->dir || !s->raw) { pk_source_close(s); return tern_fail(err, "out of memory"); }
+    for (int i = 0; i < y->n_tensors; i++) {
+        const synth_tensor *t = &y->tensors[i];
+        pk_raw *r = &s->raw[s->n_raw];
+        r->name = strdup(t->name);
+        r->src_name = strdup(t->name);
+        if (!r->name || !r->src_name) { free(r->name); free(r->src_name); pk_source_close(s); return tern_fail(err, "out of memory"); }
+        s->n_raw++;
+        r->dtype = t->f32 ? PK_F32 : PK_BF16;
+        snprintf(r->dtype_name, sizeof r->dtype_name, "%s", t->f32 ? "F32" : "BF16");
+        r->ndim = t->ndim;
+        r->numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            r->shape[d] = t->shape[d];
+            r->numel *= t->shape[d];
+        }
+        r->nbytes = (uint64_t)r->numel * pk_dtype_size(r->dtype);
+        r->file = "(synthetic)";
+        r->synth = t;
+    }
+    qsort(s->raw, (size_t)s->n_raw, sizeof *s->raw, cmp_raw);
+    return 0;
+}
+
 void pk_source_close(pk_source *s) {
+    if (s->synth) {
+        synth_free(s->synth);
+        free(s->synth);
+    }
     for (int i = 0; i < s->n_raw; i++) {
         free(s->raw[i].name);
         free(s->raw[i].src_name);

@@ -35,6 +35,7 @@ typedef struct pk_raw {
     uint64_t nbytes;
     const char *file;
     int used;                    /* consumed by the plan */
+    const struct synth_tensor *synth;   /* a synthetic tensor: values drawn, not read (data NULL) */
 } pk_raw;
 
 typedef struct pk_shard {
@@ -57,9 +58,14 @@ typedef struct pk_source {
     int has_index;
     char index_sha256[65];
     uint64_t total_bytes;        /* of all shards */
+    struct synth *synth;         /* a synthetic source (tern synth); owned */
 } pk_source;
 
 int pk_source_open(pk_source *s, const char *dir, tern_error *err);
+/* A synthetic source: every tensor of p's shape, values drawn by
+ * src/synth; config.json is the only sidecar. */
+struct tern_synth_params;
+int pk_source_synth(pk_source *s, const struct tern_synth_params *p, tern_error *err);
 void pk_source_close(pk_source *s);
 pk_raw *pk_source_get(const pk_source *s, const char *canonical);
 
@@ -68,7 +74,7 @@ pk_raw *pk_source_get(const pk_source *s, const char *canonical);
 int pk_check_tensor_name(const char *name, const char *file, tern_error *err);
 
 /* How a logical 2-D matrix is stored in the source. */
-enum pk_storage { PK_STORE_FLOAT, PK_STORE_MLX, PK_STORE_FP8 };
+enum pk_storage { PK_STORE_FLOAT, PK_STORE_MLX, PK_STORE_FP8, PK_STORE_SYNTH };
 
 typedef struct pk_mat {
     int storage;                 /* enum pk_storage */

@@ -1,0 +1,247 @@
+/* Attention of the query heads over the quantized KV cache, split-K
+ * ("flash-decoding"): decode has one query per head, so parallelism comes
+ * from the positions. The context is cut into splits; block (split, KV
+ * head, token) scores its positions for up to 8 query heads that share the
+ * KV head (GQA: each K/V row is read once for all of them), keeps the
+ * split's max and exp-sum, and writes its unnormalised output; a second
+ * kernel merges the splits (log-sum-exp) and applies the output gate.
+ *
+ * Layout of the work area: [T][n_heads][n_splits] records of head_dim + 2
+ * floats: max, sum, output.
+ *
+ * With T > 1 (a chunk of prefill tokens already in the cache) token t sees
+ * positions < pos0 + t + 1: correct but re-reads K and V per token (v1). */
+#include <float.h>
+
+#include "cuda/common.cuh"
+
+#define MAXQ 8            /* query heads per block */
+#define ATT_THREADS 256
+
+/* Split policy: at least 32 positions a split, at most 256 splits until the
+ * splits reach 1024 positions (their scores live in shared memory). */
+static int split_len(int n) {
+    int sl = (n + 255) / 256;
+    sl = (sl + 31) / 32 * 32;
+    if (sl < 32) sl = 32;
+    if (sl > 1024) sl = 1024;
+    return sl;
+}
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* 8 consecutive values d..d+7 of a head slice (d a multiple of 8) as
+ * integers (8/4 bits) or floats (16 bits). ALIGNED: the row stride keeps
+ * 16/8/4-byte loads aligned; otherwise bytes are gathered one by one. */
+template <int BITS, bool ALIGNED>
+__device__ __forceinline__ void load8(const uint8_t *vals, int d, float (&v)[8]) {
+    if (BITS == 16) {
+        const uint8_t *p = vals + 2 * (size_t)d;
+        uint32_t w[4];
+        if (ALIGNED) {
+            uint4 u = *(const uint4 *)p;
+            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = p[4 * i] | p[4 * i + 1] << 8 | p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) { v[2 * i] = h2f((uint16_t)(w[i] & 0xffffu)); v[2 * i + 1] = h2f((uint16_t)(w[i] >> 16)); }
+    } else if (BITS == 8) {
+        const uint8_t *p = vals + d;
+        uint32_t w0, w1;
+        if (ALIGNED) {
+            uint2 u = *(const uint2 *)p;
+            w0 = u.x; w1 = u.y;
+        } else {
+            w0 = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+            w1 = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
+        }
+        v[0] = byte_f<0>(w0); v[1] = byte_f<1>(w0); v[2] = byte_f<2>(w0); v[3] = byte_f<3>(w0);
+        v[4] = byte_f<0>(w1); v[5] = byte_f<1>(w1); v[6] = byte_f<2>(w1); v[7] = byte_f<3>(w1);
+    } else {
+        const uint8_t *p = vals + d / 2;
+        uint32_t w = ALIGNED ? *(const uint32_t *)p : (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+        v[0] = byte_f<0>(lo); v[1] = byte_f<0>(hi); v[2] = byte_f<1>(lo); v[3] = byte_f<1>(hi);
+        v[4] = byte_f<2>(lo); v[5] = byte_f<2>(hi); v[6] = byte_f<3>(lo); v[7] = byte_f<3>(hi);
+    }
+}
+
+/* Value d of a head slice, dequantized. */
+template <int BITS>
+__device__ __forceinline__ float load1(const uint8_t *row, const kv_layout &L, int first, int d) {
+    int e = first + d;
+    if (BITS == 16) return h2f(*(const uint16_t *)(row + 2 * (size_t)e));
+    const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
+    int g = e / L.group;
+    float q = BITS == 8 ? (float)row[e] : (float)((row[e / 2] >> (4 * (e & 1))) & 15);
+    return fmaf(q, h2f(sb[g]), h2f(sb[L.n_groups + g]));
+}
+
+template <int BITS, bool ALIGNED>
+__global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
+                                                                 const uint8_t *kc, const uint8_t *vc, int pos0,
+                                                                 int sl, int ns, float scale, float *part) {
+    extern __shared__ float sm[];
+    int hd = dm.head_dim, G = dm.n_heads / dm.n_kv, ngq = (G + MAXQ - 1) / MAXQ;
+    int split = blockIdx.x, kvh = blockIdx.y / ngq, t = blockIdx.z;
+    int h0 = kvh * G + (blockIdx.y % ngq) * MAXQ, nq = min(MAXQ, kvh * G + G - h0);
+    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    float *qs = sm, *sc = sm + MAXQ * hd;
+    float *stat = sc + MAXQ * sl;                        /* [MAXQ][2]: max, sum */
+    for (int i = threadIdx.x; i < nq * hd; i += blockDim.x)
+        qs[i] = qg[((size_t)t * dm.n_heads + h0 + i / hd) * 2 * hd + i % hd];
+    __syncthreads();
+    int first = kvh * hd;                                /* the head's first value in a row */
+    /* scores: a thread per position */
+    for (int jj = threadIdx.x; jj < len; jj += blockDim.x) {
+        const uint8_t *row = kc + (size_t)(j0 + jj) * L.row_bytes;
+        const uint8_t *vals = row + (size_t)first * BITS / 8;
+        const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
+        float acc[MAXQ];
+#pragma unroll
+        for (int i = 0; i < MAXQ; i++) acc[i] = 0.0f;
+        for (int d = 0; d < hd; d += 8) {
+            float kv[8];
+            load8<BITS, ALIGNED>(vals, d, kv);
+            if (BITS != 16) {
+                int g = (first + d) / L.group;
+                float s = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);
+#pragma unroll
+                for (int e = 0; e < 8; e++) kv[e] = fmaf(kv[e], s, b);
+            }
+#pragma unroll
+            for (int i = 0; i < MAXQ; i++) {
+                if (i < nq) {
+                    float4 a = *(const float4 *)(qs + i * hd + d), c = *(const float4 *)(qs + i * hd + d + 4);
+                    acc[i] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] + c.x * kv[4] + c.y * kv[5] +
+                              c.z * kv[6] + c.w * kv[7];
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MAXQ; i++)
+            if (i < nq) sc[i * sl + jj] = acc[i] * scale;
+    }
+    __syncthreads();
+    /* per query (one warp each): the split's max, exp and sum */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < nq) {
+        float m = -FLT_MAX;
+        for (int jj = lane; jj < len; jj += 32) m = fmaxf(m, sc[warp * sl + jj]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int jj = lane; jj < len; jj += 32) {
+            float p = expf(sc[warp * sl + jj] - m);
+            sc[warp * sl + jj] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) { stat[2 * warp] = len ? m : -INFINITY; stat[2 * warp + 1] = l; }
+    }
+    __syncthreads();
+    /* weighted sum of V: a thread per dimension */
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o[MAXQ];
+#pragma unroll
+        for (int i = 0; i < MAXQ; i++) o[i] = 0.0f;
+        for (int jj = 0; jj < len; jj++) {
+            float v = load1<BITS>(vc + (size_t)(j0 + jj) * L.row_bytes, L, first, d);
+#pragma unroll
+            for (int i = 0; i < MAXQ; i++)
+                if (i < nq) o[i] = fmaf(sc[i * sl + jj], v, o[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < MAXQ; i++) {
+            if (i >= nq) continue;
+            float *rec = part + (((size_t)t * dm.n_heads + h0 + i) * ns + split) * (hd + 2);
+            rec[2 + d] = o[i];
+            if (d == 0) { rec[0] = stat[2 * i]; rec[1] = stat[2 * i + 1]; }
+        }
+    }
+}
+
+/* Merges the splits of head h, token t: o = sum_s e^{m_s - M} o_s / sum_s
+ * e^{m_s - M} l_s, times sigmoid(gate). */
+__global__ void attn_combine_kernel(tern_cuda_attn_dims dm, const float *qg, const float *part, int ns, float *o) {
+    int h = blockIdx.x, t = blockIdx.y, hd = dm.head_dim;
+    const float *rec = part + ((size_t)t * dm.n_heads + h) * ns * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, rec[(size_t)s * (hd + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++) {
+        float m = rec[(size_t)s * (hd + 2)];
+        if (m > -INFINITY) L += expf(m - M) * rec[(size_t)s * (hd + 2) + 1];
+    }
+    const float *gate = qg + ((size_t)t * dm.n_heads + h) * 2 * hd + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            float m = rec[(size_t)s * (hd + 2)];
+            if (m > -INFINITY) acc += expf(m - M) * rec[(size_t)s * (hd + 2) + 2 + d];
+        }
+        o[((size_t)t * dm.n_heads + h) * hd + d] = acc / L * sigmoid_f(gate[d]);
+    }
+}
+
+static int n_splits(int n) {
+    int sl = split_len(n);
+    return (n + sl - 1) / sl;
+}
+
+/* The most splits any context up to n takes: split_len keeps a context of
+ * n <= 256 * 1024 within 256 splits (and n / 32), longer ones need n / 1024
+ * (the count is not monotonic in n, hence the bound). */
+static int max_splits(int n) {
+    if (n > 256 * 1024) return (n + 1023) / 1024;
+    int by32 = (n + 31) / 32;
+    return by32 < 256 ? by32 : 256;
+}
+
+size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_ctx_max) {
+    return (size_t)T * d->n_heads * max_splits(n_ctx_max) * (d->head_dim + 2) * sizeof(float);
+}
+
+template <int BITS, bool ALIGNED>
+static void launch_split(dim3 grid, size_t smem, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                         const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, int sl, int ns, float scale,
+                         float *part) {
+    cudaFuncSetAttribute(attn_split_kernel<BITS, ALIGNED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, sl, ns, scale, part);
+}
+
+int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                        const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes, float *o,
+                        tern_stream s, tern_error *err) {
+    int hd = d->head_dim;
+    if (T < 1 || pos0 < 0 || hd % 8 || L->head_dim != hd || L->n_heads != d->n_kv || d->n_heads % d->n_kv ||
+        (L->bits != 16 && L->group % 8))
+        return tern_fail(err, "attention: dims do not match the KV layout (head_dim %d)", hd);
+    int n = pos0 + T, sl = split_len(n), ns = n_splits(n);
+    size_t need = (size_t)T * d->n_heads * ns * (hd + 2) * sizeof(float);
+    if (need > work_bytes) return tern_fail(err, "attention: workspace %zu bytes, %zu needed", work_bytes, need);
+    int G = d->n_heads / d->n_kv, ngq = (G + MAXQ - 1) / MAXQ;
+    dim3 grid(ns, d->n_kv * ngq, T);
+    size_t smem = ((size_t)MAXQ * hd + (size_t)MAXQ * sl + 2 * MAXQ) * sizeof(float);
+    /* 16-byte loads of a 16-bit head slice need 16-byte rows and offsets;
+     * 8-byte loads (8 bits) 8; 4-byte loads (4 bits) 4 */
+    size_t need_al = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4;
+    size_t first = (size_t)hd * L->bits / 8;
+    bool al = L->row_bytes % need_al == 0 && first % need_al == 0 && ((uintptr_t)kcache % need_al) == 0;
+    kv_layout kl = kv_of(L);
+    float *part = (float *)work;
+    if (L->bits == 16) {
+        if (al) launch_split<16, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        else launch_split<16, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+    } else if (L->bits == 8) {
+        if (al) launch_split<8, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        else launch_split<8, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+    } else {
+        if (al) launch_split<4, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        else launch_split<4, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+    }
+    if (launch_check("attention split", err)) return -1;
+    attn_combine_kernel<<<dim3(d->n_heads, T), 256, 0, s>>>(*d, qg, part, ns, o);
+    return launch_check("attention combine", err);
+}

@@ -1,0 +1,207 @@
+/* Device helpers shared by the op files: launch checks, half/bf16 widening,
+ * warp reductions, and the dequantizing dot product of weight rows that the
+ * GEMV and the expert kernels share. */
+#ifndef TERN_CUDA_COMMON_CUH
+#define TERN_CUDA_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuda_ops.h"
+#include "util/err.h"
+
+/* After a launch: the launch error (bad configuration, no device) as a
+ * tern_error. Faults inside the kernel surface at the next sync. */
+static inline int launch_check(const char *op, tern_error *err) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tern_fail(err, "%s: %s", op, cudaGetErrorString(e));
+    return 0;
+}
+
+static inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float f16_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
+__device__ __forceinline__ float f16_hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
+
+/* Byte k (0..3) of v as a float, for bytes holding 0..255: the byte goes
+ * into the mantissa of 2^23 (one PRMT), and 2^23 is subtracted (one FADD),
+ * cheaper than an int-to-float conversion, which runs at 1/8 the FMA rate. */
+template <int k> __device__ __forceinline__ float byte_f(uint32_t v) {
+    return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440 | k)) - 8388608.0f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Loads that skip L1: weights are read once per launch. */
+__device__ __forceinline__ uint4 ld_stream(const void *p) { return __ldcs((const uint4 *)p); }
+
+/* ---- the dequantizing row dot -------------------------------------------
+ * A row is cut into 16-byte chunks: 32 elements at 4 bits, 16 at 8 bits, 8
+ * at 16 bits (bf16/f16). A chunk never straddles a quantization group
+ * (groups are >= 32 elements and aligned), so per chunk
+ *   sum_c w_c x_c = scale * sum_c q_c x_c + bias * sum_c x_c.
+ * Lanes of a row group take chunks lane, lane + nl, ... */
+
+enum { KIND_Q4 = 0, KIND_Q8 = 1, KIND_BF16 = 2, KIND_F16 = 3 };
+
+template <int KIND> struct kind_traits;
+template <> struct kind_traits<KIND_Q4> { enum { E = 32, QUANT = 1 }; };
+template <> struct kind_traits<KIND_Q8> { enum { E = 16, QUANT = 1 }; };
+template <> struct kind_traits<KIND_BF16> { enum { E = 8, QUANT = 0 }; };
+template <> struct kind_traits<KIND_F16> { enum { E = 8, QUANT = 0 }; };
+
+/* Bytes of a row of n elements of a kind. */
+__host__ __device__ static inline size_t kind_row_bytes(int kind, int64_t n) {
+    return kind == KIND_Q4 ? (size_t)n / 2 : kind == KIND_Q8 ? (size_t)n : (size_t)n * 2;
+}
+
+/* The kind of a tern_mat, or -1 if the row dot does not handle it. */
+static inline int mat_kind(const tern_mat *W) {
+    if (W->bits == 4) return KIND_Q4;
+    if (W->bits == 8) return KIND_Q8;
+    if (W->bits == 0 && W->dtype == TERN_DTYPE_BF16) return KIND_BF16;
+    if (W->bits == 0 && W->dtype == TERN_DTYPE_F16) return KIND_F16;
+    return -1;
+}
+
+/* p[t] += sum over word `w` (32 bits) of chunk elements dotted with x_t.
+ * x points at the chunk's first element of token 0; tokens xs floats
+ * apart. For quantized kinds this is sum q x; xsum[t] collects sum x. */
+template <int KIND, int T>
+__device__ __forceinline__ void word_dot(uint32_t w, const float *x, int64_t xs, float (&p)[T], float (&xsum)[T],
+                                         bool want_xsum) {
+    if (KIND == KIND_Q4) {
+        /* element i is nibble i: the low nibbles of the bytes are elements
+         * 0,2,4,6 and the high ones 1,3,5,7 */
+        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+        float f[8] = {byte_f<0>(lo), byte_f<0>(hi), byte_f<1>(lo), byte_f<1>(hi),
+                      byte_f<2>(lo), byte_f<2>(hi), byte_f<3>(lo), byte_f<3>(hi)};
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float4 a = *(const float4 *)(x + t * xs), b = *(const float4 *)(x + t * xs + 4);
+            float s = p[t];
+            s = fmaf(f[0], a.x, s); s = fmaf(f[1], a.y, s); s = fmaf(f[2], a.z, s); s = fmaf(f[3], a.w, s);
+            s = fmaf(f[4], b.x, s); s = fmaf(f[5], b.y, s); s = fmaf(f[6], b.z, s); s = fmaf(f[7], b.w, s);
+            p[t] = s;
+            if (want_xsum) xsum[t] += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+        }
+    } else if (KIND == KIND_Q8) {
+        float f[4] = {byte_f<0>(w), byte_f<1>(w), byte_f<2>(w), byte_f<3>(w)};
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float4 a = *(const float4 *)(x + t * xs);
+            float s = p[t];
+            s = fmaf(f[0], a.x, s); s = fmaf(f[1], a.y, s); s = fmaf(f[2], a.z, s); s = fmaf(f[3], a.w, s);
+            p[t] = s;
+            if (want_xsum) xsum[t] += (a.x + a.y) + (a.z + a.w);
+        }
+    } else {
+        float f0 = KIND == KIND_BF16 ? bf16_lo(w) : f16_lo(w), f1 = KIND == KIND_BF16 ? bf16_hi(w) : f16_hi(w);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float2 a = *(const float2 *)(x + t * xs);
+            p[t] = fmaf(f1, a.y, fmaf(f0, a.x, p[t]));
+        }
+    }
+}
+
+/* Elements of one 32-bit word of a chunk. */
+template <int KIND> __device__ __forceinline__ constexpr int word_elems() { return kind_traits<KIND>::E / 4; }
+
+/* acc[r][t] += lane's share of row r . x_t for R rows (row r: q[r] packed
+ * data, sc[r]/bi[r] bf16 scales/biases of the row, unused for float kinds,
+ * groups of 1 << gsh[r] elements: parts of one expert may differ) of
+ * `cols` columns, T tokens (x_t = x + t * xs). The lane
+ * takes chunks lane, lane + nl, ...; the caller reduces acc over the nl
+ * lanes. All R rows' loads of a chunk are issued before their use. */
+template <int KIND, int T, int R>
+__device__ __forceinline__ void rows_dot(const uint8_t *const (&q)[R], const uint16_t *const (&sc)[R],
+                                         const uint16_t *const (&bi)[R], const int (&gsh)[R], int cols, const float *x,
+                                         int64_t xs, int lane, int nl, float (&acc)[R][T]) {
+    constexpr int E = kind_traits<KIND>::E;
+    const int n_chunks = cols / E;
+#pragma unroll 2
+    for (int ci = lane; ci < n_chunks; ci += nl) {
+        uint4 raw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) raw[r] = ld_stream(q[r] + (size_t)ci * 16);
+        float s[R] = {}, b[R] = {};
+        if (kind_traits<KIND>::QUANT) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int g = (ci * E) >> gsh[r];
+                s[r] = bf16f(__ldg(sc[r] + g));
+                b[r] = bf16f(__ldg(bi[r] + g));
+            }
+        }
+        const float *xc = x + (size_t)ci * E;
+        float xsum[T];
+#pragma unroll
+        for (int t = 0; t < T; t++) xsum[t] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float p[T];
+#pragma unroll
+            for (int t = 0; t < T; t++) p[t] = 0.0f;
+            const uint32_t wv[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+            for (int wi = 0; wi < 4; wi++)
+                word_dot<KIND, T>(wv[wi], xc + wi * word_elems<KIND>(), xs, p, xsum, r == 0);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (kind_traits<KIND>::QUANT) acc[r][t] += fmaf(s[r], p[t], b[r] * xsum[t]);
+                else acc[r][t] += p[t];
+            }
+        }
+    }
+}
+
+/* Sum over aligned groups of nl lanes (nl a power of two); every lane of
+ * the group gets the total. */
+__device__ __forceinline__ float group_sum(float v, int nl) {
+    for (int o = nl >> 1; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Lanes per row: chunks spread over at most 32 lanes; fewer (a power of
+ * two) when a row has fewer chunks, so one warp covers several rows. */
+static inline int log2i(int v) {
+    int s = 0;
+    while ((1 << s) < v) s++;
+    return s;
+}
+
+__host__ __device__ static inline int lanes_per_row(int64_t n_chunks) {
+    int nl = 32;
+    while (nl > 1 && nl / 2 >= n_chunks) nl /= 2;
+    return nl;
+}
+
+/* A KV row layout (cpu/kvquant.h), passed to kernels by value. */
+typedef struct {
+    int bits, n_groups, group, row_len;
+    size_t q_bytes, row_bytes;
+} kv_layout;
+
+static inline kv_layout kv_of(const tern_kvq *L) {
+    kv_layout k = {L->bits, L->n_groups, L->group, L->row_len, L->q_bytes, L->row_bytes};
+    return k;
+}
+
+#endif

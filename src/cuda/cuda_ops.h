@@ -1,0 +1,216 @@
+/* The CUDA op library: the GPU kernels of tern's forward pass behind a C
+ * API. Every op takes device pointers and a stream, enqueues its kernels
+ * and returns at once (0, or -1 with err set if the arguments are outside
+ * what the kernels handle or the launch failed); nothing synchronises, so a
+ * sequence of ops can be captured in a CUDA graph. Each op has a CPU twin
+ * in src/cpu/ (or, where tern has none, a reference in tests/cuda/) and is
+ * checked against it by `make test-cuda`; docs/CUDA.md lists the ops, the
+ * layouts, the checker's results and the timings.
+ *
+ * Layouts are the CPU engine's (src/engine/forward.c): activations fp32
+ * row-major [T, n]; weights tern_mat (model/weights.h) with device
+ * pointers in data/scales/biases; the KV cache rows of cpu/kvquant.h.
+ *
+ * Ops that need scratch take a caller-owned device workspace whose size a
+ * *_workspace() function gives, so the same buffers serve every step of a
+ * captured graph. */
+#ifndef TERN_CUDA_OPS_H
+#define TERN_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu/kvquant.h"
+#include "model/weights.h"
+#include "tern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cudaStream_t is `struct CUstream_st *`: the same type, without the CUDA
+ * headers. NULL is the legacy default stream. */
+typedef struct CUstream_st *tern_stream;
+
+/* ---- device, memory, streams, timing ----------------------------------- */
+
+/* Selects the device for the calling thread and reports its name. */
+int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err);
+
+void *tern_cuda_alloc(size_t bytes, tern_error *err);           /* cudaMalloc; NULL on failure */
+void tern_cuda_free(void *p);
+int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err);
+int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err);
+int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err);
+int tern_cuda_fill(void *dst, int byte, size_t bytes, tern_stream s, tern_error *err);
+int tern_cuda_sync(tern_stream s, tern_error *err);             /* waits; reports kernel faults */
+
+tern_stream tern_cuda_stream_create(tern_error *err);
+void tern_cuda_stream_destroy(tern_stream s);
+
+/* Device-event timing of a region enqueued between start and stop. */
+typedef struct tern_cuda_timer tern_cuda_timer;
+tern_cuda_timer *tern_cuda_timer_create(tern_error *err);
+void tern_cuda_timer_destroy(tern_cuda_timer *t);
+int tern_cuda_timer_start(tern_cuda_timer *t, tern_stream s);
+/* Records the stop event, waits for it, returns the milliseconds (< 0 on
+ * error). */
+float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s);
+
+/* ---- the context: cuBLAS handle and the dequantization tile ------------ */
+
+typedef struct tern_cuda_ctx tern_cuda_ctx;
+/* tile_bytes: the bf16 scratch that tern_cuda_gemm dequantizes weights
+ * into (0: 64 MiB). */
+tern_cuda_ctx *tern_cuda_ctx_create(size_t tile_bytes, tern_error *err);
+void tern_cuda_ctx_destroy(tern_cuda_ctx *c);
+
+/* ---- decode: matrix-vector products ------------------------------------ */
+
+/* Most tokens one tern_cuda_gemv call takes (one accumulator per token and
+ * row in registers). */
+#define TERN_CUDA_GEMV_MAX_T 8
+
+/* 1 if tern_cuda_gemv handles W: bits 4 or 8 with group 32/64/128 dividing
+ * cols and cols * bits / 8 a multiple of 16 bytes; or bits 0 with dtype
+ * BF16 or F16 and cols a multiple of 8. Rows must start 16-byte aligned
+ * (cudaMalloc'd, and the row rule above). */
+int tern_cuda_gemv_supported(const tern_mat *W);
+
+/* y[T, W.rows] = x[T, W.cols] W^T, 1 <= T <= TERN_CUDA_GEMV_MAX_T, fp32 x
+ * and y; each weight row is read once for all T tokens, dequantized in
+ * registers (w = q * scale + bias, dotted per group as scale * sum(q x) +
+ * bias * sum(x)). */
+int tern_cuda_gemv(const tern_mat *W, const float *x, int T, float *y, tern_stream s, tern_error *err);
+
+/* ---- decode: the routed experts and the shared expert ------------------ */
+
+/* One part (gate, up or down) of an expert blob: byte offsets of q, scales
+ * and biases inside the blob (docs/FORMAT.md, experts/layer_NNN.bin). */
+typedef struct tern_cuda_expert_part {
+    size_t q_off, s_off, b_off;
+    int64_t rows, cols;
+    int bits, group;                 /* 4 or 8; group 32/64/128 */
+} tern_cuda_expert_part;
+
+/* The routed experts of one layer. Expert e's blob is blobs[e] when blobs
+ * (a device array of n_experts pointers, e.g. the slots of an expert
+ * cache) is set, else base + e * stride. */
+typedef struct tern_cuda_experts {
+    const uint8_t *const *blobs;
+    const uint8_t *base;
+    size_t stride;
+    tern_cuda_expert_part gate, up, down;   /* [I, H], [I, H], [H, I] */
+} tern_cuda_experts;
+
+/* One MoE block for T tokens (T small: decode, MTP verification):
+ *   out[t] = sum_k wts[t,k] * E_{ids[t,k]}(x_t) + sigmoid(x_t . w_sg) * S(x_t)
+ *   E(x) = (silu(x G^T) * (x U^T)) D^T
+ * ids/wts: device [T, top_k] (tern_cuda_route's output). shared and
+ * shared_gate (tern_mat with device pointers, gemv-supported encodings) may
+ * be NULL for no shared expert. Two launches: gate/up of every (token,
+ * expert) pair with SiLU(gate) * up, then down of all of them with the
+ * routing weights applied and summed in expert order (no atomics: the sum
+ * is deterministic). The workspace is sized with inter = the larger of the
+ * routed and the shared intermediate size. */
+size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter);
+int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                  const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work,
+                  float *out, tern_stream s, tern_error *err);
+
+/* Router: softmax over n_experts logits [T, n_experts], the top_k largest
+ * (descending, ties to the lower index), renormalised over the k when
+ * renorm. ids/wts [T, top_k]. n_experts <= 4096, top_k <= 32. */
+int tern_cuda_route(const float *logits, int T, int n_experts, int top_k, int renorm, int32_t *ids, float *wts,
+                    tern_stream s, tern_error *err);
+
+/* ---- norms, residual, RoPE --------------------------------------------- */
+
+/* Per token: x += delta (when delta is set, written back to x), then
+ * y = x / rms(x) * (one_plus ? 1 + w : w). y may be x (in place) only
+ * without delta: with delta, x keeps the residual sum. */
+int tern_cuda_rmsnorm(float *y, float *x, const float *delta, const float *w, int one_plus, int n, int T,
+                      float eps, tern_stream s, tern_error *err);
+
+/* The attention block's pre-attention step for T tokens at positions
+ * pos0..pos0+T-1:
+ *   qg [T, n_heads, 2, head_dim] (query | gate per head): each query
+ *     RMSNorm(1 + q_norm) and RoPE'd in place, gates untouched;
+ *   k  [T, n_kv, head_dim]: RMSNorm(1 + k_norm) and RoPE'd in place;
+ *   the rows k and v (raw) quantized into the caches (cpu/kvquant.h layout
+ *   L, bit for bit what tern_kv_quantize_row writes for the same floats) at
+ *   rows pos0 + t.
+ * RoPE: rotate-half on the first rope_dim dims, angle pos * inv_freq[i]
+ * (rope_dim / 2 device floats). */
+typedef struct tern_cuda_attn_dims {
+    int n_heads, n_kv, head_dim, rope_dim;
+    float eps;
+} tern_cuda_attn_dims;
+int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
+                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,
+                        uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err);
+
+/* ---- attention over the quantized KV cache ----------------------------- */
+
+/* o[t, h * head_dim ..] = softmax_j(scale q_{t,h} . K_j) V_j * sigmoid(gate_{t,h})
+ * over j < pos0 + t + 1 (causal), q/gate from qg as above, K/V rows of
+ * layout L (16/8/4 bits) in kcache/vcache. Split-K (flash-decoding): the
+ * positions are cut into splits, each block scores one split for the query
+ * heads sharing a KV head, and a second kernel combines the splits'
+ * partial softmax sums. n_ctx_max >= pos0 + T sizes the workspace. */
+size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_ctx_max);
+int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                        const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes,
+                        float *o, tern_stream s, tern_error *err);
+
+/* ---- Gated DeltaNet ---------------------------------------------------- */
+
+typedef struct tern_cuda_gdn_w {
+    int nk, nv, dk, dv, conv_kernel;
+    const float *conv;            /* [conv_dim, conv_kernel], conv_dim = 2 nk dk + nv dv */
+    const float *A_log, *dt_bias; /* [nv] */
+    const float *norm;            /* [dv], plain weight */
+    float eps;
+} tern_cuda_gdn_w;
+
+/* The recurrent (token by token) Gated DeltaNet step for T tokens, from the
+ * projections to the gated norm, in one kernel (one block per key head and
+ * its value heads):
+ *   conv1d (state: conv_state [conv_kernel - 1, conv_dim]) + SiLU,
+ *   l2norm of q and k (q also * dk^-0.5), g = -exp(A_log) softplus(a +
+ *   dt_bias), beta = sigmoid(b), the delta rule on S [nv, dk, dv] (fp32,
+ *   updated in place), o = S^T q, then y = rmsnorm(o) * norm * silu(z).
+ * qkv [T, conv_dim], z [T, nv dv], a, b [T, nv]; out [T, nv dv]. */
+int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b,
+                       const float *a, int T, float *conv_state, float *S, float *out, tern_stream s,
+                       tern_error *err);
+
+/* ---- sampling ---------------------------------------------------------- */
+
+/* The id of the largest of logits[0 .. n_valid) (lowest id on ties; NaN
+ * counts as -inf), written to *id (device). work: tern_cuda_sample_workspace. */
+size_t tern_cuda_sample_workspace(int n_valid);
+int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s,
+                     tern_error *err);
+
+/* Temperature, top-k (1 <= top_k <= TERN_CUDA_SAMPLE_MAX_K), top-p over what
+ * top-k kept, min-p, then the draw at u in [0, 1) (the caller's random
+ * number): the order and rules of engine/sampler.h, on the GPU; only the
+ * id comes back. Penalties are the caller's (applied to the logits). */
+#define TERN_CUDA_SAMPLE_MAX_K 64
+int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
+                     double u, void *work, int32_t *id, tern_stream s, tern_error *err);
+
+/* ---- prefill ----------------------------------------------------------- */
+
+/* y[T, W.rows] = x[T, W.cols] W^T for any T through cuBLAS: W is
+ * dequantized tile by tile into the context's bf16 scratch, x rounded to
+ * bf16, products accumulated in fp32 (cublasGemmEx). */
+int tern_cuda_gemm(tern_cuda_ctx *c, const tern_mat *W, const float *x, int64_t T, float *y, tern_stream s,
+                   tern_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,91 @@
+/* Prefill products through cuBLAS: y[T, N] = x[T, K] W^T with W in any
+ * tern_mat encoding. W is dequantized to bf16 a tile of rows at a time into
+ * the context's scratch (the whole lm_head in bf16 would take 1 GiB), x is
+ * rounded to bf16 once, and cublasGemmEx multiplies them with fp32
+ * accumulation, writing the tile's columns of y in place (ldc = N).
+ *
+ * cuBLAS is column-major: y row-major [T, N] is y^T column-major [N, T],
+ * and y^T = W_tile (row-major [n, K] = column-major [K, n], transposed) *
+ * x^T (column-major [K, T]). */
+#include <cuda_bf16.h>
+
+#include "cuda/common.cuh"
+#include "cuda/internal.h"
+
+/* 8 elements per thread: w = q * scale + bias (or the float widened), then
+ * rounded to bf16. */
+template <int KIND>
+__global__ void dequant_bf16_kernel(const uint8_t *q, const uint16_t *sc, const uint16_t *bi, int64_t r0, int64_t n_rows,
+                                    int cols, int gsh, __nv_bfloat16 *out) {
+    int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= n_rows * cols) return;
+    int64_t r = r0 + i / cols;
+    int c = (int)(i % cols);
+    float v[8];
+    if (KIND == KIND_Q4 || KIND == KIND_Q8) {
+        int64_t ng = cols >> gsh, g = r * ng + (c >> gsh);
+        float s = bf16f(sc[g]), b = bf16f(bi[g]);
+        if (KIND == KIND_Q4) {
+            uint32_t w = *(const uint32_t *)(q + (size_t)r * (cols / 2) + c / 2);
+            for (int e = 0; e < 8; e++) v[e] = (float)((w >> (4 * e)) & 15u);
+        } else {
+            uint2 w = *(const uint2 *)(q + (size_t)r * cols + c);
+            for (int e = 0; e < 4; e++) { v[e] = (float)((w.x >> (8 * e)) & 255u); v[4 + e] = (float)((w.y >> (8 * e)) & 255u); }
+        }
+        for (int e = 0; e < 8; e++) v[e] = fmaf(v[e], s, b);
+    } else {
+        uint4 w = *(const uint4 *)(q + ((size_t)r * cols + c) * 2);
+        uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+        for (int e = 0; e < 4; e++) {
+            v[2 * e] = KIND == KIND_BF16 ? bf16_lo(ws[e]) : f16_lo(ws[e]);
+            v[2 * e + 1] = KIND == KIND_BF16 ? bf16_hi(ws[e]) : f16_hi(ws[e]);
+        }
+    }
+    for (int e = 0; e < 8; e++) out[i + e] = __float2bfloat16_rn(v[e]);
+}
+
+__global__ void to_bf16_kernel(const float *x, int64_t n, __nv_bfloat16 *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+static void dequant_tile(const tern_mat *W, int kind, int64_t r0, int64_t n, __nv_bfloat16 *out, cudaStream_t s) {
+    int64_t elems = n * W->cols;
+    int blocks = ceil_div(elems / 8, 256);
+    const uint8_t *q = (const uint8_t *)W->data;
+    int gsh = W->bits ? log2i(W->group) : 0;
+    switch (kind) {
+    case KIND_Q4: dequant_bf16_kernel<KIND_Q4><<<blocks, 256, 0, s>>>(q, W->scales, W->biases, r0, n, (int)W->cols, gsh, out); break;
+    case KIND_Q8: dequant_bf16_kernel<KIND_Q8><<<blocks, 256, 0, s>>>(q, W->scales, W->biases, r0, n, (int)W->cols, gsh, out); break;
+    case KIND_BF16: dequant_bf16_kernel<KIND_BF16><<<blocks, 256, 0, s>>>(q, NULL, NULL, r0, n, (int)W->cols, 0, out); break;
+    default: dequant_bf16_kernel<KIND_F16><<<blocks, 256, 0, s>>>(q, NULL, NULL, r0, n, (int)W->cols, 0, out); break;
+    }
+}
+
+int tern_cuda_gemm(tern_cuda_ctx *c, const tern_mat *W, const float *x, int64_t T, float *y, tern_stream s,
+                   tern_error *err) {
+    int kind = mat_kind(W);
+    if (!tern_cuda_gemv_supported(W) || T < 1)
+        return tern_fail(err, "gemm: unsupported matrix (bits %d, %lldx%lld) or T = %lld", W->bits, (long long)W->rows,
+                         (long long)W->cols, (long long)T);
+    int64_t K = W->cols, N = W->rows;
+    if (ctx_reserve_x(c, (size_t)T * K * 2, err)) return -1;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)c->xb, *wb = (__nv_bfloat16 *)c->tile;
+    to_bf16_kernel<<<ceil_div(T * K, 256), 256, 0, s>>>(x, T * K, xb);
+    if (launch_check("gemm x to bf16", err)) return -1;
+    cublasSetStream(c->blas, s);
+    int64_t tile_rows = (int64_t)(c->tile_bytes / ((size_t)K * 2));
+    tile_rows = tile_rows / 64 * 64;   /* whole 64-row blocks keep cuBLAS on its aligned paths */
+    if (tile_rows < 64) return tern_fail(err, "gemm: tile scratch too small for rows of %lld", (long long)K);
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t r0 = 0; r0 < N; r0 += tile_rows) {
+        int64_t n = N - r0 < tile_rows ? N - r0 : tile_rows;
+        dequant_tile(W, kind, r0, n, wb, s);
+        if (launch_check("gemm dequantize", err)) return -1;
+        cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)T, (int)K, &one, wb, CUDA_R_16BF,
+                                         (int)K, xb, CUDA_R_16BF, (int)K, &zero, y + r0, CUDA_R_32F, (int)N,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) return tern_fail(err, "gemm: cublasGemmEx: %s", cublasGetStatusString(st));
+    }
+    return 0;
+}

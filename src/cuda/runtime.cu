@@ -1,0 +1,160 @@
+/* Device selection, memory, streams, event timers and the context (cuBLAS
+ * handle + dequantization scratch): thin wrappers that turn CUDA status
+ * codes into tern_error messages, so callers stay plain C. */
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+#include "cuda/internal.h"
+
+static int cuda_fail(tern_error *err, const char *what, cudaError_t e) {
+    return tern_fail(err, "%s: %s", what, cudaGetErrorString(e));
+}
+
+int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return cuda_fail(err, "cudaSetDevice", e);
+    cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, device)) != cudaSuccess) return cuda_fail(err, "cudaGetDeviceProperties", e);
+    if (name && name_len) snprintf(name, name_len, "%s (sm_%d%d, %d SMs)", p.name, p.major, p.minor, p.multiProcessorCount);
+    return 0;
+}
+
+void *tern_cuda_alloc(size_t bytes, tern_error *err) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        tern_fail(err, "cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+void tern_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err) {
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "upload", e);
+}
+
+int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err) {
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "download", e);
+}
+
+int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "device copy", e);
+}
+
+int tern_cuda_fill(void *dst, int byte, size_t bytes, tern_stream s, tern_error *err) {
+    cudaError_t e = cudaMemsetAsync(dst, byte, bytes, s);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "memset", e);
+}
+
+int tern_cuda_sync(tern_stream s, tern_error *err) {
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : cuda_fail(err, "stream sync", e);
+}
+
+tern_stream tern_cuda_stream_create(tern_error *err) {
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cuda_fail(err, "cudaStreamCreate", e);
+        return NULL;
+    }
+    return s;
+}
+
+void tern_cuda_stream_destroy(tern_stream s) {
+    if (s) cudaStreamDestroy(s);
+}
+
+/* ---- timers ------------------------------------------------------------- */
+
+struct tern_cuda_timer {
+    cudaEvent_t start, stop;
+};
+
+tern_cuda_timer *tern_cuda_timer_create(tern_error *err) {
+    tern_cuda_timer *t = (tern_cuda_timer *)calloc(1, sizeof *t);
+    if (!t) {
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
+    cudaError_t e = cudaEventCreate(&t->start);
+    if (e == cudaSuccess) e = cudaEventCreate(&t->stop);
+    if (e != cudaSuccess) {
+        cuda_fail(err, "cudaEventCreate", e);
+        tern_cuda_timer_destroy(t);
+        return NULL;
+    }
+    return t;
+}
+
+void tern_cuda_timer_destroy(tern_cuda_timer *t) {
+    if (!t) return;
+    if (t->start) cudaEventDestroy(t->start);
+    if (t->stop) cudaEventDestroy(t->stop);
+    free(t);
+}
+
+int tern_cuda_timer_start(tern_cuda_timer *t, tern_stream s) {
+    return cudaEventRecord(t->start, s) == cudaSuccess ? 0 : -1;
+}
+
+float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s) {
+    float ms = -1.0f;
+    if (cudaEventRecord(t->stop, s) != cudaSuccess || cudaEventSynchronize(t->stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, t->start, t->stop) != cudaSuccess)
+        return -1.0f;
+    return ms;
+}
+
+/* ---- context ------------------------------------------------------------ */
+
+tern_cuda_ctx *tern_cuda_ctx_create(size_t tile_bytes, tern_error *err) {
+    tern_cuda_ctx *c = (tern_cuda_ctx *)calloc(1, sizeof *c);
+    if (!c) {
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
+    c->tile_bytes = tile_bytes ? tile_bytes : (size_t)64 << 20;
+    cublasStatus_t st = cublasCreate(&c->blas);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        tern_fail(err, "cublasCreate: %s", cublasGetStatusString(st));
+        free(c);
+        return NULL;
+    }
+    if (!(c->tile = tern_cuda_alloc(c->tile_bytes, err))) {
+        tern_cuda_ctx_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void tern_cuda_ctx_destroy(tern_cuda_ctx *c) {
+    if (!c) return;
+    if (c->blas) cublasDestroy(c->blas);
+    tern_cuda_free(c->tile);
+    tern_cuda_free(c->xb);
+    free(c);
+}
+
+/* The bf16 copy of a prefill's activations grows to the largest seen; a
+ * prefill is not captured in a graph, so allocating here is allowed. */
+int ctx_reserve_x(tern_cuda_ctx *c, size_t bytes, tern_error *err) {
+    if (bytes <= c->xb_bytes) return 0;
+    cudaFree(c->xb);   /* earlier work on the buffer is ordered before the free */
+    c->xb = NULL;
+    c->xb_bytes = 0;
+    if (!(c->xb = tern_cuda_alloc(bytes, err))) return -1;
+    c->xb_bytes = bytes;
+    return 0;
+}
