@@ -9,7 +9,9 @@
 #include <stdint.h>
 
 #include "cuda/cuda_ops.h"
-#include "util/err.h"
+extern "C" {
+#include "util/err.h"   /* a C header without its own extern "C" */
+}
 
 /* After a launch: the launch error (bad configuration, no device) as a
  * tern_error. Faults inside the kernel surface at the next sync. */

@@ -1,0 +1,94 @@
+/* tern_cuda_gemv against tern_matmul (cpu/ops.h), the fp32 reference
+ * product over the same encoded weights.
+ * Tolerance 1e-5 of max |y|: both sides dequantize exactly (q * scale +
+ * bias in fp32) and accumulate in fp32, in different orders; with K <= 4096
+ * terms of random sign the rounding differences stay near 1e-7 of the
+ * largest output, so 1e-5 leaves room for the order and fails on any
+ * indexing, nibble-order or scale error (which are O(1)). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "cpu/ops.h"
+
+typedef struct {
+    tern_mat *copies;
+    int n;
+    const float *x;
+    int T;
+    float *y;
+    tern_stream s;
+} gemv_run;
+
+static void run_gemv(void *arg, int rep) {
+    gemv_run *r = arg;
+    tern_error err;
+    if (tern_cuda_gemv(&r->copies[rep % r->n], r->x, r->T, r->y, r->s, &err)) die_err("gemv", &err);
+}
+
+static const char *enc_name(int bits, int dtype) {
+    if (bits == 4) return "q4";
+    if (bits == 8) return "q8";
+    return dtype == TERN_DTYPE_BF16 ? "bf16" : "f16";
+}
+
+static void time_gemv(checker *ck, test_mat *m, const float *dx, int T, float *dy, const char *shape) {
+    size_t bytes = mat_bytes(&m->h);
+    gemv_run r = {NULL, n_copies(bytes), dx, T, dy, ck->stream};
+    r.copies = xmalloc((size_t)r.n * sizeof(tern_mat));
+    r.copies[0] = m->d;
+    for (int i = 1; i < r.n; i++) r.copies[i] = copy_dev_mat(m);
+    double ms = time_op(ck, run_gemv, &r);
+    report_time(ck, "gemv", shape, ms, (double)bytes + (double)T * 4.0 * (double)(m->h.rows + m->h.cols));
+    for (int i = 1; i < r.n; i++) free_dev_mat(&r.copies[i]);
+    free(r.copies);
+}
+
+static void gemv_case(checker *ck, int64_t rows, int64_t cols, int bits, int dtype, int group, int T, int timed) {
+    test_mat m;
+    make_mat(ck, &m, rows, cols, bits, dtype, group);
+    size_t nx = (size_t)T * cols, ny = (size_t)T * rows;
+    float *x = xmalloc(nx * sizeof(float)), *ref = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float));
+    rnd_floats(ck, x, nx, 1.0f);
+    tern_matmul(ck->pool, ref, x, T, &m.h);
+    float *dx = dev_upload(x, nx * sizeof(float)), *dy = dev_poison(ny);
+    tern_error err;
+    if (tern_cuda_gemv(&m.d, dx, T, dy, ck->stream, &err)) die_err("gemv", &err);
+    dev_sync(ck, "gemv");
+    dev_download(got, dy, ny * sizeof(float));
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s %lldx%lld g%d T=%d", enc_name(bits, dtype), (long long)rows, (long long)cols,
+             bits ? group : 0, T);
+    report(ck, "gemv", shape, got, ref, ny, 1e-5);
+    if (timed && ck->time) time_gemv(ck, &m, dx, T, dy, shape);
+    tern_cuda_free(dx);
+    tern_cuda_free(dy);
+    free(x);
+    free(ref);
+    free(got);
+    free_mat(&m);
+}
+
+void check_gemv(checker *ck) {
+    /* the decode matrices: GDN in_proj_qkv / attention q_proj, out_proj /
+     * o_proj, an expert's gate and down, k/v_proj, the lm_head */
+    gemv_case(ck, 8192, 2048, 8, 0, 64, 1, 1);
+    gemv_case(ck, 8192, 2048, 8, 0, 64, 3, 0);
+    gemv_case(ck, 8192, 2048, 8, 0, 64, 8, 1);
+    gemv_case(ck, 2048, 4096, 8, 0, 64, 1, 1);
+    gemv_case(ck, 512, 2048, 8, 0, 64, 1, 1);
+    gemv_case(ck, 512, 2048, 4, 0, 64, 1, 1);
+    gemv_case(ck, 2048, 512, 4, 0, 32, 1, 1);
+    gemv_case(ck, 4096, 2048, 4, 0, 128, 2, 0);
+    gemv_case(ck, 8192, 2048, 4, 0, 64, 1, 1);
+    gemv_case(ck, 8192, 2048, 4, 0, 64, 4, 1);
+    gemv_case(ck, 248320, 2048, 8, 0, 64, 1, 1);
+    gemv_case(ck, 248320, 2048, 4, 0, 64, 1, 1);
+    gemv_case(ck, 2048, 4096, 0, TERN_DTYPE_BF16, 0, 1, 1);
+    gemv_case(ck, 2048, 4096, 0, TERN_DTYPE_BF16, 0, 5, 0);
+    /* odd shapes: a row count no warp layout divides, short rows */
+    gemv_case(ck, 37, 2048, 4, 0, 64, 1, 0);
+    gemv_case(ck, 33, 96, 8, 0, 32, 7, 0);
+    gemv_case(ck, 37, 264, 0, TERN_DTYPE_F16, 0, 2, 0);
+    gemv_case(ck, 32, 2048, 8, 0, 64, 6, 0);
+}

@@ -1,0 +1,297 @@
+/* tern_cuda_moe against the MoE block of engine/forward.c computed with
+ * tern_matmul: out = sum_k w_k (silu(x G^T) * (x U^T)) D^T + sigmoid(x .
+ * w_sg) * shared(x), and tern_cuda_route against forward.c's router rule.
+ * Experts live in blobs laid out as docs/FORMAT.md's experts/layer_NNN.bin.
+ * Tolerances: fp32 throughout (1e-5 of max |out|, as for the GEMV: only
+ * the summation order differs); the router's ids exactly. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/ops.h"
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Part offsets inside a blob: q, scales, biases of gate, up, down, each
+ * 64-byte aligned; returns the stride (a multiple of 4096). */
+static size_t layout_parts(tern_cuda_experts *ex, int64_t H, int64_t I, int bits, int group) {
+    tern_cuda_expert_part *parts[3] = {&ex->gate, &ex->up, &ex->down};
+    size_t off = 0;
+    for (int p = 0; p < 3; p++) {
+        tern_cuda_expert_part *e = parts[p];
+        e->rows = p < 2 ? I : H;
+        e->cols = p < 2 ? H : I;
+        e->bits = bits;
+        e->group = group;
+        size_t qb = (size_t)e->rows * e->cols * bits / 8, sb = (size_t)e->rows * (e->cols / group) * 2;
+        e->q_off = off;
+        off = align64(off + qb);
+        e->s_off = off;
+        off = align64(off + sb);
+        e->b_off = off;
+        off = align64(off + sb);
+    }
+    return (off + 4095) & ~(size_t)4095;
+}
+
+static tern_mat host_part(const uint8_t *blob, const tern_cuda_expert_part *p) {
+    tern_mat m = {0};
+    m.data = blob + p->q_off;
+    m.scales = (const uint16_t *)(blob + p->s_off);
+    m.biases = (const uint16_t *)(blob + p->b_off);
+    m.rows = p->rows;
+    m.cols = p->cols;
+    m.bits = p->bits;
+    m.group = p->group;
+    return m;
+}
+
+static void fill_blob(checker *ck, uint8_t *blob, const tern_cuda_experts *ex) {
+    const tern_cuda_expert_part *parts[3] = {&ex->gate, &ex->up, &ex->down};
+    for (int p = 0; p < 3; p++) {
+        const tern_cuda_expert_part *e = parts[p];
+        fill_quant(ck, blob + e->q_off, (uint16_t *)(blob + e->s_off), (uint16_t *)(blob + e->b_off), e->rows, e->cols,
+                   e->bits, e->group);
+    }
+}
+
+/* out[H] (+)= scale * (silu(x G^T) * (x U^T)) D^T */
+static void swiglu_ref(checker *ck, const tern_mat *g, const tern_mat *u, const tern_mat *d, const float *x, float scale,
+                       float *out) {
+    int64_t I = g->rows, H = d->rows;
+    float *a = xmalloc((size_t)I * sizeof(float)), *b = xmalloc((size_t)I * sizeof(float));
+    float *y = xmalloc((size_t)H * sizeof(float));
+    tern_matmul(ck->pool, a, x, 1, g);
+    tern_matmul(ck->pool, b, x, 1, u);
+    for (int64_t i = 0; i < I; i++) a[i] = tern_silu(a[i]) * b[i];
+    tern_matmul(ck->pool, y, a, 1, d);
+    for (int64_t i = 0; i < H; i++) out[i] += scale * y[i];
+    free(a);
+    free(b);
+    free(y);
+}
+
+typedef struct {
+    int64_t H, I;
+    int E, K, T, bits, group;
+    int use_table;        /* experts through a device pointer table (else base + stride) */
+    int shared_kind;      /* 0 none, 8 q8, 16 bf16 */
+} moe_case;
+
+typedef struct {
+    const tern_cuda_experts *ex;
+    const tern_expert_w *shared;
+    const tern_mat *sg;
+    const float *x;
+    int T, K;
+    int32_t *ids;         /* device: sets of ids, one per rep */
+    int n_sets;
+    const float *wts;
+    void *work;
+    float *out;
+    tern_stream s;
+} moe_run;
+
+static void run_moe(void *arg, int rep) {
+    moe_run *r = arg;
+    tern_error err;
+    const int32_t *ids = r->ids + (size_t)(rep % r->n_sets) * r->T * r->K;
+    if (tern_cuda_moe(r->ex, r->shared, r->sg, r->x, r->T, r->K, ids, r->wts, r->work, r->out, r->s, &err))
+        die_err("moe", &err);
+}
+
+/* Random distinct ids per token and weights that sum to 1. */
+static void random_routing(checker *ck, int T, int K, int E, int32_t *ids, float *wts) {
+    for (int t = 0; t < T; t++) {
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(rnd_u64(ck) % (uint64_t)E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
+            } while (dup);
+            ids[t * K + k] = e;
+            wts[t * K + k] = rnd_uniform(ck, 0.05f, 1.0f);
+            sum += wts[t * K + k];
+        }
+        for (int k = 0; k < K; k++) wts[t * K + k] /= sum;
+    }
+}
+
+static void moe_check(checker *ck, const moe_case *c, int timed) {
+    tern_cuda_experts ex = {0};
+    size_t stride = layout_parts(&ex, c->H, c->I, c->bits, c->group);
+    ex.stride = stride;
+    uint8_t *blobs = xmalloc(stride * (size_t)c->E);
+    memset(blobs, 0, stride * (size_t)c->E);
+    for (int e = 0; e < c->E; e++) fill_blob(ck, blobs + (size_t)e * stride, &ex);
+    uint8_t *dblobs = dev_upload(blobs, stride * (size_t)c->E);
+    void *table = NULL;
+    if (c->use_table) {
+        /* the table points at the blobs in reverse order, to show it is used */
+        const uint8_t **tab = xmalloc((size_t)c->E * sizeof(*tab));
+        for (int e = 0; e < c->E; e++) tab[e] = dblobs + (size_t)(c->E - 1 - e) * stride;
+        table = dev_upload(tab, (size_t)c->E * sizeof(*tab));
+        free(tab);
+        ex.blobs = table;
+    } else {
+        ex.base = dblobs;
+    }
+    test_mat sg_m, sh[3];
+    tern_expert_w shd;
+    if (c->shared_kind) {
+        int bits = c->shared_kind == 8 ? 8 : 0;
+        make_mat(ck, &sh[0], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[1], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[2], c->H, c->I, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sg_m, 1, c->H, 8, 0, c->group);
+        shd.gate = sh[0].d;
+        shd.up = sh[1].d;
+        shd.down = sh[2].d;
+    }
+    int T = c->T, K = c->K;
+    int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t));
+    float *wts = xmalloc((size_t)T * K * sizeof(float)), *x = xmalloc((size_t)T * c->H * sizeof(float));
+    float *ref = xmalloc((size_t)T * c->H * sizeof(float)), *got = xmalloc((size_t)T * c->H * sizeof(float));
+    random_routing(ck, T, K, c->E, ids, wts);
+    rnd_floats(ck, x, (size_t)T * c->H, 1.0f);
+    memset(ref, 0, (size_t)T * c->H * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * c->H;
+        for (int k = 0; k < K; k++) {
+            int e = ids[t * K + k], slot = c->use_table ? c->E - 1 - e : e;
+            const uint8_t *blob = blobs + (size_t)slot * stride;
+            tern_mat g = host_part(blob, &ex.gate), u = host_part(blob, &ex.up), d = host_part(blob, &ex.down);
+            swiglu_ref(ck, &g, &u, &d, xt, wts[t * K + k], ref + (size_t)t * c->H);
+        }
+        if (c->shared_kind) {
+            float sgv;
+            tern_matmul(ck->pool, &sgv, xt, 1, &sg_m.h);
+            swiglu_ref(ck, &sh[0].h, &sh[1].h, &sh[2].h, xt, tern_sigmoid(sgv), ref + (size_t)t * c->H);
+        }
+    }
+    int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
+    float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, (size_t)T * c->H * sizeof(float));
+    void *work = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
+    float *dout = dev_poison((size_t)T * c->H);
+    tern_error err;
+    const tern_expert_w *shp = c->shared_kind ? &shd : NULL;
+    const tern_mat *sgp = c->shared_kind ? &sg_m.d : NULL;
+    if (tern_cuda_moe(&ex, shp, sgp, dx, T, K, dids, dw, work, dout, ck->stream, &err)) die_err("moe", &err);
+    dev_sync(ck, "moe");
+    dev_download(got, dout, (size_t)T * c->H * sizeof(float));
+    char shape[96];
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d T=%d %s%s", c->bits, c->group, c->E, (long long)c->I,
+             (long long)c->H, K, T, c->use_table ? "table" : "base",
+             c->shared_kind == 8 ? "+sh q8" : c->shared_kind == 16 ? "+sh bf16" : "");
+    report(ck, "moe", shape, got, ref, (size_t)T * c->H, 1e-5);
+    if (timed && ck->time) {
+        /* 32 id sets: each rep reads other experts, like successive layers */
+        int n_sets = 32;
+        int32_t *sets = xmalloc((size_t)n_sets * T * K * sizeof(int32_t));
+        float *tmpw = xmalloc((size_t)T * K * sizeof(float));
+        for (int i = 0; i < n_sets; i++) random_routing(ck, T, K, c->E, sets + (size_t)i * T * K, tmpw);
+        int32_t *dsets = dev_upload(sets, (size_t)n_sets * T * K * sizeof(int32_t));
+        moe_run r = {&ex, shp, sgp, dx, T, K, dsets, n_sets, dw, work, dout, ck->stream};
+        double ms = time_op(ck, run_moe, &r);
+        double bytes = (double)T * K * (double)stride;
+        if (c->shared_kind) bytes += (double)(mat_bytes(&sh[0].h) * 3 + mat_bytes(&sg_m.h));
+        report_time(ck, "moe", shape, ms, bytes);
+        tern_cuda_free(dsets);
+        free(sets);
+        free(tmpw);
+    }
+    if (c->shared_kind) {
+        for (int i = 0; i < 3; i++) free_mat(&sh[i]);
+        free_mat(&sg_m);
+    }
+    tern_cuda_free(dids);
+    tern_cuda_free(dw);
+    tern_cuda_free(dx);
+    tern_cuda_free(work);
+    tern_cuda_free(dout);
+    tern_cuda_free(table);
+    tern_cuda_free(dblobs);
+    free(blobs);
+    free(ids);
+    free(wts);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+void check_moe(checker *ck) {
+    moe_case real = {2048, 512, 256, 8, 1, 4, 64, 0, 8};
+    moe_check(ck, &real, 1);
+    moe_case two = {2048, 512, 64, 8, 3, 4, 64, 1, 16};
+    moe_check(ck, &two, 0);
+    moe_case q8 = {2048, 512, 16, 8, 2, 8, 32, 0, 0};
+    moe_check(ck, &q8, 0);
+    moe_case odd = {256, 96, 12, 3, 2, 4, 32, 1, 8};
+    moe_check(ck, &odd, 0);
+}
+
+/* ---- router ------------------------------------------------------------------ */
+
+/* forward.c's route(): softmax over all experts, the top k (largest first,
+ * ties to the lower index), renormalised. */
+static void route_ref(float *probs, int E, int K, int renorm, int *idx, float *wt) {
+    tern_softmax(probs, E);
+    float sum = 0.0f;
+    for (int r = 0; r < K; r++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int q = 0; q < r; q++) taken |= idx[q] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        idx[r] = best;
+        wt[r] = probs[best];
+        sum += wt[r];
+    }
+    if (renorm)
+        for (int r = 0; r < K; r++) wt[r] /= sum;
+}
+
+static void route_case(checker *ck, int T, int E, int K) {
+    float *l = xmalloc((size_t)T * E * sizeof(float)), *p = xmalloc((size_t)T * E * sizeof(float));
+    rnd_floats(ck, l, (size_t)T * E, 2.0f);
+    memcpy(p, l, (size_t)T * E * sizeof(float));
+    int *idx = xmalloc((size_t)T * K * sizeof(int));
+    float *wt = xmalloc((size_t)T * K * sizeof(float)), *gw = xmalloc((size_t)T * K * sizeof(float));
+    int32_t *gi = xmalloc((size_t)T * K * sizeof(int32_t));
+    for (int t = 0; t < T; t++) route_ref(p + (size_t)t * E, E, K, 1, idx + t * K, wt + t * K);
+    float *dl = dev_upload(l, (size_t)T * E * sizeof(float)), *dw = dev_poison((size_t)T * K);
+    int32_t *di = dev_alloc((size_t)T * K * sizeof(int32_t));
+    tern_error err;
+    if (tern_cuda_route(dl, T, E, K, 1, di, dw, ck->stream, &err)) die_err("route", &err);
+    dev_sync(ck, "route");
+    dev_download(gi, di, (size_t)T * K * sizeof(int32_t));
+    dev_download(gw, dw, (size_t)T * K * sizeof(float));
+    long bad = 0;
+    for (int i = 0; i < T * K; i++) bad += gi[i] != idx[i];
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d experts top%d T=%d ids", E, K, T);
+    report_exact(ck, "route", shape, bad, (long)T * K);
+    snprintf(shape, sizeof shape, "%d experts top%d T=%d weights", E, K, T);
+    report(ck, "route", shape, gw, wt, (size_t)T * K, 1e-5);
+    tern_cuda_free(dl);
+    tern_cuda_free(dw);
+    tern_cuda_free(di);
+    free(l);
+    free(p);
+    free(idx);
+    free(wt);
+    free(gw);
+    free(gi);
+}
+
+void check_route(checker *ck) {
+    route_case(ck, 1, 256, 8);
+    route_case(ck, 7, 256, 8);
+    route_case(ck, 3, 16, 4);
+    route_case(ck, 2, 1000, 10);
+}

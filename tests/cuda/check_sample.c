@@ -1,0 +1,152 @@
+/* tern_cuda_argmax and tern_cuda_sample against engine/sampler.c: the
+ * argmax rule of its greedy path (lowest id on ties, NaN as -inf), and the
+ * distribution tern_sampler_probs keeps after temperature, top-k, top-p and
+ * min-p, drawn at the same u in the sampler's order (most likely first):
+ * every id must match exactly. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/sampler.h"
+
+#define VOCAB 248320
+#define VALID 248077
+
+static int32_t argmax_ref(const float *l, int n) {
+    int32_t best = 0;
+    float bv = isnan(l[0]) ? -INFINITY : l[0];
+    for (int i = 1; i < n; i++) {
+        float v = isnan(l[i]) ? -INFINITY : l[i];
+        if (v > bv) { bv = v; best = i; }
+    }
+    return best;
+}
+
+typedef struct {
+    float p;
+    int32_t id;
+} kept;
+
+static int by_prob(const void *a, const void *b) {
+    const kept *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The draw of engine/sampler.c's draw() over tern_sampler_probs' output. */
+static int32_t draw_ref(const float *probs, int n, double u, kept *buf) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (probs[i] > 0) buf[m++] = (kept){probs[i], i};
+    qsort(buf, (size_t)m, sizeof *buf, by_prob);
+    double total = 0, cum = 0;
+    for (int i = 0; i < m; i++) total += buf[i].p;
+    double target = u * total;
+    for (int i = 0; i < m; i++) {
+        cum += buf[i].p;
+        if (target < cum) return buf[i].id;
+    }
+    return m ? buf[m - 1].id : -1;
+}
+
+typedef struct {
+    const float *l;
+    void *work;
+    int32_t *id;
+    tern_stream s;
+    int sample;
+} sample_run;
+
+static void run_sample(void *arg, int rep) {
+    sample_run *r = arg;
+    tern_error err;
+    (void)rep;
+    int rc = r->sample ? tern_cuda_sample(r->l, VALID, 0.7f, 20, 0.95f, 0.0f, 0.5, r->work, r->id, r->s, &err)
+                       : tern_cuda_argmax(r->l, VALID, r->work, r->id, r->s, &err);
+    if (rc) die_err("sample", &err);
+}
+
+static void logits_fill(checker *ck, float *l) { rnd_floats(ck, l, VOCAB, 3.0f); }
+
+static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *did) {
+    long bad = 0, total = 0;
+    tern_error err;
+    for (int trial = 0; trial < 6; trial++) {
+        logits_fill(ck, l);
+        if (trial == 1) { l[100] = 50.0f; l[5000] = 50.0f; }           /* a tie: the lower id */
+        if (trial == 2) { l[7] = NAN; l[VALID + 3] = 1e9f; }           /* NaN, and the padding rows */
+        if (trial == 3) for (int i = 0; i < VOCAB; i++) l[i] = -INFINITY;
+        tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
+        if (tern_cuda_argmax(dl, VALID, work, did, ck->stream, &err)) die_err("argmax", &err);
+        int32_t got;
+        dev_sync(ck, "argmax");
+        dev_download(&got, did, sizeof got);
+        bad += got != argmax_ref(l, VALID);
+        total++;
+    }
+    report_exact(ck, "argmax", "vocab 248320 (248077 valid), 6 cases", bad, total);
+}
+
+static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t *did, float temp, int k, float p,
+                           float minp) {
+    tern_sampler_params sp;
+    tern_sampler_params_default(&sp);
+    sp.do_sample = 1;
+    sp.temperature = temp;
+    sp.top_k = k;
+    sp.top_p = p;
+    sp.min_p = minp;
+    tern_error err;
+    tern_sampler *s = tern_sampler_create(&sp, VOCAB, VALID, &err);
+    if (!s) die_err("sampler", &err);
+    float *probs = xmalloc(VOCAB * sizeof(float));
+    kept *buf = xmalloc(VOCAB * sizeof(kept));
+    long bad = 0, total = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        if (trial % 8 == 0) {
+            logits_fill(ck, l);
+            tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
+            if (tern_sampler_probs(s, l, NULL, 0, probs, &err)) die_err("sampler", &err);
+        }
+        double u = (double)(rnd_u64(ck) >> 11) * 0x1.0p-53;
+        if (tern_cuda_sample(dl, VALID, temp, k, p, minp, u, work, did, ck->stream, &err)) die_err("sample", &err);
+        int32_t got;
+        dev_sync(ck, "sample");
+        dev_download(&got, did, sizeof got);
+        bad += got != draw_ref(probs, VOCAB, u, buf);
+        total++;
+    }
+    char shape[96];
+    snprintf(shape, sizeof shape, "temp %.1f top-k %d top-p %.2f min-p %.2f", temp, k, p, minp);
+    report_exact(ck, "sample", shape, bad, total);
+    free(probs);
+    free(buf);
+    tern_sampler_destroy(s);
+}
+
+void check_sample(checker *ck) {
+    float *l = xmalloc(VOCAB * sizeof(float));
+    float *dl = dev_alloc(VOCAB * sizeof(float));
+    void *work = dev_alloc(tern_cuda_sample_workspace(VALID));
+    int32_t *did = dev_alloc(sizeof(int32_t));
+    check_argmax(ck, l, dl, work, did);
+    sample_setting(ck, l, dl, work, did, 0.7f, 20, 0.95f, 0.0f);
+    sample_setting(ck, l, dl, work, did, 1.0f, 64, 1.0f, 0.05f);
+    sample_setting(ck, l, dl, work, did, 1.3f, 5, 0.5f, 0.0f);
+    sample_setting(ck, l, dl, work, did, 1.0f, 1, 1.0f, 0.0f);
+    if (ck->time) {
+        logits_fill(ck, l);
+        tern_error err;
+        tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
+        sample_run r = {dl, work, did, ck->stream, 0};
+        report_time(ck, "argmax", "vocab 248077", time_op(ck, run_sample, &r), VALID * 4.0);
+        r.sample = 1;
+        report_time(ck, "sample", "vocab 248077 top-k 20 top-p 0.95", time_op(ck, run_sample, &r), VALID * 4.0);
+    }
+    tern_cuda_free(dl);
+    tern_cuda_free(work);
+    tern_cuda_free(did);
+    free(l);
+}
