@@ -357,6 +357,99 @@ static int routed_streamed(tern_model *m, const tern_moe_w *w, const float *xn, 
     return rc;
 }
 
+/* Resident experts at decode sizes: every routed expert of the layer in two
+ * parallel loops (gate/up, then down) instead of three per expert, each
+ * task a slice of one expert's rows. Per row it runs the same kernel on the
+ * same inputs as swiglu() does, so the result is bit-identical; what
+ * changes is 2 thread-pool wake-ups per layer instead of 3 per expert. */
+typedef struct {
+    tern_model *m;
+    const tern_moe_w *w;
+    const routing *r;
+    const int *ids;
+    int n_ids, slices;
+    float **prep;             /* [n_ids] the expert's tokens, prepared for gate/up */
+    float **h;                /* [n_ids] [count, I] silu(gate) * up */
+    float **ye;               /* [n_ids] [count, H] down */
+} grouped_job;
+
+static void slice_of(int64_t rows, int slices, int s, int64_t *r0, int64_t *r1) {
+    *r0 = rows * s / slices;
+    *r1 = rows * (s + 1) / slices;
+}
+
+static void grouped_up(void *ctx, int64_t b, int64_t e) {
+    grouped_job *j = ctx;
+    for (int64_t task = b; task < e; task++) {
+        int i = (int)(task / j->slices), x = j->ids[i], n = j->r->count[x];
+        const tern_expert_w *ew = &j->w->experts[x];
+        int64_t I = ew->gate.rows, r0, r1;
+        slice_of(I, j->slices, (int)(task % j->slices), &r0, &r1);
+        float *g = alloc_f((size_t)n * I);
+        tern_gemv_batch((tern_isa)j->m->isa, &ew->gate, r0, r1, j->prep[i], n, g);
+        tern_gemv_batch((tern_isa)j->m->isa, &ew->up, r0, r1, j->prep[i], n, j->h[i]);
+        for (int t = 0; t < n; t++)
+            for (int64_t q = r0; q < r1; q++) {
+                size_t at = (size_t)t * I + q;
+                j->h[i][at] = tern_silu(g[at]) * j->h[i][at];
+            }
+        free(g);
+    }
+}
+
+static void grouped_down(void *ctx, int64_t b, int64_t e) {
+    grouped_job *j = ctx;
+    for (int64_t task = b; task < e; task++) {
+        int i = (int)(task / j->slices), x = j->ids[i], n = j->r->count[x];
+        const tern_mat *D = &j->w->experts[x].down;
+        int64_t r0, r1;
+        slice_of(D->rows, j->slices, (int)(task % j->slices), &r0, &r1);
+        size_t plen = tern_gemv_prep_len(D);
+        float *prep = alloc_f((size_t)n * plen);
+        for (int t = 0; t < n; t++) tern_gemv_prep(D, j->h[i] + (size_t)t * D->cols, prep + (size_t)t * plen);
+        tern_gemv_batch((tern_isa)j->m->isa, D, r0, r1, prep, n, j->ye[i]);
+        free(prep);
+    }
+}
+
+static int grouped_ok(const tern_model *m, const tern_moe_w *w, int T, const routing *r) {
+    if (!m->fast || !w->experts || T > TERN_GEMV_MAX_T) return 0;
+    for (int e = 0; e < m->cfg.n_experts; e++) {
+        if (!r->count[e]) continue;
+        const tern_expert_w *x = &w->experts[e];
+        if (!tern_gemv_supported(&x->gate) || !tern_gemv_supported(&x->up) || !tern_gemv_supported(&x->down))
+            return 0;
+    }
+    return 1;
+}
+
+static void routed_grouped(tern_model *m, const tern_moe_w *w, const float *xn, const routing *r, float *out) {
+    const tern_config *c = &m->cfg;
+    int H = c->hidden, E = c->n_experts, ids[TERN_GEMV_MAX_T * 64], n_ids = 0;
+    for (int e = 0; e < E && n_ids < (int)(sizeof ids / sizeof *ids); e++) if (r->count[e]) ids[n_ids++] = e;
+    float *prep[TERN_GEMV_MAX_T * 64], *h[TERN_GEMV_MAX_T * 64], *ye[TERN_GEMV_MAX_T * 64];
+    int threads = tern_pool_size(m->pool);
+    grouped_job j = {m, w, r, ids, n_ids, (threads + n_ids - 1) / n_ids, prep, h, ye};
+    for (int i = 0; i < n_ids; i++) {
+        const tern_expert_w *ew = &w->experts[ids[i]];
+        int n = r->count[ids[i]];
+        size_t plen = tern_gemv_prep_len(&ew->gate);
+        prep[i] = alloc_f((size_t)n * plen);
+        h[i] = alloc_f((size_t)n * ew->gate.rows);
+        ye[i] = alloc_f((size_t)n * H);
+        for (int t = 0; t < n; t++)
+            tern_gemv_prep(&ew->gate, xn + (size_t)r->tok[r->start[ids[i]] + t] * H, prep[i] + (size_t)t * plen);
+    }
+    tern_pool_for(m->pool, (int64_t)n_ids * j.slices, grouped_up, &j);
+    tern_pool_for(m->pool, (int64_t)n_ids * j.slices, grouped_down, &j);
+    for (int i = 0; i < n_ids; i++) {
+        accumulate(c, r, ids[i], ye[i], out);
+        free(prep[i]);
+        free(h[i]);
+        free(ye[i]);
+    }
+}
+
 static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, const route_obs *obs,
                      tern_error *err) {
     const tern_config *c = &m->cfg;
@@ -373,7 +466,9 @@ static int moe_layer(tern_model *m, const tern_moe_w *w, const float *xn, int T,
     memset(out, 0, (size_t)T * H * sizeof(float));
     float *xe = alloc_f((size_t)T * H), *ye = alloc_f((size_t)T * H);
     int rc = 0;
-    if (w->experts) {
+    if (grouped_ok(m, w, T, &r)) {
+        routed_grouped(m, w, xn, &r, out);
+    } else if (w->experts) {
         for (int e = 0; e < E; e++) {
             if (!r.count[e]) continue;
             run_expert(m, &w->experts[e], xn, &r, e, xe, ye);
