@@ -68,17 +68,6 @@ __device__ __forceinline__ void load8(const uint8_t *vals, int d, float (&v)[8])
     }
 }
 
-/* Value d of a head slice, dequantized. */
-template <int BITS>
-__device__ __forceinline__ float load1(const uint8_t *row, const kv_layout &L, int first, int d) {
-    int e = first + d;
-    if (BITS == 16) return h2f(*(const uint16_t *)(row + 2 * (size_t)e));
-    const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
-    int g = e / L.group;
-    float q = BITS == 8 ? (float)row[e] : (float)((row[e / 2] >> (4 * (e & 1))) & 15);
-    return fmaf(q, h2f(sb[g]), h2f(sb[L.n_groups + g]));
-}
-
 template <int BITS, bool ALIGNED>
 __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
                                                                  const uint8_t *kc, const uint8_t *vc, int pos0,
@@ -102,6 +91,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_
         float acc[MAXQ];
 #pragma unroll
         for (int i = 0; i < MAXQ; i++) acc[i] = 0.0f;
+#pragma unroll 4
         for (int d = 0; d < hd; d += 8) {
             float kv[8];
             load8<BITS, ALIGNED>(vals, d, kv);
@@ -141,13 +131,26 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_
         if (lane == 0) { stat[2 * warp] = len ? m : -INFINITY; stat[2 * warp + 1] = l; }
     }
     __syncthreads();
-    /* weighted sum of V: a thread per dimension */
+    /* weighted sum of V: a thread per dimension; its byte offset, nibble
+     * and group are the same in every row */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        int e = first + d, g = BITS == 16 ? 0 : e / L.group, sh = BITS == 4 ? 4 * (e & 1) : 0;
+        size_t off = BITS == 16 ? 2 * (size_t)e : BITS == 8 ? (size_t)e : (size_t)e / 2;
+        const uint8_t *vrow = vc + (size_t)j0 * L.row_bytes;
         float o[MAXQ];
 #pragma unroll
         for (int i = 0; i < MAXQ; i++) o[i] = 0.0f;
+#pragma unroll 4
         for (int jj = 0; jj < len; jj++) {
-            float v = load1<BITS>(vc + (size_t)(j0 + jj) * L.row_bytes, L, first, d);
+            const uint8_t *rp = vrow + (size_t)jj * L.row_bytes;
+            float v;
+            if (BITS == 16) {
+                v = h2f(*(const uint16_t *)(rp + off));
+            } else {
+                const uint16_t *sb = (const uint16_t *)(rp + L.q_bytes);
+                float q = (float)((rp[off] >> sh) & (BITS == 8 ? 255 : 15));
+                v = fmaf(q, h2f(sb[g]), h2f(sb[L.n_groups + g]));
+            }
 #pragma unroll
             for (int i = 0; i < MAXQ; i++)
                 if (i < nq) o[i] = fmaf(sc[i * sl + jj], v, o[i]);

@@ -39,6 +39,8 @@ int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err);
 
 void *tern_cuda_alloc(size_t bytes, tern_error *err);           /* cudaMalloc; NULL on failure */
 void tern_cuda_free(void *p);
+/* Blocking copies on the legacy stream, complete on return; they do not
+ * wait for work on other (non-blocking) streams: sync those first. */
 int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err);
@@ -47,6 +49,15 @@ int tern_cuda_sync(tern_stream s, tern_error *err);             /* waits; report
 
 tern_stream tern_cuda_stream_create(tern_error *err);
 void tern_cuda_stream_destroy(tern_stream s);
+
+/* CUDA graphs: ops enqueued on s between begin and end are recorded, not
+ * run; the graph replays them with one launch. (cudaGraphExec_t is `struct
+ * CUgraphExec_st *`.) */
+typedef struct CUgraphExec_st *tern_graph;
+int tern_cuda_capture_begin(tern_stream s, tern_error *err);
+tern_graph tern_cuda_capture_end(tern_stream s, tern_error *err);
+int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err);
+void tern_cuda_graph_destroy(tern_graph g);
 
 /* Device-event timing of a region enqueued between start and stop. */
 typedef struct tern_cuda_timer tern_cuda_timer;

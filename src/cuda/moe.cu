@@ -9,7 +9,7 @@
  *            and i + 1 of gate and up together (4 rows in flight per lane)
  *            and writes h = silu(gate) * up; the shared segment's first
  *            warp also computes sigmoid(x . w_sg).
- *   down:    grid (hidden rows / 8, T); a warp computes two output rows,
+ *   down:    grid (hidden rows / 16, T); a warp computes four output rows,
  *            its lanes spread over the segments (a q4 expert row of 512
  *            is 16 chunks: two experts per warp pass), each lane's share
  *            scaled by its segment's routing weight, one warp sum at the
@@ -135,8 +135,10 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(moe_args a) {
 }
 
 /* acc[r] += sum over the routed segments of token t of wts * down_row(d_r) . h. */
+#define DR 4   /* output rows per warp in the down kernel: 4 loads per lane in flight */
+
 template <int KIND>
-__device__ void down_routed(const moe_args &a, int t, int64_t d0, int64_t d1, float (&acc)[2]) {
+__device__ void down_routed(const moe_args &a, int t, const int64_t (&d)[DR], float (&acc)[DR]) {
     constexpr int E = kind_traits<KIND>::E;
     int lane = threadIdx.x & 31;
     int nl = lanes_per_row(a.I / E), spp = 32 / nl;
@@ -145,56 +147,69 @@ __device__ void down_routed(const moe_args &a, int t, int64_t d0, int64_t d1, fl
         if (k >= a.K) continue;
         const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
         part_ptr p = blob_part(blob, a.down);
-        const uint8_t *q[2];
-        const uint16_t *sc[2], *bi[2];
-        int gs[2] = {p.gsh, p.gsh};
-        part_row(p, KIND, d0, a.I, q[0], sc[0], bi[0]);
-        part_row(p, KIND, d1, a.I, q[1], sc[1], bi[1]);
-        float part[2][1] = {{0.0f}, {0.0f}};
-        rows_dot<KIND, 1, 2>(q, sc, bi, gs, a.I, a.h + ((size_t)t * a.S + k) * a.Imax, 0, lane % nl, nl, part);
+        const uint8_t *q[DR];
+        const uint16_t *sc[DR], *bi[DR];
+        int gs[DR];
+        float part[DR][1];
+#pragma unroll
+        for (int r = 0; r < DR; r++) {
+            part_row(p, KIND, d[r], a.I, q[r], sc[r], bi[r]);
+            gs[r] = p.gsh;
+            part[r][0] = 0.0f;
+        }
+        rows_dot<KIND, 1, DR>(q, sc, bi, gs, a.I, a.h + ((size_t)t * a.S + k) * a.Imax, 0, lane % nl, nl, part);
         float w = a.wts[t * a.K + k];
-        acc[0] += w * part[0][0];
-        acc[1] += w * part[1][0];
+#pragma unroll
+        for (int r = 0; r < DR; r++) acc[r] += w * part[r][0];
     }
 }
 
 template <int KIND>
-__device__ void down_shared(const moe_args &a, int t, int64_t d0, int64_t d1, float (&acc)[2]) {
-    const uint8_t *q[2];
-    const uint16_t *sc[2], *bi[2];
-    int gs[2] = {a.sdown_p.gsh, a.sdown_p.gsh};
-    part_row(a.sdown_p, KIND, d0, a.s_inter, q[0], sc[0], bi[0]);
-    part_row(a.sdown_p, KIND, d1, a.s_inter, q[1], sc[1], bi[1]);
-    float part[2][1] = {{0.0f}, {0.0f}};
-    rows_dot<KIND, 1, 2>(q, sc, bi, gs, a.s_inter, a.h + ((size_t)t * a.S + a.K) * a.Imax, 0, threadIdx.x & 31, 32,
-                         part);
+__device__ void down_shared(const moe_args &a, int t, const int64_t (&d)[DR], float (&acc)[DR]) {
+    const uint8_t *q[DR];
+    const uint16_t *sc[DR], *bi[DR];
+    int gs[DR];
+    float part[DR][1];
+#pragma unroll
+    for (int r = 0; r < DR; r++) {
+        part_row(a.sdown_p, KIND, d[r], a.s_inter, q[r], sc[r], bi[r]);
+        gs[r] = a.sdown_p.gsh;
+        part[r][0] = 0.0f;
+    }
+    rows_dot<KIND, 1, DR>(q, sc, bi, gs, a.s_inter, a.h + ((size_t)t * a.S + a.K) * a.Imax, 0, threadIdx.x & 31, 32,
+                          part);
     float w = a.sg[t];
-    acc[0] += w * part[0][0];
-    acc[1] += w * part[1][0];
+#pragma unroll
+    for (int r = 0; r < DR; r++) acc[r] += w * part[r][0];
 }
 
 __global__ void __launch_bounds__(128) moe_down_kernel(moe_args a, float *out) {
     int t = blockIdx.y, warp = threadIdx.x >> 5;
-    int64_t d0 = ((int64_t)blockIdx.x * 4 + warp) * 2;
+    int64_t d0 = ((int64_t)blockIdx.x * 4 + warp) * DR;
     if (d0 >= a.H) return;
-    int64_t d1 = d0 + 1 < a.H ? d0 + 1 : d0;
-    float acc[2] = {0.0f, 0.0f};
+    int64_t d[DR];
+    float acc[DR];
+#pragma unroll
+    for (int r = 0; r < DR; r++) {
+        d[r] = d0 + r < a.H ? d0 + r : a.H - 1;   /* past the end: a valid row, not stored */
+        acc[r] = 0.0f;
+    }
     switch (a.r_kind) {
-    case KIND_Q4: down_routed<KIND_Q4>(a, t, d0, d1, acc); break;
-    default: down_routed<KIND_Q8>(a, t, d0, d1, acc); break;
+    case KIND_Q4: down_routed<KIND_Q4>(a, t, d, acc); break;
+    default: down_routed<KIND_Q8>(a, t, d, acc); break;
     }
     if (a.s_kind >= 0) {
         switch (a.s_kind) {
-        case KIND_Q4: down_shared<KIND_Q4>(a, t, d0, d1, acc); break;
-        case KIND_Q8: down_shared<KIND_Q8>(a, t, d0, d1, acc); break;
-        case KIND_BF16: down_shared<KIND_BF16>(a, t, d0, d1, acc); break;
-        default: down_shared<KIND_F16>(a, t, d0, d1, acc); break;
+        case KIND_Q4: down_shared<KIND_Q4>(a, t, d, acc); break;
+        case KIND_Q8: down_shared<KIND_Q8>(a, t, d, acc); break;
+        case KIND_BF16: down_shared<KIND_BF16>(a, t, d, acc); break;
+        default: down_shared<KIND_F16>(a, t, d, acc); break;
         }
     }
-    float v0 = warp_sum(acc[0]), v1 = warp_sum(acc[1]);
-    if ((threadIdx.x & 31) == 0) {
-        out[(size_t)t * a.H + d0] = v0;
-        if (d0 + 1 < a.H) out[(size_t)t * a.H + d0 + 1] = v1;
+#pragma unroll
+    for (int r = 0; r < DR; r++) {
+        float v = warp_sum(acc[r]);
+        if ((threadIdx.x & 31) == 0 && d0 + r < a.H) out[(size_t)t * a.H + d0 + r] = v;
     }
 }
 
@@ -274,7 +289,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.x = x;
     a.h = (float *)work;
     a.sg = a.h + (size_t)T * a.S * a.Imax;
-    dim3 g1(ceil_div(a.Imax, 8), T * a.S), g2(ceil_div(a.H, 8), T);
+    dim3 g1(ceil_div(a.Imax, 8), T * a.S), g2(ceil_div(a.H, 4 * DR), T);
     moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
     if (launch_check("moe gate/up", err)) return -1;
     moe_down_kernel<<<g2, 128, 0, s>>>(a, out);

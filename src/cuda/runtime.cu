@@ -36,8 +36,12 @@ void tern_cuda_free(void *p) {
     if (p) cudaFree(p);
 }
 
+/* A pageable host-to-device cudaMemcpy may return before its DMA lands,
+ * and a non-blocking stream does not wait for the legacy stream: without
+ * the synchronisation a kernel launched right after could read old bytes. */
 int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err) {
     cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
     return e == cudaSuccess ? 0 : cuda_fail(err, "upload", e);
 }
 
@@ -74,6 +78,35 @@ tern_stream tern_cuda_stream_create(tern_error *err) {
 
 void tern_cuda_stream_destroy(tern_stream s) {
     if (s) cudaStreamDestroy(s);
+}
+
+/* ---- graphs --------------------------------------------------------------- */
+
+int tern_cuda_capture_begin(tern_stream s, tern_error *err) {
+    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "cudaStreamBeginCapture", e);
+}
+
+tern_graph tern_cuda_capture_end(tern_stream s, tern_error *err) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cuda_fail(err, "graph capture", e);
+        return NULL;
+    }
+    return x;
+}
+
+int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err) {
+    cudaError_t e = cudaGraphLaunch(g, s);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "cudaGraphLaunch", e);
+}
+
+void tern_cuda_graph_destroy(tern_graph g) {
+    if (g) cudaGraphExecDestroy(g);
 }
 
 /* ---- timers ------------------------------------------------------------- */

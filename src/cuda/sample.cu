@@ -13,8 +13,8 @@
 
 #include "cuda/common.cuh"
 
-#define SLICE 2048            /* ids per stage-1 block: 1024 threads x 2 */
-#define MERGE 8192            /* stage-2 capacity: ceil(248320 / 2048) x 64 = 7808 fits */
+#define SLICE 4096            /* ids per stage-1 block: 1024 threads x 4 */
+#define MERGE 8192            /* stage-2 capacity: ceil(248320 / 4096) x 64 = 3904 fits */
 
 typedef struct {
     float v;
@@ -108,16 +108,16 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
     for (int i = threadIdx.x; i < k; i += blockDim.x) out[(size_t)blockIdx.x * k + i] = c[i];
 }
 
-__global__ void __launch_bounds__(1024) topk_merge(const cand *in, int m, int k, float top_p, float min_p, double u,
-                                                   int32_t *id) {
-    extern __shared__ cand c[];   /* MERGE */
-    for (int i = threadIdx.x; i < MERGE; i += blockDim.x) {
+__global__ void __launch_bounds__(1024) topk_merge(const cand *in, int m, int size, int k, float top_p, float min_p,
+                                                   double u, int32_t *id) {
+    extern __shared__ cand c[];   /* size: the power of two >= m */
+    for (int i = threadIdx.x; i < size; i += blockDim.x) {
         cand x = {-INFINITY, 0x7fffffff};
         if (i < m) x = in[i];
         c[i] = x;
     }
     __syncthreads();
-    bitonic(c, MERGE);
+    bitonic(c, size);
     if (threadIdx.x) return;
     /* c[0 .. k) are the top-k, best first; weights relative to the best */
     double w[TERN_CUDA_SAMPLE_MAX_K], total = 0.0, cum = 0.0;
@@ -157,8 +157,12 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
     if ((int64_t)nb * k > MERGE) return tern_fail(err, "sample: %d ids x top_k %d exceed the merge", n_valid, top_k);
     topk_slices<<<nb, 1024, 0, s>>>(logits, n_valid, 1.0f / temperature, k, (cand *)work);
     if (launch_check("sample top-k", err)) return -1;
-    size_t smem = MERGE * sizeof(cand);
-    cudaFuncSetAttribute(topk_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    topk_merge<<<1, 1024, smem, s>>>((const cand *)work, nb * k, k, top_p, min_p, u, id);
+    /* the merge sorts only the next power of two (at least 2048: two per
+     * thread) above the candidates: 61 x 20 = 1220 -> 2048 at top-k 20 */
+    int size = 2048;
+    while (size < nb * k) size *= 2;
+    size_t smem = (size_t)size * sizeof(cand);
+    cudaFuncSetAttribute(topk_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(MERGE * sizeof(cand)));
+    topk_merge<<<1, 1024, smem, s>>>((const cand *)work, nb * k, size, k, top_p, min_p, u, id);
     return launch_check("sample merge", err);
 }

@@ -47,9 +47,9 @@ void report(checker *ck, const char *op, const char *shape, const float *gpu, co
 /* A row for exact comparisons (ids, bytes): mismatches out of total. */
 void report_exact(checker *ck, const char *op, const char *shape, long mismatches, long total);
 
-/* Median milliseconds of ck->reps calls of fn(arg, rep) after warm-up, each
- * timed alone with device events; rep lets fn rotate between buffer copies
- * so the timing is not of the 60 MB L2. */
+/* Milliseconds per call of fn(arg, rep): ck->reps calls captured in a CUDA
+ * graph, the median of 5 timed replays (device events) over reps. rep lets
+ * fn rotate between buffer copies so the timing is not of the 60 MB L2. */
 double time_op(checker *ck, void (*fn)(void *arg, int rep), void *arg);
 /* A timing row: bytes the op must move at least, and GB/s at the median. */
 void report_time(checker *ck, const char *op, const char *shape, double ms, double bytes);
