@@ -71,7 +71,7 @@ __device__ __forceinline__ void load8(const uint8_t *vals, int d, float (&v)[8])
 template <int BITS, bool ALIGNED>
 __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
                                                                  const uint8_t *kc, const uint8_t *vc, int pos0,
-                                                                 int sl, int ns, float scale, float *part) {
+                                                                 int sl, int ns, int tpp, float scale, float *part) {
     extern __shared__ float sm[];
     int hd = dm.head_dim, G = dm.n_heads / dm.n_kv, ngq = (G + MAXQ - 1) / MAXQ;
     int split = blockIdx.x, kvh = blockIdx.y / ngq, t = blockIdx.z;
@@ -83,36 +83,45 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_
         qs[i] = qg[((size_t)t * dm.n_heads + h0 + i / hd) * 2 * hd + i % hd];
     __syncthreads();
     int first = kvh * hd;                                /* the head's first value in a row */
-    /* scores: a thread per position */
-    for (int jj = threadIdx.x; jj < len; jj += blockDim.x) {
-        const uint8_t *row = kc + (size_t)(j0 + jj) * L.row_bytes;
-        const uint8_t *vals = row + (size_t)first * BITS / 8;
-        const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
+    /* scores: tpp threads per position, each over head_dim / tpp dims, then
+     * a shuffle sum (v1 had a thread per position: a 32-position split ran
+     * in one warp, 2048 multiply-adds per position in a row) */
+    int sub = threadIdx.x % tpp, per_pass = blockDim.x / tpp, dpt = hd / tpp;
+    for (int jb = 0; jb < len; jb += per_pass) {
+        int jj = jb + threadIdx.x / tpp;
         float acc[MAXQ];
 #pragma unroll
         for (int i = 0; i < MAXQ; i++) acc[i] = 0.0f;
+        if (jj < len) {
+            const uint8_t *row = kc + (size_t)(j0 + jj) * L.row_bytes;
+            const uint8_t *vals = row + (size_t)first * BITS / 8;
+            const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
 #pragma unroll 4
-        for (int d = 0; d < hd; d += 8) {
-            float kv[8];
-            load8<BITS, ALIGNED>(vals, d, kv);
-            if (BITS != 16) {
-                int g = (first + d) / L.group;
-                float s = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);
+            for (int d = sub * dpt; d < (sub + 1) * dpt; d += 8) {
+                float kv[8];
+                load8<BITS, ALIGNED>(vals, d, kv);
+                if (BITS != 16) {
+                    int g = (first + d) / L.group;
+                    float ks = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);
 #pragma unroll
-                for (int e = 0; e < 8; e++) kv[e] = fmaf(kv[e], s, b);
-            }
+                    for (int e = 0; e < 8; e++) kv[e] = fmaf(kv[e], ks, b);
+                }
 #pragma unroll
-            for (int i = 0; i < MAXQ; i++) {
-                if (i < nq) {
-                    float4 a = *(const float4 *)(qs + i * hd + d), c = *(const float4 *)(qs + i * hd + d + 4);
-                    acc[i] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] + c.x * kv[4] + c.y * kv[5] +
-                              c.z * kv[6] + c.w * kv[7];
+                for (int i = 0; i < MAXQ; i++) {
+                    if (i < nq) {
+                        float4 a = *(const float4 *)(qs + i * hd + d), c = *(const float4 *)(qs + i * hd + d + 4);
+                        acc[i] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] + c.x * kv[4] + c.y * kv[5] +
+                                  c.z * kv[6] + c.w * kv[7];
+                    }
                 }
             }
         }
 #pragma unroll
-        for (int i = 0; i < MAXQ; i++)
-            if (i < nq) sc[i * sl + jj] = acc[i] * scale;
+        for (int i = 0; i < MAXQ; i++) acc[i] = group_sum(acc[i], tpp);
+        if (jj < len && sub == 0)
+#pragma unroll
+            for (int i = 0; i < MAXQ; i++)
+                if (i < nq) sc[i * sl + jj] = acc[i] * scale;
     }
     __syncthreads();
     /* per query (one warp each): the split's max, exp and sum */
@@ -229,8 +238,12 @@ template <int BITS, bool ALIGNED>
 static void launch_split(dim3 grid, size_t smem, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
                          const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, int sl, int ns, float scale,
                          float *part) {
+    /* threads per position: up to 8, a power of two that keeps whole
+     * 8-value loads per thread (head_dim 256: 8 threads x 32 dims) */
+    int tpp = 8;
+    while (tpp > 1 && (d.head_dim / 8) % tpp) tpp /= 2;
     cudaFuncSetAttribute(attn_split_kernel<BITS, ALIGNED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, sl, ns, scale, part);
+    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, sl, ns, tpp, scale, part);
 }
 
 int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
