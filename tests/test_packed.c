@@ -37,13 +37,15 @@ static const char *pack(const char *fixture, int bits, int expert_bits) {
     return dst;
 }
 
-static tern_model *load(const char *dir, uint64_t budget) {
-    tern_load_params lp = {.n_threads = 2, .expert_budget = budget};
+static tern_model *load_with(const char *dir, uint64_t budget, int reference_kernels) {
+    tern_load_params lp = {.n_threads = 2, .expert_budget = budget, .reference_kernels = reference_kernels};
     tern_error err;
     tern_model *m = tern_model_load(dir, &lp, &err);
     cr_assert_not_null(m, "%s: %s", dir, err.msg);
     return m;
 }
+
+static tern_model *load(const char *dir, uint64_t budget) { return load_with(dir, budget, 0); }
 
 static float *all_logits(tern_model *m, const int32_t *ids, int n) {
     tern_error err;
@@ -153,11 +155,11 @@ static void write_twin(tern_model *m, const char *packed_dir, const char *dir) {
  * through the same reference kernels, must agree bit for bit. */
 static void check_twin(const char *fixture, int bits) {
     const char *dst = pack(fixture, bits, bits);
-    tern_model *p = load(dst, 0);
+    tern_model *p = load_with(dst, 0, 1);
     char twin[1400];
     snprintf(twin, sizeof twin, "%s/twin-%s-%d", tmp, fixture, bits);
     write_twin(p, dst, twin);
-    tern_model *t = load(twin, 0);
+    tern_model *t = load_with(twin, 0, 1);
     int V = tern_model_vocab_size(p);
     make_prompt(V);
     float *lp = all_logits(p, prompt, 96), *lt = all_logits(t, prompt, 96);

@@ -319,14 +319,15 @@ Test(quant, batch_equals_single_calls) {
     free_mat(&bf16);
 }
 
-/* The parallel driver: T = 11 runs as a batch of 8 and one of 3 on two
- * threads; each token must equal its single call, and the whole must agree
- * with the reference tern_matmul within the bound. */
+/* The parallel driver: T = 75 runs as a block of 64 tokens (8 groups of 8)
+ * and one of 11 (8 + 3) on two threads; each token must equal its single
+ * call, and the whole must agree with the reference tern_matmul within the
+ * bound. */
 Test(quant, qmatmul_matches_single_calls_and_reference) {
     tern_pool *pool = tern_pool_create(2);
     cr_assert(pool);
     test_mat m = make_quant(300, 256, 4, 64);
-    int T = 11;
+    int T = 75;
     int64_t N = m.W.rows, K = m.W.cols;
     float *x = xmalloc((size_t)(T * K) * sizeof(float));
     for (int t = 0; t < T; t++) {

@@ -688,29 +688,45 @@ float tern_dot_fast(tern_isa isa, const float *a, const float *b, int64_t n) {
 
 /* ---- the parallel driver ----------------------------------------------- */
 
+/* Prefill-sized T: the prepared inputs of a block of BLOCK_T tokens stay
+ * in cache while each thread walks its rows ROW_TILE at a time, running
+ * every group of MAXT tokens over the tile before the next: a weight row is
+ * fetched from memory once per block, not once per group. Each token's
+ * result is still the kernel's own, bit for bit. */
+#define BLOCK_T 64
+#define ROW_TILE 16
+
 typedef struct {
     tern_isa isa;
     const tern_mat *W;
-    const float *prep;
-    int T;
-    float *y;
+    const float *prep;        /* the block's tokens, plen floats apart */
+    size_t plen;
+    int T;                    /* tokens in the block */
+    float *y;                 /* the block's first output row */
 } qmatmul_job;
 
 static void qmatmul_range(void *ctx, int64_t begin, int64_t end) {
     const qmatmul_job *j = ctx;
-    tern_gemv_batch(j->isa, j->W, begin, end, j->prep, j->T, j->y);
+    for (int64_t r0 = begin; r0 < end; r0 += ROW_TILE) {
+        int64_t r1 = r0 + ROW_TILE < end ? r0 + ROW_TILE : end;
+        for (int t0 = 0; t0 < j->T; t0 += MAXT) {
+            int n = j->T - t0 < MAXT ? j->T - t0 : MAXT;
+            tern_gemv_batch(j->isa, j->W, r0, r1, j->prep + (size_t)t0 * j->plen, n,
+                            j->y + (size_t)t0 * (size_t)j->W->rows);
+        }
+    }
 }
 
 int tern_qmatmul(tern_pool *pool, tern_isa isa, float *y, const float *x, int64_t T, const tern_mat *W) {
     size_t plen = tern_gemv_prep_len(W);
-    int tb = T < MAXT ? (int)T : MAXT;
+    int tb = T < BLOCK_T ? (int)T : BLOCK_T;
     if (T <= 0) return 0;
     float *prep = malloc((size_t)tb * plen * sizeof(float));
     if (!prep) return -1;
-    for (int64_t t0 = 0; t0 < T; t0 += MAXT) {
-        int n = T - t0 < MAXT ? (int)(T - t0) : MAXT;
+    for (int64_t t0 = 0; t0 < T; t0 += BLOCK_T) {
+        int n = T - t0 < BLOCK_T ? (int)(T - t0) : BLOCK_T;
         for (int t = 0; t < n; t++) tern_gemv_prep(W, x + (size_t)(t0 + t) * (size_t)W->cols, prep + (size_t)t * plen);
-        qmatmul_job j = {isa, W, prep, n, y + (size_t)t0 * (size_t)W->rows};
+        qmatmul_job j = {isa, W, prep, plen, n, y + (size_t)t0 * (size_t)W->rows};
         /* tiny products are not worth waking the workers (as tern_matmul) */
         if (W->rows * W->cols * n < (1 << 15)) qmatmul_range(&j, 0, W->rows);
         else tern_pool_for(pool, W->rows, qmatmul_range, &j);

@@ -71,11 +71,11 @@ void tern_gemv_batch(tern_isa isa, const tern_mat *W, int64_t r0, int64_t r1, co
                      float *y);
 
 /* Drop-in for tern_matmul (y[T, rows] = x[T, cols] W^T) on the fast
- * kernels, parallel over rows with tern_pool_for: prepares x (allocating
- * T * tern_gemv_prep_len floats) and runs tokens in batches of
- * TERN_GEMV_MAX_T. Meant for decode and short runs of tokens (MTP
- * verification); long prefills are better served by a tiled GEMM. W must
- * pass tern_gemv_supported. Returns -1 only if the allocation fails. */
+ * kernels, parallel over rows with tern_pool_for, for any T: tokens run in
+ * groups of TERN_GEMV_MAX_T, and a prefill's tokens in blocks of 64 whose
+ * prepared inputs stay in cache while the rows stream past once per block.
+ * Every token's result equals its own tern_gemv call bit for bit. W must
+ * pass tern_gemv_supported. Returns -1 only if an allocation fails. */
 int tern_qmatmul(tern_pool *pool, tern_isa isa, float *y, const float *x, int64_t T, const tern_mat *W);
 
 /* sum_i a[i] b[i] in fp32 (several partial sums; the order differs from

@@ -21,11 +21,10 @@ static float *alloc_f(size_t n) {
     return p;
 }
 
-/* y[T, W.rows] = x[T, W.cols] @ W^T: the SIMD kernels for decode-sized T
- * (each weight row read once for up to TERN_GEMV_MAX_T tokens), else the
- * reference product. */
+/* y[T, W.rows] = x[T, W.cols] @ W^T: the SIMD kernels (fast mode), else
+ * the reference product. */
 static void mm(tern_model *m, float *y, const float *x, int64_t T, const tern_mat *W) {
-    if (m->fast && T <= TERN_GEMV_MAX_T && tern_gemv_supported(W) &&
+    if (m->fast && tern_gemv_supported(W) &&
         tern_qmatmul(m->pool, (tern_isa)m->isa, y, x, T, W) == 0)
         return;
     tern_matmul(m->pool, y, x, T, W);
