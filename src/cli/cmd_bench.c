@@ -28,7 +28,7 @@
 
 typedef struct {
     const char *model, *synth_shape, *routing, *json_path;
-    int bits, threads, kv_bits, reps, warmup, force, policy, io_threads;
+    int bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
     uint64_t seed, budget;
     int prompt[MAX_LIST], n_prompt;
     int gen[MAX_LIST], n_gen;
@@ -57,6 +57,7 @@ static void bench_usage(FILE *f) {
             "  --hit-curve          also replay the decode's routing through caches of 8..256 slots (LRU, LFU)\n"
             "  --json FILE          write the results as JSON (- for stdout)\n"
             "  --force              measure even when other processes keep the CPU busy\n"
+            "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
             "Prompts are random token ids (seeded); decode samples at temperature 1 over the full vocabulary.\n");
 }
 
@@ -151,6 +152,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             takes = 0;
             if (!strcmp(a, "--force")) o->force = 1;
             else if (!strcmp(a, "--hit-curve")) o->curve = 1;
+            else if (!strcmp(a, "--reference")) o->reference = 1;
             else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 1; }
             else {
                 fprintf(stderr, "tern bench: unknown option '%s' (see tern bench --help)\n", a);
@@ -528,7 +530,7 @@ static json_t *results_json(const result *rs, int n) {
 
 static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
-                           .io_threads = o->io_threads};
+                           .io_threads = o->io_threads, .reference_kernels = o->reference};
     if (o->model) return tern_model_load(o->model, &lp, err);
     tern_synth_params sp = {.shape = o->synth_shape, .bits = o->bits, .seed = o->seed, .routing = o->routing};
     return tern_model_synth(&sp, &lp, err);
@@ -591,8 +593,9 @@ int tern_cli_bench(int argc, char **argv) {
     tern_model_stream_stats(m, &ss);
     printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, no GPU used\ncommand: %s\n",
            TERN_COMMIT, date, cpu, ncpu, ram_gib(), un.sysname, un.release, o.command);
-    printf("model: %s, loaded in %.1f s; %d threads, KV cache %d-bit; experts %s", o.model ? o.model : o.synth_shape,
-           load_s, tern_model_n_threads(m), o.kv_bits, ss.streaming ? "streamed" : "resident");
+    printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
+           o.model ? o.model : o.synth_shape, load_s, tern_model_n_threads(m), o.reference ? "reference" : "SIMD",
+           o.kv_bits, ss.streaming ? "streamed" : "resident");
     if (ss.streaming) printf(" (%d slots per layer, %s)", ss.slots_per_layer, o.policy == TERN_POLICY_LRU ? "LRU" : "LFU");
     printf("\nmemory read bandwidth (%d threads): %.1f GB/s; other processes' CPU use before the run: %.1f CPUs%s\n",
            tern_model_n_threads(m), b.bandwidth, others, others > limit ? " (--force)" : "");
