@@ -196,6 +196,19 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
                        const float *a, int T, float *conv_state, float *S, float *out, tern_stream s,
                        tern_error *err);
 
+/* The same block for a prefill of T tokens in chunks of 64 (the twin of
+ * cpu/gdn.c's tern_gdn_chunked with forward.c's steps around it): the same
+ * arguments and state updates as tern_cuda_gdn_step, so a step may follow
+ * it; within a chunk a unit-lower-triangular solve replaces the sequential
+ * updates, so only the pass over the chunks is sequential, and it runs per
+ * (value head, 32 value columns). Five launches. dk a multiple of 8 up to
+ * 128; dv a multiple of 32 or below 32. work: tern_cuda_gdn_chunked_workspace
+ * bytes (T = 4096 at Qwen3.6's shape: 290 MiB). */
+size_t tern_cuda_gdn_chunked_workspace(const tern_cuda_gdn_w *w, int T);
+int tern_cuda_gdn_chunked(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b,
+                          const float *a, int T, float *conv_state, float *S, void *work, size_t work_bytes,
+                          float *out, tern_stream s, tern_error *err);
+
 /* ---- sampling ---------------------------------------------------------- */
 
 /* The id of the largest of logits[0 .. n_valid) (lowest id on ties; NaN

@@ -53,6 +53,12 @@ void report_exact(checker *ck, const char *op, const char *shape, long mismatche
 double time_op(checker *ck, void (*fn)(void *arg, int rep), void *arg);
 /* A timing row: bytes the op must move at least, and GB/s at the median. */
 void report_time(checker *ck, const char *op, const char *shape, double ms, double bytes);
+/* Prefill ops (milliseconds, not captured): `reps` calls of fn(arg, rep)
+ * after one warm-up, each timed alone with device events; the median. */
+double time_eager(checker *ck, void (*fn)(void *arg, int rep), void *arg, int reps);
+/* A prefill timing row: time, and the rate against the op's FLOP count and
+ * the bytes it must move at least. */
+void report_rate(checker *ck, const char *op, const char *shape, double ms, double flops, double bytes);
 /* Copies for rotation: enough that they exceed twice the L2, at most 32. */
 int n_copies(size_t bytes);
 
@@ -82,5 +88,6 @@ void check_attention(checker *ck);
 void check_gdn(checker *ck);
 void check_sample(checker *ck);
 void check_gemm(checker *ck);
+void check_gdn_chunked(checker *ck);
 
 #endif

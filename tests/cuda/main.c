@@ -1,4 +1,4 @@
-/* tern-cuda-tests [--time] [--reps N] [--out DIR] [--only NAME] [--seed N]
+/* tern-cuda-tests [--time] [--reps N] [--out DIR] [--only NAME[,NAME..]] [--seed N]
  * Runs every op check (check.h) and exits non-zero if any case fails. */
 #include <math.h>
 #include <stdio.h>
@@ -148,6 +148,30 @@ void report_time(checker *ck, const char *op, const char *shape, double ms, doub
     if (ck->times) fprintf(ck->times, "%s\t%s\t%.2f\t%.3f\t%.0f\n", op, shape, ms * 1e3, bytes / 1e6, gbs);
 }
 
+double time_eager(checker *ck, void (*fn)(void *arg, int rep), void *arg, int reps) {
+    fn(arg, 0);
+    dev_sync(ck, "warm-up");
+    double ms[64];
+    if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
+    for (int r = 0; r < reps; r++) {
+        tern_cuda_timer_start(ck->timer, ck->stream);
+        fn(arg, r + 1);
+        ms[r] = tern_cuda_timer_stop(ck->timer, ck->stream);
+    }
+    dev_sync(ck, "timing");
+    qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+    return ms[reps / 2];
+}
+
+void report_rate(checker *ck, const char *op, const char *shape, double ms, double flops, double bytes) {
+    double tf = flops / (ms * 1e-3) / 1e12, gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("| time %-9s | %-40s | %8.3f ms | %7.2f TFLOP/s | %7.0f GB/s (%.1f MB) |\n", op, shape, ms, tf, gbs,
+           bytes / 1e6);
+    fflush(stdout);
+    if (ck->times) fprintf(ck->times, "%s\t%s\t%.2f\t%.3f\t%.0f\t%.2f\n", op, shape, ms * 1e3, bytes / 1e6, gbs, tf);
+}
+
 int n_copies(size_t bytes) {
     size_t want = (size_t)120 << 20;
     int n = (int)((want + bytes - 1) / (bytes ? bytes : 1));
@@ -248,7 +272,21 @@ static const check_entry checks[] = {
     {"gemv", check_gemv},           {"moe", check_moe},         {"route", check_route},
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
+    {"gdn_chunked", check_gdn_chunked},
 };
+
+/* name is one of the comma-separated names in list */
+static int listed(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
 
 int main(int argc, char **argv) {
     checker ck = {0};
@@ -262,7 +300,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) ck.rng = strtoull(argv[++i], NULL, 0);
         else {
-            fprintf(stderr, "usage: %s [--time] [--reps N] [--out DIR] [--only NAME] [--seed N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--time] [--reps N] [--out DIR] [--only NAME[,NAME..]] [--seed N]\n", argv[0]);
             return 2;
         }
     }
@@ -282,7 +320,7 @@ int main(int argc, char **argv) {
     printf("| %-14s | %-40s | %10s | %10s | %8s | %s |\n", "op", "shape", "max abs", "max rel", "tol", "result");
     printf("|----------------|------------------------------------------|------------|------------|----------|------|\n");
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
-        if (!only || !strcmp(only, checks[i].name)) checks[i].fn(&ck);
+        if (!only || listed(only, checks[i].name)) checks[i].fn(&ck);
     printf("\n%d cases, %d failed\n", ck.cases, ck.failures);
     if (ck.times) fclose(ck.times);
     tern_pool_destroy(ck.pool);
