@@ -129,6 +129,25 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work,
                   float *out, tern_stream s, tern_error *err);
 
+/* The same block for a prefill of T tokens, grouped by expert: the
+ * tokens that chose an expert are gathered and multiplied together (bf16
+ * tensor-core products with fp32 accumulation; the expert's q4/q8 rows are
+ * dequantized to bf16 on the way into shared memory), so each expert's
+ * weights are read once per 64 of its tokens. Routed outputs are summed per
+ * token in ascending expert id, then the shared expert times its sigmoid
+ * gate, as moe_layer does; no float atomics, so the result does not depend
+ * on timing. Expert parts share one encoding and group; H and I multiples
+ * of 32; n_experts <= 4096, top_k <= 32; the shared expert (may be NULL)
+ * q4/q8/bf16/f16 with an intermediate that is a multiple of 32. Seven
+ * launches, none waiting for the host. work:
+ * tern_cuda_moe_grouped_workspace bytes (T = 4096, top 8, Qwen3.6: 380 MB). */
+size_t tern_cuda_moe_grouped_workspace(int T, int top_k, int n_experts, int64_t hidden, int64_t inter,
+                                       int64_t shared_inter);
+int tern_cuda_moe_grouped(const tern_cuda_experts *ex, int n_experts, const tern_expert_w *shared,
+                          const tern_mat *shared_gate, const float *x, int T, int top_k, const int32_t *ids,
+                          const float *wts, void *work, size_t work_bytes, float *out, tern_stream s,
+                          tern_error *err);
+
 /* Router: softmax over n_experts logits [T, n_experts], the top_k largest
  * (descending, ties to the lower index), renormalised over the k when
  * renorm. ids/wts [T, top_k]. n_experts <= 4096, top_k <= 32. */

@@ -89,5 +89,6 @@ void check_gdn(checker *ck);
 void check_sample(checker *ck);
 void check_gemm(checker *ck);
 void check_gdn_chunked(checker *ck);
+void check_moe_grouped(checker *ck);
 
 #endif

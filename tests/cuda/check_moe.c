@@ -295,3 +295,180 @@ void check_route(checker *ck) {
     route_case(ck, 3, 16, 4);
     route_case(ck, 2, 1000, 10);
 }
+
+/* ---- grouped by expert (prefill) ----------------------------------------------
+ * tern_cuda_moe_grouped against moe_layer's order on the CPU (routed
+ * experts in ascending id, then the shared expert times its gate), in
+ * fp32 through tern_matmul; at T = 4096 on every 16th token (the CPU twin
+ * would take minutes on all), and on all tokens against tern_cuda_moe (the
+ * decode op, fp32) run on the same inputs.
+ * Tolerance 1e-2 of max |ref|: x, h and the dequantized weights are rounded
+ * to bf16 (2^-9 relative each) before fp32-accumulated products over 2048
+ * and 512 terms of random sign, so an output's error is ~2^-9 x sqrt(3)
+ * of a typical output per product, two products chained: ~3e-3 of a
+ * typical output, less of the largest (the single cuBLAS GEMM measured
+ * 2.5e-3); an indexing or order error is O(1). */
+
+typedef struct {
+    int64_t H, I;
+    int E, K, T, bits, group;
+    int use_table, shared_kind;
+    int skew;              /* every token also picks expert 0: one expert of T rows */
+    int stride_check;      /* check every n-th token on the CPU */
+} moeg_case;
+
+typedef struct {
+    const tern_cuda_experts *ex;
+    int E;
+    const tern_expert_w *shared;
+    const tern_mat *sg;
+    const float *x;
+    int T, K;
+    const int32_t *ids;
+    const float *wts;
+    void *work;
+    size_t work_bytes;
+    float *out;
+    int per_token;         /* time tern_cuda_moe instead */
+    tern_stream s;
+} moeg_run;
+
+static void run_moeg(void *arg, int rep) {
+    moeg_run *r = arg;
+    tern_error err;
+    (void)rep;
+    int rc = r->per_token ? tern_cuda_moe(r->ex, r->shared, r->sg, r->x, r->T, r->K, r->ids, r->wts, r->work, r->out,
+                                          r->s, &err)
+                          : tern_cuda_moe_grouped(r->ex, r->E, r->shared, r->sg, r->x, r->T, r->K, r->ids, r->wts,
+                                                  r->work, r->work_bytes, r->out, r->s, &err);
+    if (rc) die_err(r->per_token ? "moe" : "moe_grouped", &err);
+}
+
+/* out (H) = sum over the token's experts in ascending id of w * E(x), then
+ * + sigmoid(x . w_sg) * shared(x). */
+static void moeg_ref_token(checker *ck, const moeg_case *c, const tern_cuda_experts *ex, const uint8_t *blobs,
+                           size_t stride, const int32_t *ids, const float *wts, const float *xt, const test_mat *sh,
+                           const test_mat *sg_m, float *out) {
+    int K = c->K, ord[64];
+    for (int k = 0; k < K; k++) {
+        int j = k;
+        while (j > 0 && ids[ord[j - 1]] > ids[k]) { ord[j] = ord[j - 1]; j--; }
+        ord[j] = k;
+    }
+    memset(out, 0, (size_t)c->H * sizeof(float));
+    for (int i = 0; i < K; i++) {
+        int k = ord[i], e = ids[k], slot = c->use_table ? c->E - 1 - e : e;
+        const uint8_t *blob = blobs + (size_t)slot * stride;
+        tern_mat g = host_part(blob, &ex->gate), u = host_part(blob, &ex->up), d = host_part(blob, &ex->down);
+        swiglu_ref(ck, &g, &u, &d, xt, wts[k], out);
+    }
+    if (c->shared_kind) {
+        float sgv;
+        tern_matmul(ck->pool, &sgv, xt, 1, &sg_m->h);
+        swiglu_ref(ck, &sh[0].h, &sh[1].h, &sh[2].h, xt, tern_sigmoid(sgv), out);
+    }
+}
+
+static void moeg_check(checker *ck, const moeg_case *c, int timed) {
+    tern_cuda_experts ex = {0};
+    size_t stride = layout_parts(&ex, c->H, c->I, c->bits, c->group);
+    ex.stride = stride;
+    uint8_t *blobs = xmalloc(stride * (size_t)c->E);
+    memset(blobs, 0, stride * (size_t)c->E);
+    for (int e = 0; e < c->E; e++) fill_blob(ck, blobs + (size_t)e * stride, &ex);
+    uint8_t *dblobs = dev_upload(blobs, stride * (size_t)c->E);
+    void *table = NULL;
+    if (c->use_table) {
+        const uint8_t **tab = xmalloc((size_t)c->E * sizeof(*tab));
+        for (int e = 0; e < c->E; e++) tab[e] = dblobs + (size_t)(c->E - 1 - e) * stride;
+        table = dev_upload(tab, (size_t)c->E * sizeof(*tab));
+        free(tab);
+        ex.blobs = table;
+    } else {
+        ex.base = dblobs;
+    }
+    test_mat sg_m, sh[3];
+    tern_expert_w shd;
+    if (c->shared_kind) {
+        int bits = c->shared_kind == 8 ? 8 : 0;
+        make_mat(ck, &sh[0], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[1], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[2], c->H, c->I, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sg_m, 1, c->H, 8, 0, c->group);
+        shd.gate = sh[0].d;
+        shd.up = sh[1].d;
+        shd.down = sh[2].d;
+    }
+    int T = c->T, K = c->K;
+    size_t TH = (size_t)T * c->H;
+    int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t));
+    float *wts = xmalloc((size_t)T * K * sizeof(float)), *x = xmalloc(TH * sizeof(float));
+    float *ref = xmalloc(TH * sizeof(float)), *got = xmalloc(TH * sizeof(float)), *pt = xmalloc(TH * sizeof(float));
+    random_routing(ck, T, K, c->E, ids, wts);
+    if (c->skew)
+        for (int t = 0; t < T; t++) {
+            int has0 = 0;
+            for (int k = 0; k < K; k++) has0 |= ids[t * K + k] == 0;
+            if (!has0) ids[t * K + (t % K)] = 0;
+        }
+    rnd_floats(ck, x, TH, 1.0f);
+    int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
+    float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, TH * sizeof(float));
+    int64_t Is = c->shared_kind ? c->I : 0;
+    size_t wb = tern_cuda_moe_grouped_workspace(T, K, c->E, c->H, c->I, Is);
+    void *work = dev_alloc(wb), *pwork = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
+    float *dout = dev_poison(TH), *dpt = dev_poison(TH);
+    const tern_expert_w *shp = c->shared_kind ? &shd : NULL;
+    const tern_mat *sgp = c->shared_kind ? &sg_m.d : NULL;
+    moeg_run r = {&ex, c->E, shp, sgp, dx, T, K, dids, dw, work, wb, dout, 0, ck->stream};
+    moeg_run p = {&ex, c->E, shp, sgp, dx, T, K, dids, dw, pwork, 0, dpt, 1, ck->stream};
+    run_moeg(&r, 0);
+    run_moeg(&p, 0);
+    dev_sync(ck, "moe_grouped");
+    dev_download(got, dout, TH * sizeof(float));
+    dev_download(pt, dpt, TH * sizeof(float));
+    /* the CPU twin on the checked tokens, gathered into ref / sub */
+    int every = c->stride_check > 0 ? c->stride_check : 1, n_chk = (T + every - 1) / every;
+    float *sub = xmalloc((size_t)n_chk * c->H * sizeof(float));
+    for (int i = 0; i < n_chk; i++) {
+        int t = i * every;
+        moeg_ref_token(ck, c, &ex, blobs, stride, ids + (size_t)t * K, wts + (size_t)t * K, x + (size_t)t * c->H, sh,
+                       &sg_m, ref + (size_t)i * c->H);
+        memcpy(sub + (size_t)i * c->H, got + (size_t)t * c->H, (size_t)c->H * sizeof(float));
+    }
+    char shape[128], sh2[160];
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d T=%d %s%s%s", c->bits, c->group, c->E,
+             (long long)c->I, (long long)c->H, K, T, c->use_table ? "table" : "base",
+             c->shared_kind == 8 ? "+sh q8" : c->shared_kind == 16 ? "+sh bf16" : "", c->skew ? " skew" : "");
+    snprintf(sh2, sizeof sh2, "%s%s", shape, every > 1 ? " (every 16th)" : "");
+    report(ck, "moe_grouped", sh2, sub, ref, (size_t)n_chk * c->H, 1e-2);
+    snprintf(sh2, sizeof sh2, "%s vs moe", shape);
+    report(ck, "moe_grouped~", sh2, got, pt, TH, 1e-2);
+    if (timed && ck->time) {
+        double flops = 2.0 * T * K * 3.0 * (double)c->I * c->H + (c->shared_kind ? 2.0 * T * 3.0 * Is * c->H : 0);
+        double bytes = (double)c->E * stride + 2.0 * TH * 4;
+        if (c->shared_kind) bytes += (double)(mat_bytes(&sh[0].h) * 3 + mat_bytes(&sg_m.h));
+        report_rate(ck, "moe_grouped", shape, time_eager(ck, run_moeg, &r, 10), flops, bytes);
+        report_rate(ck, "moe (per token)", shape, time_eager(ck, run_moeg, &p, 3), flops, bytes);
+    }
+    if (c->shared_kind) {
+        for (int i = 0; i < 3; i++) free_mat(&sh[i]);
+        free_mat(&sg_m);
+    }
+    void *dbufs[] = {dids, dw, dx, work, pwork, dout, dpt, table, dblobs};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) tern_cuda_free(dbufs[i]);
+    free(blobs); free(ids); free(wts); free(x); free(ref); free(got); free(pt); free(sub);
+}
+
+void check_moe_grouped(checker *ck) {
+    moeg_case real = {2048, 512, 256, 8, 4096, 4, 64, 0, 8, 0, 16};
+    moeg_check(ck, &real, 1);
+    moeg_case one = {2048, 512, 256, 8, 1, 4, 64, 1, 16, 0, 1};
+    moeg_check(ck, &one, 0);
+    moeg_case q8 = {2048, 512, 64, 8, 200, 8, 32, 0, 0, 0, 1};
+    moeg_check(ck, &q8, 0);
+    moeg_case skew = {2048, 512, 16, 4, 300, 4, 128, 1, 8, 1, 1};
+    moeg_check(ck, &skew, 0);
+    moeg_case odd = {256, 96, 12, 3, 77, 4, 32, 1, 8, 0, 1};   /* I = 96: a half-empty column tile */
+    moeg_check(ck, &odd, 0);
+}

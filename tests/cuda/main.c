@@ -272,7 +272,7 @@ static const check_entry checks[] = {
     {"gemv", check_gemv},           {"moe", check_moe},         {"route", check_route},
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
-    {"gdn_chunked", check_gdn_chunked},
+    {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},
 };
 
 /* name is one of the comma-separated names in list */
