@@ -54,6 +54,11 @@ $(B)/tern: $(CLI_OBJ) $(B)/libtern.a
 $(B)/tern-tests: $(TEST_OBJ) $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS) $(TEST_LIBS)
 
+# The GPU engine against the CPU engine: built with CUDA=1 and run by make
+# test-cuda on a GPU machine.
+$(B)/tern-cuda-engine-tests: $(B)/tests/gpu/check_engine.o $(B)/libtern.a
+	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
+
 # Benchmarks: each bench/NAME.c is a program built as build/bench/NAME.
 bench: $(BENCHES)
 $(B)/bench/%: bench/%.c $(B)/libtern.a

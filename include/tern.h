@@ -51,6 +51,9 @@ typedef struct tern_load_params {
      * 0: SIMD kernels (AVX2/AVX-512) for decode-sized products, which agree
      * with the reference to rounding. */
     int reference_kernels;
+    /* NULL or "cpu": the CPU engine; "cuda" / "cuda:N": a packed model with
+     * resident experts runs on that GPU (a build with make CUDA=1). */
+    const char *device;
 } tern_load_params;
 
 /* Loads a Hugging Face model directory (config.json, generation_config.json,

@@ -27,9 +27,9 @@
 #define MAX_LIST 16
 
 typedef struct {
-    const char *model, *synth_shape, *routing, *json_path;
+    const char *model, *synth_shape, *routing, *json_path, *device;
     int bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
-    uint64_t seed, budget;
+    uint64_t seed, budget, bandwidth;   /* bandwidth: GB/s given instead of measured (a GPU's HBM) */
     int prompt[MAX_LIST], n_prompt;
     int gen[MAX_LIST], n_gen;
     int ctx[MAX_LIST], n_ctx;
@@ -58,6 +58,9 @@ static void bench_usage(FILE *f) {
             "  --json FILE          write the results as JSON (- for stdout)\n"
             "  --force              measure even when other processes keep the CPU busy\n"
             "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
+            "  --device cpu|cuda[:N] where the model runs (default cpu)\n"
+            "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
+            "                       (for a GPU: its measured HBM read rate, e.g. 4430 on an H200)\n"
             "Prompts are random token ids (seeded); decode samples at temperature 1 over the full vocabulary.\n");
 }
 
@@ -127,11 +130,13 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--synth")) o->synth_shape = v;
         else if (!strcmp(a, "--routing")) o->routing = v;
         else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "-p")) rc = parse_list(a, v, o->prompt, &o->n_prompt);
         else if (!strcmp(a, "-n")) rc = parse_list(a, v, o->gen, &o->n_gen);
         else if (!strcmp(a, "-c")) rc = parse_list(a, v, o->ctx, &o->n_ctx);
         else if (!strcmp(a, "--bits")) { rc = parse_u64(a, v, 8, &n); o->bits = (int)n; }
         else if (!strcmp(a, "--seed")) rc = parse_u64(a, v, ~0ull, &o->seed);
+        else if (!strcmp(a, "--bandwidth")) rc = parse_u64(a, v, 1000000, &o->bandwidth);
         else if (!strcmp(a, "-r")) { rc = parse_u64(a, v, 1000, &n); o->reps = (int)n; }
         else if (!strcmp(a, "-t")) { rc = parse_u64(a, v, 4096, &n); o->threads = (int)n; }
         else if (!strcmp(a, "--io-threads")) { rc = parse_u64(a, v, 64, &n); o->io_threads = (int)n; }
@@ -530,7 +535,7 @@ static json_t *results_json(const result *rs, int n) {
 
 static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
-                           .io_threads = o->io_threads, .reference_kernels = o->reference};
+                           .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device};
     if (o->model) return tern_model_load(o->model, &lp, err);
     tern_synth_params sp = {.shape = o->synth_shape, .bits = o->bits, .seed = o->seed, .routing = o->routing};
     return tern_model_synth(&sp, &lp, err);
@@ -575,7 +580,7 @@ int tern_cli_bench(int argc, char **argv) {
     }
     double load_s = now_s() - t0;
     bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1)};
-    b.bandwidth = read_bandwidth_apart(tern_model_n_threads(m));
+    b.bandwidth = o.bandwidth ? (double)o.bandwidth : read_bandwidth_apart(tern_model_n_threads(m));
     int n_layers, n_experts, top_k;
     tern_model_moe_shape(m, &n_layers, &n_experts, &top_k);
     b.trace = tern_route_trace_create(n_layers, n_experts, top_k, &err);
@@ -591,14 +596,16 @@ int tern_cli_bench(int argc, char **argv) {
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     tern_stream_stats ss;
     tern_model_stream_stats(m, &ss);
-    printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, no GPU used\ncommand: %s\n",
-           TERN_COMMIT, date, cpu, ncpu, ram_gib(), un.sysname, un.release, o.command);
+    printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
+           date, cpu, ncpu, ram_gib(), un.sysname, un.release, o.device && strcmp(o.device, "cpu") ? o.device : "no GPU used",
+           o.command);
     printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
            o.model ? o.model : o.synth_shape, load_s, tern_model_n_threads(m), o.reference ? "reference" : "SIMD",
            o.kv_bits, ss.streaming ? "streamed" : "resident");
     if (ss.streaming) printf(" (%d slots per layer, %s)", ss.slots_per_layer, o.policy == TERN_POLICY_LRU ? "LRU" : "LFU");
-    printf("\nmemory read bandwidth (%d threads): %.1f GB/s; other processes' CPU use before the run: %.1f CPUs%s\n",
-           tern_model_n_threads(m), b.bandwidth, others, others > limit ? " (--force)" : "");
+    if (o.bandwidth) printf("\nmemory bandwidth for the floor (given): %.1f GB/s", b.bandwidth);
+    else printf("\nmemory read bandwidth (%d threads): %.1f GB/s", tern_model_n_threads(m), b.bandwidth);
+    printf("; other processes' CPU use before the run: %.1f CPUs%s\n", others, others > limit ? " (--force)" : "");
     printf("warm-up %d, %d timed repeats per test\n\n", o.warmup, o.reps);
     print_table(stdout, rs, n_rs);
     printf("\npeak RSS: %.2f GiB\n", peak_rss_gib());

@@ -34,6 +34,7 @@ void cli_usage(FILE *f) {
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
         "  --reference              plain fp32 reference kernels only (no SIMD)\n"
+        "  --device cpu|cuda[:N]    where the model runs (default cpu; cuda: a packed model, experts resident)\n"
         "generation:\n"
         "  -n, --n-predict N        tokens to generate (default 256 for run, 1024 for chat; -1 = no limit)\n"
         "  --temp T --top-k K --top-p P --min-p P     sampling (defaults: generation_config.json)\n"
@@ -81,6 +82,7 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
     else if (IS("--tokens")) o->tokens = v;
     else if (IS("--system")) o->system = v;
     else if (IS("--decode")) o->decode = v;
+    else if (IS("--device")) o->device = v;
     else if (IS("-n") || IS("--n-predict")) { if (parse_long(a, v, -1, INT_MAX, &n)) return -1; o->n_predict = (int)n; }
     else if (IS("-t") || IS("--threads")) { if (parse_long(a, v, 1, 1024, &n)) return -1; o->threads = (int)n; }
     else if (IS("--kv-bits")) {
@@ -174,7 +176,8 @@ const char *cli_model_dir(const cli_opts *o) {
 
 tern_model *cli_load_model(const cli_opts *o) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->expert_budget,
-                          .expert_policy = o->expert_policy, .reference_kernels = o->reference};
+                          .expert_policy = o->expert_policy, .reference_kernels = o->reference,
+                          .device = o->device};
     tern_error err;
     const char *dir = cli_model_dir(o);
     tern_model *m = tern_model_load(dir, &lp, &err);

@@ -27,12 +27,15 @@ struct tern_model {
     tern_expert_cache *experts;   /* streaming: the slot cache */
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
+    void *gpu;                    /* engine/gpu.c: the weights on the GPU (NULL: the CPU engine) */
 };
 
 /* A model with its thread pool and kernel choice, nothing loaded yet, and
  * the step after the weights are bound (RoPE tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
+/* Moves the model to params->device (engine/gpu.c) when one is named. */
+int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);
 
 /* KV cache of one full-attention layer: one row of n_kv_heads * head_dim
  * values per position (k after q/k-norm and RoPE, v as projected), stored
@@ -74,6 +77,7 @@ struct tern_session {
     void *hook_ctx;
     tern_route_fn route_fn;   /* tern_session_set_route_observer */
     void *route_ud;
+    void *gpu;                /* engine/gpu.c: a GPU session (kv and gdn then hold device pointers) */
 };
 
 /* Grow the KV caches (main / MTP) to hold `needed` positions; capacity

@@ -10,6 +10,7 @@
 #include "cpu/ops.h"
 #include "cpu/qmatvec.h"
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "model/packed.h"
 #include "util/err.h"
 
@@ -539,6 +540,10 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int H = c->hidden;
     if (T <= 0) return tern_fail(err, "no tokens to evaluate");
     if (check_tokens(c, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
+    if (s->gpu) {
+        if (hidden_out) return tern_fail(err, "GPU: per-token hidden states are not read back");
+        return tern_gpu_forward(s, tokens, T, logits, all_logits, err);
+    }
     float *x = alloc_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
@@ -568,6 +573,7 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
     const tern_mtp_w *w = &m->w.mtp;
     int H = c->hidden;
     if (!m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", m->dir);
+    if (s->gpu) return tern_fail(err, "the MTP head does not run on the GPU yet");
     if (n <= 0) return tern_fail(err, "no tokens for the MTP head");
     if (check_tokens(c, next, n, err) || tern_session_reserve_mtp(s, s->mtp_pos + n, err)) return -1;
     /* u = fc(concat(norm(embed(next)), norm(hidden))): embedding half first. */

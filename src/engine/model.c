@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "cpu/qmatvec.h"
 #include "model/packed.h"
 #include "pack/verify.h"
@@ -126,6 +127,12 @@ int tern_model_finish(tern_model *m, tern_error *err) {
     return m->inv_freq ? 0 : tern_fail(err, "out of memory");
 }
 
+int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err) {
+    const char *dev = params ? params->device : NULL;
+    if (!dev || !strcmp(dev, "cpu")) return 0;
+    return tern_gpu_model_init(m, dev, err);
+}
+
 tern_model *tern_model_load(const char *dir, const tern_load_params *params, tern_error *err) {
     tern_model *m = tern_model_alloc(params, err);
     if (!m) return NULL;
@@ -140,6 +147,7 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
             rc = tern_tensors_open(&m->ts, dir, 0, err) || tern_weights_bind(&m->w, &m->cfg, &m->ts, err) ? -1 : 0;
     }
     if (rc == 0) rc = tern_model_finish(m, err);
+    if (rc == 0) rc = tern_model_place(m, params, err);
     if (rc != 0) {
         tern_model_free(m);
         return NULL;
@@ -149,6 +157,7 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
 
 void tern_model_free(tern_model *m) {
     if (!m) return;
+    if (m->gpu) tern_gpu_model_free(m);
     tern_expert_cache_destroy(m->experts);
     if (m->expert_maps) {
         for (int i = 0; i < expert_file_count(m); i++)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "util/err.h"
 
 static size_t conv_floats(const tern_config *c) {
@@ -14,13 +15,17 @@ static size_t state_floats(const tern_config *c) {
     return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
 }
 
-static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, tern_error *err) {
+static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, int gpu, tern_error *err) {
     if (needed <= *cap) return 0;
     if (needed > max_ctx)
         return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, max_ctx);
     int n = *cap < 256 ? 256 : *cap;
     while (n < needed) n = n > max_ctx / 2 ? max_ctx : n * 2;
     if (n > max_ctx) n = max_ctx;
+    if (gpu)
+        return tern_gpu_grow(&kv->k, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err) ||
+                       tern_gpu_grow(&kv->v, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err)
+                   ? -1 : 0;
     uint8_t *k = realloc(kv->k, (size_t)n * row_bytes);
     if (k) kv->k = k;
     uint8_t *v = k ? realloc(kv->v, (size_t)n * row_bytes) : NULL;
@@ -36,7 +41,7 @@ int tern_session_reserve(tern_session *s, int needed, tern_error *err) {
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
         cap = s->cap;
-        if (grow(&s->kv[l], &cap, needed, s->max_ctx, s->kvf.row_bytes, err)) return -1;
+        if (grow(&s->kv[l], &cap, needed, s->max_ctx, s->kvf.row_bytes, s->gpu != NULL, err)) return -1;
     }
     if (cap) s->cap = cap;
     else if (needed > s->max_ctx)
@@ -45,7 +50,7 @@ int tern_session_reserve(tern_session *s, int needed, tern_error *err) {
 }
 
 int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err) {
-    return grow(&s->mtp_kv, &s->mtp_cap, needed, s->max_ctx, s->kvf.row_bytes, err);
+    return grow(&s->mtp_kv, &s->mtp_cap, needed, s->max_ctx, s->kvf.row_bytes, 0, err);
 }
 
 static int init_kv_format(tern_kv_format *f, const tern_config *c, int bits, tern_error *err) {
@@ -72,7 +77,10 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
         free(s);
         return NULL;
     }
-    if (init_kv_format(&s->kvf, c, p ? p->kv_bits : 0, err) != 0) {
+    /* the GPU keeps no fp32 rows: its default is 16-bit */
+    int kv_bits = p ? p->kv_bits : 0;
+    if (m->gpu && kv_bits == 0) kv_bits = 16;
+    if (init_kv_format(&s->kvf, c, kv_bits, err) != 0) {
         free(s);
         return NULL;
     }
@@ -80,6 +88,11 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
     s->gdn = calloc((size_t)c->n_layers, sizeof *s->gdn);
     s->hidden = calloc((size_t)c->hidden, sizeof(float));
     int ok = s->kv && s->gdn && s->hidden;
+    if (ok && m->gpu) {
+        if (tern_gpu_session_init(s, err) == 0) return s;
+        tern_session_destroy(s);
+        return NULL;
+    }
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
         s->gdn[l].conv = calloc(conv_floats(c) + 1, sizeof(float));
@@ -97,6 +110,7 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
 void tern_session_destroy(tern_session *s) {
     if (!s) return;
     int n = s->m->cfg.n_layers;
+    if (s->m->gpu) tern_gpu_session_free(s);   /* device kv and gdn state */
     for (int l = 0; l < n; l++) {
         if (s->kv) { free(s->kv[l].k); free(s->kv[l].v); }
         if (s->gdn) { free(s->gdn[l].conv); free(s->gdn[l].S); }
@@ -151,16 +165,23 @@ struct tern_snapshot {
 
 /* Copies every piece of state between the session and a flat buffer, in a
  * fixed order; `to_buf` picks the direction. */
-static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, int to_buf) {
+static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, int to_buf, int *failed) {
     const tern_config *c = &s->m->cfg;
     size_t off = 0, row = s->kvf.row_bytes;
-#define MOVE(ptr, bytes)                                                       \
+    int dev = s->gpu != NULL;   /* kv and gdn state live on the GPU */
+#define MOVE_IN(ptr, bytes, on_dev)                                            \
     do {                                                                       \
         size_t n_ = (bytes);  /* an empty cache may have no buffer at all */   \
-        if (buf && n_ && to_buf) memcpy(buf + off, (ptr), n_);                 \
-        else if (buf && n_) memcpy((ptr), buf + off, n_);                      \
+        if (buf && n_ && (on_dev)) {                                           \
+            if (tern_gpu_copy(buf + off, (ptr), n_, to_buf, NULL) != 0) *failed = 1; \
+        } else if (buf && n_ && to_buf) {                                      \
+            memcpy(buf + off, (ptr), n_);                                      \
+        } else if (buf && n_) {                                                \
+            memcpy((ptr), buf + off, n_);                                      \
+        }                                                                      \
         off += n_;                                                             \
     } while (0)
+#define MOVE(ptr, bytes) MOVE_IN(ptr, bytes, dev)
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] == TERN_LAYER_ATTN) {
             MOVE(s->kv[l].k, (size_t)pos * row);
@@ -172,8 +193,9 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
     }
     MOVE(s->mtp_kv.k, (size_t)mtp_pos * row);
     MOVE(s->mtp_kv.v, (size_t)mtp_pos * row);
-    MOVE(s->hidden, (size_t)c->hidden * sizeof(float));
+    MOVE_IN(s->hidden, (size_t)c->hidden * sizeof(float), 0);
 #undef MOVE
+#undef MOVE_IN
     return off;
 }
 
@@ -186,14 +208,20 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
     snap->mtp_pos = s->mtp_pos;
     snap->has_hidden = s->has_hidden;
     snap->kv_bits = s->kvf.bits;
-    snap->n_bytes = walk_state(ms, NULL, s->pos, s->mtp_pos, 1);
+    int failed = 0;
+    snap->n_bytes = walk_state(ms, NULL, s->pos, s->mtp_pos, 1, &failed);
     snap->data = malloc(snap->n_bytes ? snap->n_bytes : 1);
     if (!snap->data) {
         tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_bytes);
         free(snap);
         return NULL;
     }
-    walk_state(ms, snap->data, s->pos, s->mtp_pos, 1);
+    walk_state(ms, snap->data, s->pos, s->mtp_pos, 1, &failed);
+    if (failed) {
+        tern_fail(err, "GPU: the session state could not be copied to the host");
+        tern_snapshot_free(snap);
+        return NULL;
+    }
     return snap;
 }
 
@@ -202,7 +230,12 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     if (snap->kv_bits != s->kvf.bits)
         return tern_fail(err, "snapshot has %d-bit KV rows, the session %d-bit", snap->kv_bits, s->kvf.bits);
     if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
-    walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0);
+    int failed = 0;
+    walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0, &failed);
+    if (failed) {
+        s->broken = 1;
+        return tern_fail(err, "GPU: the snapshot could not be copied to the device");
+    }
     s->pos = snap->pos;
     s->broken = 0;
     s->mtp_pos = snap->mtp_pos;

@@ -1,0 +1,457 @@
+#include "engine/gpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/err.h"
+
+#ifndef TERN_CUDA
+
+static int no_cuda(tern_error *err) {
+    return tern_fail(err, "this tern was built without CUDA: build it with make CUDA=1 for --device cuda");
+}
+int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) { (void)m; (void)device; return no_cuda(err); }
+void tern_gpu_model_free(tern_model *m) { (void)m; }
+int tern_gpu_session_init(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
+void tern_gpu_session_free(tern_session *s) { (void)s; }
+int tern_gpu_grow(uint8_t **p, size_t o, size_t n, tern_error *err) { (void)p; (void)o; (void)n; return no_cuda(err); }
+int tern_gpu_copy(void *h, void *d, size_t n, int to_host, tern_error *err) {
+    (void)h; (void)d; (void)n; (void)to_host;
+    return no_cuda(err);
+}
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
+    (void)s; (void)tokens; (void)T; (void)logits; (void)all;
+    return no_cuda(err);
+}
+
+#else
+
+#include <math.h>
+
+#include "cpu/ops.h"
+#include "cuda/cuda_ops.h"
+
+/* Tokens per GPU forward piece: bounds every scratch buffer (the logits of
+ * all_logits callers above all: 64 x vocab floats). */
+#define PIECE 64
+/* tern_cuda_moe and tern_cuda_attention take decode-sized token counts. */
+#define SUB 8
+
+/* ---- the model ---------------------------------------------------------- */
+
+typedef struct gpu_model {
+    int device;
+    tern_cuda_ctx *ctx;
+    uint8_t *resident;            /* resident.bin, same offsets as the host map */
+    uint8_t **experts;            /* per expert file: n_experts x stride */
+    int n_expert_files;
+    tern_weights w;               /* m->w with every pointer on the device */
+    float **vecs;                 /* device copies of the small fp32 vectors, for freeing */
+    int n_vecs, cap_vecs;
+    float *inv_freq;
+} gpu_model;
+
+/* A pointer into the host map of resident.bin, moved to the device copy. */
+static const void *dev_of(const tern_model *m, const gpu_model *g, const void *host) {
+    if (!host) return NULL;
+    const uint8_t *base = m->ts.map, *p = host;
+    if (p < base || p >= base + m->ts.map_size) return NULL;   /* not in resident.bin: cannot happen when packed */
+    return g->resident + (p - base);
+}
+
+static int mat_to_dev(const tern_model *m, const gpu_model *g, tern_mat *w, const char *what, tern_error *err) {
+    if (!w->data) return 0;
+    const void *d = dev_of(m, g, w->data);
+    if (!d) return tern_fail(err, "GPU: matrix %s does not live in resident.bin", what);
+    w->data = d;
+    w->scales = dev_of(m, g, w->scales);
+    w->biases = dev_of(m, g, w->biases);
+    if (!tern_cuda_gemv_supported(w))
+        return tern_fail(err, "GPU: matrix %s (%lld x %lld, %d-bit) has an encoding the GPU kernels do not take",
+                         what, (long long)w->rows, (long long)w->cols, w->bits);
+    return 0;
+}
+
+static int vec_to_dev(gpu_model *g, float **v, size_t n, tern_error *err) {
+    if (!*v) return 0;
+    if (g->n_vecs == g->cap_vecs) {
+        g->cap_vecs = g->cap_vecs ? 2 * g->cap_vecs : 256;
+        float **p = realloc(g->vecs, (size_t)g->cap_vecs * sizeof *p);
+        if (!p) return tern_fail(err, "out of memory");
+        g->vecs = p;
+    }
+    float *d = tern_cuda_alloc(n * sizeof(float), err);
+    if (!d || tern_cuda_upload(d, *v, n * sizeof(float), err) != 0) {
+        tern_cuda_free(d);
+        return -1;
+    }
+    g->vecs[g->n_vecs++] = d;
+    *v = d;
+    return 0;
+}
+
+static int layer_to_dev(const tern_model *m, gpu_model *g, tern_layer_w *L, tern_error *err) {
+    const tern_config *c = &m->cfg;
+    size_t H = (size_t)c->hidden;
+    if (vec_to_dev(g, &L->in_norm, H, err) || vec_to_dev(g, &L->post_norm, H, err)) return -1;
+    if (L->kind == TERN_LAYER_ATTN) {
+        tern_attn_w *a = &L->attn;
+        if (mat_to_dev(m, g, &a->q, "q_proj", err) || mat_to_dev(m, g, &a->k, "k_proj", err) ||
+            mat_to_dev(m, g, &a->v, "v_proj", err) || mat_to_dev(m, g, &a->o, "o_proj", err) ||
+            vec_to_dev(g, &a->q_norm, (size_t)c->head_dim, err) || vec_to_dev(g, &a->k_norm, (size_t)c->head_dim, err))
+            return -1;
+    } else {
+        tern_gdn_w *d = &L->gdn;
+        size_t conv = (size_t)tern_cfg_gdn_conv_dim(c) * c->gdn_conv_kernel;
+        if (mat_to_dev(m, g, &d->qkv, "in_proj_qkv", err) || mat_to_dev(m, g, &d->z, "in_proj_z", err) ||
+            mat_to_dev(m, g, &d->b, "in_proj_b", err) || mat_to_dev(m, g, &d->a, "in_proj_a", err) ||
+            mat_to_dev(m, g, &d->out, "out_proj", err) || vec_to_dev(g, &d->conv, conv, err) ||
+            vec_to_dev(g, &d->dt_bias, (size_t)c->gdn_v_heads, err) ||
+            vec_to_dev(g, &d->A_log, (size_t)c->gdn_v_heads, err) || vec_to_dev(g, &d->norm, (size_t)c->gdn_v_dim, err))
+            return -1;
+    }
+    tern_moe_w *e = &L->moe;
+    e->experts = NULL;   /* the routed experts are reached through gpu_model.experts */
+    return mat_to_dev(m, g, &e->router, "router", err) || mat_to_dev(m, g, &e->shared.gate, "shared gate_proj", err) ||
+                   mat_to_dev(m, g, &e->shared.up, "shared up_proj", err) ||
+                   mat_to_dev(m, g, &e->shared.down, "shared down_proj", err) ||
+                   mat_to_dev(m, g, &e->shared_gate, "shared_expert_gate", err)
+               ? -1 : 0;
+}
+
+static int upload_experts(tern_model *m, gpu_model *g, tern_error *err) {
+    g->n_expert_files = m->man.n_layer_files;   /* the MTP layer's experts stay on the host for now */
+    g->experts = calloc((size_t)g->n_expert_files, sizeof *g->experts);
+    if (!g->experts) return tern_fail(err, "out of memory");
+    size_t bytes = (size_t)m->man.n_experts * m->man.stride;
+    for (int f = 0; f < g->n_expert_files; f++) {
+        g->experts[f] = tern_cuda_alloc(bytes, err);
+        if (!g->experts[f] || tern_cuda_upload(g->experts[f], m->expert_maps[f], bytes, err) != 0)
+            return tern_fail(err, "GPU: the experts of layer %d (%zu bytes): %s", f, bytes, err->msg);
+    }
+    return 0;
+}
+
+static void gpu_model_free(gpu_model *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_vecs; i++) tern_cuda_free(g->vecs[i]);
+    free(g->vecs);
+    for (int f = 0; g->experts && f < g->n_expert_files; f++) tern_cuda_free(g->experts[f]);
+    free(g->experts);
+    tern_cuda_free(g->resident);
+    free(g->w.layers);
+    tern_cuda_ctx_destroy(g->ctx);
+    free(g);
+}
+
+static int parse_device(const char *s, int *dev, tern_error *err) {
+    char *end;
+    if (!strcmp(s, "cuda")) { *dev = 0; return 0; }
+    if (strncmp(s, "cuda:", 5) == 0) {
+        long v = strtol(s + 5, &end, 10);
+        if (s[5] && !*end && v >= 0 && v < 1024) { *dev = (int)v; return 0; }
+    }
+    return tern_fail(err, "unknown device '%s' (cpu, cuda or cuda:N)", s);
+}
+
+static int build(tern_model *m, gpu_model *g, const char *device, tern_error *err) {
+    const tern_config *c = &m->cfg;
+    char name[256];
+    if (parse_device(device, &g->device, err) || tern_cuda_init(g->device, name, sizeof name, err)) return -1;
+    if (!m->packed) return tern_fail(err, "%s: the GPU path runs packed models: tern pack it first", m->dir);
+    if (m->experts) return tern_fail(err, "GPU: streaming experts (--expert-budget) is not on the GPU yet");
+    if (!(g->ctx = tern_cuda_ctx_create(0, err))) return -1;
+    if (!(g->resident = tern_cuda_alloc(m->ts.map_size, err)) ||
+        tern_cuda_upload(g->resident, m->ts.map, m->ts.map_size, err) != 0)
+        return -1;
+    g->w = m->w;
+    g->w.layers = calloc((size_t)c->n_layers, sizeof *g->w.layers);
+    if (!g->w.layers) return tern_fail(err, "out of memory");
+    memcpy(g->w.layers, m->w.layers, (size_t)c->n_layers * sizeof *g->w.layers);
+    g->w.has_mtp = 0;
+    if (mat_to_dev(m, g, &g->w.lm_head, "lm_head", err) || vec_to_dev(g, &g->w.final_norm, (size_t)c->hidden, err))
+        return -1;
+    g->w.embed = m->w.embed;   /* rows are looked up on the host: one row per token */
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_to_dev(m, g, &g->w.layers[l], err) != 0) return tern_fail(err, "layer %d: %s", l, err->msg);
+    /* the RoPE table joins the vectors (and is freed with them) */
+    g->inv_freq = m->inv_freq;
+    if (vec_to_dev(g, &g->inv_freq, (size_t)c->rope_dim / 2, err) != 0) return -1;
+    return upload_experts(m, g, err);
+}
+
+int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
+    gpu_model *g = calloc(1, sizeof *g);
+    if (!g) return tern_fail(err, "out of memory");
+    if (build(m, g, device, err) != 0) {
+        gpu_model_free(g);
+        return -1;
+    }
+    m->gpu = g;
+    return 0;
+}
+
+void tern_gpu_model_free(tern_model *m) {
+    gpu_model_free(m->gpu);
+    m->gpu = NULL;
+}
+
+/* ---- the session -------------------------------------------------------- */
+
+typedef struct gpu_session {
+    tern_stream stream;
+    float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
+    int32_t *ids;
+    void *moe_work, *att_work;
+    size_t att_bytes;
+    float *host_x;                /* embedding rows before upload */
+    int32_t *host_ids;            /* routing observer */
+} gpu_session;
+
+static size_t conv_floats(const tern_config *c) { return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c); }
+static size_t state_floats(const tern_config *c) { return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim; }
+
+static float *dalloc(size_t n, int *ok, tern_error *err) {
+    float *p = *ok ? tern_cuda_alloc((n ? n : 1) * sizeof(float), err) : NULL;
+    if (!p) *ok = 0;
+    return p;
+}
+
+static tern_cuda_attn_dims attn_dims(const tern_config *c) {
+    return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
+}
+
+int tern_gpu_session_init(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    if (s->kvf.bits == 32)
+        return tern_fail(err, "GPU: the KV cache is 16, 8 or 4-bit on the GPU (kv_bits 32 is the CPU reference's)");
+    gpu_session *g = calloc(1, sizeof *g);
+    if (!g) return tern_fail(err, "out of memory");
+    s->gpu = g;
+    int ok = 1;
+    size_t H = (size_t)c->hidden, P = PIECE, vd = (size_t)tern_cfg_gdn_value_dim(c);
+    size_t qrows = (size_t)c->n_heads * c->head_dim * 2, kvrow = (size_t)c->n_kv_heads * c->head_dim;
+    size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
+    g->x = dalloc(P * H, &ok, err);
+    g->xn = dalloc(P * H, &ok, err);
+    g->out = dalloc(P * H, &ok, err);
+    g->qg = dalloc(P * qrows, &ok, err);
+    g->k = dalloc(P * kvrow, &ok, err);
+    g->v = dalloc(P * kvrow, &ok, err);
+    g->o = dalloc(P * qrows / 2, &ok, err);
+    g->qkv = dalloc(P * (size_t)tern_cfg_gdn_conv_dim(c), &ok, err);
+    g->z = dalloc(P * vd, &ok, err);
+    g->b = dalloc(P * (size_t)c->gdn_v_heads, &ok, err);
+    g->a = dalloc(P * (size_t)c->gdn_v_heads, &ok, err);
+    g->g_out = dalloc(P * vd, &ok, err);
+    g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
+    g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
+    g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
+    g->logits = dalloc(P * (size_t)c->vocab, &ok, err);
+    g->moe_work = ok ? tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err) : NULL;
+    tern_cuda_attn_dims d = attn_dims(c);
+    g->att_bytes = tern_cuda_attention_workspace(&d, SUB, s->max_ctx);
+    g->att_work = ok && g->moe_work ? tern_cuda_alloc(g->att_bytes, err) : NULL;
+    g->host_x = malloc(P * H * sizeof(float));
+    g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
+    if (ok && (!g->moe_work || !g->att_work)) ok = 0;
+    if (ok && (!g->host_x || !g->host_ids)) ok = tern_fail(err, "out of memory") + 1;
+    if (ok) g->stream = tern_cuda_stream_create(err);
+    if (ok && !g->stream) ok = 0;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        s->gdn[l].conv = dalloc(conv_floats(c), &ok, err);
+        s->gdn[l].S = dalloc(state_floats(c), &ok, err);
+        if (ok && (tern_cuda_fill(s->gdn[l].conv, 0, conv_floats(c) * sizeof(float), NULL, err) ||
+                   tern_cuda_fill(s->gdn[l].S, 0, state_floats(c) * sizeof(float), NULL, err)))
+            ok = 0;
+    }
+    if (ok && tern_cuda_sync(NULL, err) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+void tern_gpu_session_free(tern_session *s) {
+    gpu_session *g = s->gpu;
+    const tern_config *c = &s->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (s->kv) {
+            tern_cuda_free(s->kv[l].k);
+            tern_cuda_free(s->kv[l].v);
+            s->kv[l].k = s->kv[l].v = NULL;
+        }
+        if (s->gdn) {
+            tern_cuda_free(s->gdn[l].conv);
+            tern_cuda_free(s->gdn[l].S);
+            s->gdn[l].conv = NULL;
+            s->gdn[l].S = NULL;
+        }
+    }
+    if (!g) return;
+    if (g->stream) tern_cuda_sync(g->stream, NULL);
+    float *bufs[] = {g->x, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
+                     g->wts, g->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
+    tern_cuda_free(g->ids);
+    tern_cuda_free(g->moe_work);
+    tern_cuda_free(g->att_work);
+    tern_cuda_stream_destroy(g->stream);
+    free(g->host_x);
+    free(g->host_ids);
+    free(g);
+    s->gpu = NULL;
+}
+
+int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *err) {
+    uint8_t *n = tern_cuda_alloc(new_bytes, err);
+    if (!n) return -1;
+    if (*p && old_bytes && (tern_cuda_sync(NULL, err) || tern_cuda_copy(n, *p, old_bytes, NULL, err) ||
+                            tern_cuda_sync(NULL, err))) {
+        tern_cuda_free(n);
+        return -1;
+    }
+    tern_cuda_free(*p);
+    *p = n;
+    return 0;
+}
+
+int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err) {
+    if (tern_cuda_sync(NULL, err) != 0) return -1;
+    return to_host ? tern_cuda_download(host, dev, n, err) : tern_cuda_upload(dev, host, n, err);
+}
+
+/* ---- the forward pass ----------------------------------------------------- */
+
+/* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token count,
+ * cuBLAS above it. */
+static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
+              tern_error *err) {
+    if (T <= TERN_CUDA_GEMV_MAX_T) return tern_cuda_gemv(W, x, T, y, g->stream, err);
+    return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
+}
+
+static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    tern_cuda_attn_dims d = attn_dims(c);
+    if (mm(gm, g, g->qg, g->xn, T, &w->q, err) || mm(gm, g, g->k, g->xn, T, &w->k, err) ||
+        mm(gm, g, g->v, g->xn, T, &w->v, err) ||
+        tern_cuda_attn_prep(&d, &s->kvf.q, g->qg, g->k, g->v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos,
+                            s->kv[l].k, s->kv[l].v, g->stream, err))
+        return -1;
+    size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    /* every row of the piece is in the cache now: each run of SUB tokens
+     * attends causally from its own first position */
+    for (int t0 = 0; t0 < T; t0 += SUB) {
+        int n = T - t0 < SUB ? T - t0 : SUB;
+        if (tern_cuda_attention(&d, &s->kvf.q, g->qg + t0 * qrow, s->kv[l].k, s->kv[l].v, n, s->pos + t0, scale,
+                                g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
+            return -1;
+    }
+    return mm(gm, g, g->out, g->o, T, &w->o, err);
+}
+
+static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                          w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
+    return mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
+                   mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err) ||
+                   tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
+                                      g->stream, err) ||
+                   mm(gm, g, g->out, g->g_out, T, &w->out, err)
+               ? -1 : 0;
+}
+
+static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
+    return (tern_cuda_expert_part){t->data.off, t->scales.off, t->biases.off, t->shape[0], t->shape[1],
+                                   t->encoding == TERN_ENC_Q4 ? 4 : 8, t->group};
+}
+
+static int observe(tern_session *s, int l, int T, tern_error *err) {
+    gpu_session *g = s->gpu;
+    int K = s->m->cfg.top_k;
+    if (tern_cuda_sync(g->stream, err) || tern_cuda_download(g->host_ids, g->ids, (size_t)T * K * sizeof(int32_t), err))
+        return -1;
+    for (int t = 0; t < T; t++) s->route_fn(s->route_ud, l, s->pos + t, g->host_ids + (size_t)t * K, K);
+    return 0;
+}
+
+static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const tern_model *m = s->m;
+    const gpu_model *gm = m->gpu;
+    gpu_session *g = s->gpu;
+    int E = c->n_experts, K = c->top_k;
+    if (mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
+        tern_cuda_route(g->rlog, T, E, K, c->norm_topk, g->ids, g->wts, g->stream, err))
+        return -1;
+    if (s->route_fn && observe(s, l, T, err)) return -1;
+    tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
+                            part_of(&m->man.parts[2])};
+    size_t H = (size_t)c->hidden;
+    for (int t0 = 0; t0 < T; t0 += SUB) {
+        int n = T - t0 < SUB ? T - t0 : SUB;
+        if (tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn + t0 * H, n, K, g->ids + (size_t)t0 * K,
+                          g->wts + (size_t)t0 * K, g->moe_work, g->out + t0 * H, g->stream, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* x += out (the previous block's output, when there is one), xn = norm(x). */
+static int norm_in(gpu_session *g, const float *w, int add, int H, int T, float eps, tern_error *err) {
+    return tern_cuda_rmsnorm(g->xn, g->x, add ? g->out : NULL, w, 1, H, T, eps, g->stream, err);
+}
+
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
+    tern_model *m = s->m;
+    const tern_config *c = &m->cfg;
+    const gpu_model *gm = m->gpu;
+    gpu_session *g = s->gpu;
+    int H = c->hidden;
+    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
+    /* the upload runs on the legacy stream: the session's stream must be idle */
+    if (tern_cuda_sync(g->stream, err) || tern_cuda_upload(g->x, g->host_x, (size_t)T * H * sizeof(float), err))
+        return -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        const tern_layer_w *L = &gm->w.layers[l];
+        int rc = norm_in(g, L->in_norm, l > 0, H, T, c->norm_eps, err);
+        if (rc == 0) rc = L->kind == TERN_LAYER_ATTN ? attn_layer(s, &L->attn, l, T, err) : gdn_layer(s, &L->gdn, l, T, err);
+        if (rc == 0) rc = norm_in(g, L->post_norm, 1, H, T, c->norm_eps, err);
+        if (rc == 0) rc = moe_layer(s, &L->moe, l, T, err);
+        if (rc != 0) return tern_fail(err, "GPU layer %d: %s", l, err->msg);
+    }
+    if (norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err)) return -1;
+    const float *last = g->xn + (size_t)(T - 1) * H;
+    if (logits && (all ? mm(gm, g, g->logits, g->xn, T, &gm->w.lm_head, err)
+                       : mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err)))
+        return -1;
+    size_t n_logits = (size_t)(all ? T : 1) * c->vocab;
+    if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err) ||
+        (logits && tern_cuda_download(logits, g->logits, n_logits * sizeof(float), err)))
+        return -1;
+    s->has_hidden = 1;
+    s->pos += T;
+    return 0;
+}
+
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     tern_error *err) {
+    size_t V = (size_t)s->m->cfg.vocab;
+    for (int done = 0; done < T; done += PIECE) {
+        int n = T - done < PIECE ? T - done : PIECE;
+        int last = done + n == T;
+        float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
+        if (piece(s, tokens + done, n, out, all_logits, err) != 0) {
+            s->broken = 1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#endif

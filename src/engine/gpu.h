@@ -1,0 +1,36 @@
+/* The CUDA path of the engine: a packed model's weights uploaded once, a
+ * session's state (KV rows, DeltaNet state) in device memory, and the
+ * forward pass of forward.c in the same order on the ops of src/cuda. The
+ * CPU engine is its reference (tests/cuda/check_engine.c compares them).
+ *
+ * A GPU session keeps the CPU session's struct: its kv[l].k/v and
+ * gdn[l].conv/S fields hold device pointers, so snapshots walk the same
+ * state in the same order with device copies. Built without CUDA
+ * (make CUDA=1), every entry point fails with a message saying so. */
+#ifndef TERN_ENGINE_GPU_H
+#define TERN_ENGINE_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model). */
+int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err);
+void tern_gpu_model_free(tern_model *m);
+
+/* Device state and scratch of a session on a GPU model (kv bits 16/8/4). */
+int tern_gpu_session_init(tern_session *s, tern_error *err);
+void tern_gpu_session_free(tern_session *s);
+
+/* Device KV rows: a new buffer of new_bytes holding the first old_bytes of
+ * *p (NULL: nothing yet), the old one freed. */
+int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *err);
+/* Copies between a device pointer and host memory (to_host picks the way). */
+int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err);
+
+/* tern_forward on the GPU: T tokens at s->pos; logits as tern_forward. */
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     tern_error *err);
+
+#endif

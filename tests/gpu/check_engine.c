@@ -1,0 +1,189 @@
+/* The GPU engine against the CPU engine (make test-cuda, on a GPU machine):
+ * for each fixture checkpoint and tern-tiny, packed, the logits of a
+ * prompt (prefill pieces and decode steps) agree within the bound of bf16
+ * prefill products; tern-tiny's 32 greedy tokens are identical; a GPU
+ * snapshot restores exactly. Prints one line per check and a table; exits
+ * non-zero on any failure. Plain C on the public API (tern.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tern.h"
+
+/* Relative to max |cpu logit|. Prefill pieces run their products through
+ * cuBLAS with bf16 inputs (8 significant bits: ~4e-3 relative per input),
+ * accumulated over layers; decode steps are fp32 GEMVs (~1e-6). The issue's
+ * bound for bf16 activations is 1e-2. */
+#define TOL 1e-2
+
+static int failures;
+
+static void report(const char *what, double err, double tol) {
+    int ok = err <= tol;
+    failures += !ok;
+    printf("| %-44s | %10.3e | %8.1e | %s |\n", what, err, tol, ok ? "pass" : "FAIL");
+}
+
+static tern_model *load(const char *dir, const char *device) {
+    tern_load_params lp = {.n_threads = 4, .device = device};
+    tern_error err;
+    tern_model *m = tern_model_load(dir, &lp, &err);
+    if (!m) {
+        fprintf(stderr, "%s on %s: %s\n", dir, device ? device : "cpu", err.msg);
+        exit(2);
+    }
+    return m;
+}
+
+static char *pack(const char *src, const char *tmp, const char *name, int bits) {
+    char *dst;
+    if (asprintf(&dst, "%s/%s-%d", tmp, name, bits) < 0) exit(2);
+    tern_pack_params p = {.src = src, .dst = dst, .bits = bits, .n_threads = 4};
+    tern_error err;
+    if (tern_pack(&p, &err) != 0) {
+        fprintf(stderr, "pack %s: %s\n", src, err.msg);
+        exit(2);
+    }
+    return dst;
+}
+
+/* Logits of every prompt position (prefill) then of n decode steps on the
+ * given ids: rows [(P + n), V]. */
+static float *run(tern_model *m, int kv_bits, const int32_t *ids, int P, int n) {
+    tern_session_params sp = {.kv_bits = kv_bits};
+    tern_error err;
+    tern_session *s = tern_session_create(m, &sp, &err);
+    if (!s) { fprintf(stderr, "session: %s\n", err.msg); exit(2); }
+    size_t V = (size_t)tern_model_vocab_size(m);
+    float *out = malloc((size_t)(P + n) * V * sizeof(float));
+    int rc = tern_session_eval(s, ids, P, out, 1, &err);
+    for (int i = 0; rc == 0 && i < n; i++) rc = tern_session_eval(s, ids + P + i, 1, out + (P + i) * V, 0, &err);
+    if (rc != 0) { fprintf(stderr, "eval: %s\n", err.msg); exit(2); }
+    tern_session_destroy(s);
+    return out;
+}
+
+static double rel(const float *a, const float *b, size_t n) {
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(b[i]) > m) m = fabs(b[i]);
+        double e = fabs((double)a[i] - b[i]);
+        if (!(e <= d)) d = e;   /* NaN counts */
+    }
+    return m > 0 ? d / m : d;
+}
+
+static void compare(const char *name, const char *dir, int kv_bits) {
+    tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
+    int V = tern_model_vocab_size(cpu), P = 70, n = 6;
+    int32_t ids[76];
+    for (int i = 0; i < P + n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    float *a = run(gpu, kv_bits, ids, P, n), *b = run(cpu, kv_bits, ids, P, n);
+    char what[128];
+    snprintf(what, sizeof what, "%s kv%d prefill 70 (pieces 64 + 6)", name, kv_bits);
+    report(what, rel(a, b, (size_t)P * V), TOL);
+    snprintf(what, sizeof what, "%s kv%d decode 6 steps", name, kv_bits);
+    report(what, rel(a + (size_t)P * V, b + (size_t)P * V, (size_t)n * V), TOL);
+    free(a);
+    free(b);
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+static void greedy(tern_model *m, const int32_t *prompt, int P, int n, int32_t *out) {
+    tern_session_params sp = {.kv_bits = 16};
+    tern_error err;
+    tern_session *s = tern_session_create(m, &sp, &err);
+    int V = tern_model_vocab_size(m);
+    float *lg = malloc((size_t)V * sizeof(float));
+    if (!s || tern_session_eval(s, prompt, P, lg, 0, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    for (int i = 0; i < n; i++) {
+        out[i] = argmax(lg, V);
+        if (tern_session_eval(s, &out[i], 1, lg, 0, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    }
+    free(lg);
+    tern_session_destroy(s);
+}
+
+static void tiny_greedy(const char *dir) {
+    tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
+    tern_tokenizer *tok;
+    tern_error err;
+    if (!(tok = tern_tokenizer_load("models/tern-tiny", &err))) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    int32_t *prompt = NULL, a[32], b[32];
+    size_t P = 0;
+    const char *text = "And God said, Let there be light: and there was light.";
+    if (tern_tokenizer_encode(tok, text, strlen(text), 0, &prompt, &P, &err) != 0) exit(2);
+    greedy(gpu, prompt, (int)P, 32, a);
+    greedy(cpu, prompt, (int)P, 32, b);
+    int same = 0;
+    while (same < 32 && a[same] == b[same]) same++;
+    char what[128];
+    snprintf(what, sizeof what, "tern-tiny greedy: identical tokens of 32");
+    report(what, 32 - same, 0);
+    free(prompt);
+    tern_tokenizer_free(tok);
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
+/* A GPU snapshot brings the device state back exactly. */
+static void snapshot(const char *dir) {
+    tern_model *gpu = load(dir, "cuda");
+    tern_session_params sp = {.kv_bits = 8};
+    tern_error err;
+    tern_session *s = tern_session_create(gpu, &sp, &err);
+    int V = tern_model_vocab_size(gpu);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 31 + 5) % V);
+    float *x = malloc((size_t)V * 4 * sizeof(float));
+    if (!s || tern_session_eval(s, ids, 12, NULL, 0, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    tern_snapshot *snap = tern_session_snapshot(s, &err);
+    if (!snap) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    for (int i = 0; i < 2; i++) tern_session_eval(s, ids + 12 + i, 1, x + (size_t)i * V, 0, &err);
+    if (tern_session_restore(s, snap, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    for (int i = 0; i < 2; i++) tern_session_eval(s, ids + 12 + i, 1, x + (size_t)(2 + i) * V, 0, &err);
+    report("tern-tiny GPU snapshot/restore (bitwise)", memcmp(x, x + 2 * (size_t)V, 2 * (size_t)V * sizeof(float)) != 0,
+           0);
+    free(x);
+    tern_snapshot_free(snap);
+    tern_session_destroy(s);
+    tern_model_free(gpu);
+}
+
+int main(void) {
+    char tmpl[] = "/tmp/tern-gpu-XXXXXX";
+    char *tmp = mkdtemp(tmpl);
+    if (!tmp) return 2;
+    printf("| check | max error (rel. to max |CPU|) | tolerance | result |\n|---|---:|---:|---|\n");
+    static const struct { const char *name, *dir; } fx[] = {
+        {"tiny", "tests/fixtures/tiny"}, {"qwen35", "tests/fixtures/qwen35"}, {"odd", "tests/fixtures/odd"}};
+    for (size_t i = 0; i < sizeof fx / sizeof *fx; i++) {
+        char *d8 = pack(fx[i].dir, tmp, fx[i].name, 8), *d4 = pack(fx[i].dir, tmp, fx[i].name, 4);
+        char n8[64], n4[64];
+        snprintf(n8, sizeof n8, "%s q8", fx[i].name);
+        snprintf(n4, sizeof n4, "%s q4", fx[i].name);
+        compare(n8, d8, 16);
+        compare(n4, d4, 8);
+        free(d8);
+        free(d4);
+    }
+    char *t8 = pack("models/tern-tiny", tmp, "tern-tiny", 8), *t4 = pack("models/tern-tiny", tmp, "tern-tiny", 4);
+    compare("tern-tiny q8", t8, 16);
+    compare("tern-tiny q4", t4, 4);
+    tiny_greedy(t8);
+    snapshot(t4);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
