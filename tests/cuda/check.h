@@ -44,6 +44,11 @@ void *xmalloc(size_t bytes);
 /* Compares n floats: max |gpu - ref| and that over max |ref|; a non-finite
  * GPU value fails. Prints a row and counts a failure above tol. */
 void report(checker *ck, const char *op, const char *shape, const float *gpu, const float *ref, size_t n, double tol);
+/* Compares n floats element by element against their own scale: max
+ * |gpu - ref| / scale_i (for outputs whose size says little about their
+ * rounding, e.g. attention: sum_j p_j |v_j| rather than |o|). */
+void report_scaled(checker *ck, const char *op, const char *shape, const float *gpu, const float *ref,
+                   const float *scale, size_t n, double tol);
 /* A row for exact comparisons (ids, bytes): mismatches out of total. */
 void report_exact(checker *ck, const char *op, const char *shape, long mismatches, long total);
 
@@ -90,5 +95,6 @@ void check_sample(checker *ck);
 void check_gemm(checker *ck);
 void check_gdn_chunked(checker *ck);
 void check_moe_grouped(checker *ck);
+void check_attention_prefill(checker *ck);
 
 #endif

@@ -118,3 +118,149 @@ void check_attention(checker *ck) {
     att_case(ck, 8, 1, 32, 4, 2, 70, 0);
     att_case(ck, 20, 1, 64, 16, 1, 500, 0);        /* 20 heads per KV head: three query groups */
 }
+
+/* ---- prefill (flash-style) -----------------------------------------------------
+ * tern_cuda_attention_prefill against tern_kv_attend on the same quantized
+ * rows for T new tokens at pos0 (causal), times sigmoid(gate); at T = 4096
+ * on every 16th token (the CPU twin would take minutes on all).
+ * The error of each output is measured against its own scale sigmoid(gate)
+ * sum_j p_j |v_j| (for random V the output averages towards zero like
+ * 1/sqrt(n) while its rounding does not), tolerance 4e-3: q (scaled), K,
+ * V and P are rounded to f16 (2^-11 relative each); P and V contribute at
+ * most 2 x 2^-11 = 1e-3 of that scale, and a score's error, ~2^-11 of
+ * sum_i |q_i k_i| scale ~ 1e-3 absolute for unit-variance q and k at
+ * head_dim 256, moves each weight by as much relatively; an indexing, mask
+ * or softmax error is O(1). */
+
+typedef struct {
+    const tern_kvq *L;
+    const float *qg, *vabs;
+    const uint8_t *K, *V;
+    int nh, nkv, hd, pos0, every, n_chk;
+    float scale;
+    float *ref, *sc;      /* [n_chk, nh, hd] */
+} attp_ref;
+
+static void attp_ref_range(void *ctx, int64_t b, int64_t e) {
+    const attp_ref *r = ctx;
+    int G = r->nh / r->nkv, hd = r->hd, nmax = r->pos0 + (int)((r->n_chk - 1) * (int64_t)r->every) + 1;
+    float *scores = xmalloc((size_t)G * nmax * sizeof(float));
+    double *acc = xmalloc((size_t)G * hd * sizeof(double));
+    for (int64_t i = b; i < e; i++) {
+        int t = (int)(i * r->every), n = r->pos0 + t + 1;
+        for (int g = 0; g < r->nkv; g++) {
+            int h0 = g * G;
+            float *o = r->ref + ((size_t)i * r->nh + h0) * hd, *sc = r->sc + ((size_t)i * r->nh + h0) * hd;
+            tern_kv_attend(TERN_ISA_C, r->L, g, r->qg + ((size_t)t * r->nh + h0) * 2 * hd, G, (size_t)2 * hd, r->K,
+                           r->V, r->L->row_bytes, n, r->scale, scores, o, (size_t)hd);
+            /* scores now hold the probabilities; positions outer so |V| rows stream */
+            memset(acc, 0, (size_t)G * hd * sizeof(double));
+            for (int j = 0; j < n; j++) {
+                const float *va = r->vabs + (size_t)j * r->L->row_len + g * hd;
+                for (int q = 0; q < G; q++) {
+                    double p = scores[(size_t)q * n + j], *aq = acc + (size_t)q * hd;
+                    for (int dd = 0; dd < hd; dd++) aq[dd] += p * va[dd];
+                }
+            }
+            for (int q = 0; q < G; q++) {
+                const float *gate = r->qg + ((size_t)t * r->nh + h0 + q) * 2 * hd + hd;
+                for (int dd = 0; dd < hd; dd++) {
+                    float sg = tern_sigmoid(gate[dd]);
+                    o[(size_t)q * hd + dd] *= sg;
+                    sc[(size_t)q * hd + dd] = (float)acc[(size_t)q * hd + dd] * sg;
+                }
+            }
+        }
+    }
+    free(acc);
+    free(scores);
+}
+
+typedef struct {
+    const tern_cuda_attn_dims *d;
+    const tern_kvq *L;
+    const float *qg;
+    const uint8_t *K, *V;
+    int T, pos0;
+    float scale;
+    void *work;
+    size_t work_bytes;
+    float *o;
+    int split;            /* time tern_cuda_attention instead */
+    tern_stream s;
+} attp_run;
+
+static void run_attp(void *arg, int rep) {
+    attp_run *r = arg;
+    tern_error err;
+    (void)rep;
+    int rc = r->split ? tern_cuda_attention(r->d, r->L, r->qg, r->K, r->V, r->T, r->pos0, r->scale, r->work,
+                                            r->work_bytes, r->o, r->s, &err)
+                      : tern_cuda_attention_prefill(r->d, r->L, r->qg, r->K, r->V, r->T, r->pos0, r->scale, r->o,
+                                                    r->s, &err);
+    if (rc) die_err(r->split ? "attention" : "attention_prefill", &err);
+}
+
+static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int every, int timed) {
+    tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f};
+    tern_kvq L;
+    if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
+    int n = pos0 + T;
+    size_t cache = (size_t)n * L.row_bytes, nq = (size_t)T * nh * 2 * hd, no = (size_t)T * nh * hd;
+    uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
+    float *row = xmalloc((size_t)L.row_len * 4), *qg = xmalloc(nq * 4);
+    float *vabs = xmalloc((size_t)n * L.row_len * 4);
+    for (int j = 0; j < n; j++) {
+        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
+        tern_kv_quantize_row(&L, row, K + (size_t)j * L.row_bytes);
+        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
+        tern_kv_quantize_row(&L, row, V + (size_t)j * L.row_bytes);
+        float *va = vabs + (size_t)j * L.row_len;
+        tern_kv_dequantize_row(&L, V + (size_t)j * L.row_bytes, va);
+        for (int i = 0; i < L.row_len; i++) va[i] = fabsf(va[i]);
+    }
+    rnd_floats(ck, qg, nq, 1.0f);
+    float scale = 1.0f / sqrtf((float)hd);
+    int n_chk = (T + every - 1) / every;
+    size_t nc = (size_t)n_chk * nh * hd;
+    float *ref = xmalloc(nc * 4), *sc = xmalloc(nc * 4), *got = xmalloc(no * 4), *sub = xmalloc(nc * 4);
+    attp_ref rr = {&L, qg, vabs, K, V, nh, nkv, hd, pos0, every, n_chk, scale, ref, sc};
+    tern_pool_for(ck->pool, n_chk, attp_ref_range, &rr);
+    uint8_t *dK = dev_upload(K, cache), *dV = dev_upload(V, cache);
+    float *dq = dev_upload(qg, nq * 4), *dout = dev_poison(no);
+    attp_run r = {&d, &L, dq, dK, dV, T, pos0, scale, NULL, 0, dout, 0, ck->stream};
+    run_attp(&r, 0);
+    dev_sync(ck, "attention_prefill");
+    dev_download(got, dout, no * 4);
+    for (int i = 0; i < n_chk; i++)
+        memcpy(sub + (size_t)i * nh * hd, got + (size_t)i * every * nh * hd, (size_t)nh * hd * 4);
+    char shape[112];
+    snprintf(shape, sizeof shape, "%dq/%dkv x %d kv%d T=%d at %d%s", nh, nkv, hd, bits, T, pos0,
+             every > 1 ? " (every 16th)" : "");
+    report_scaled(ck, "attn_prefill", shape, sub, ref, sc, nc, 4e-3);
+    if (timed && ck->time) {
+        double flops = 0;
+        for (int t = 0; t < T; t++) flops += 4.0 * (pos0 + t + 1) * (double)nh * hd;
+        snprintf(shape, sizeof shape, "%dq/%dkv x %d kv%d T=%d at %d", nh, nkv, hd, bits, T, pos0);
+        report_rate(ck, "attn_prefill", shape, time_eager(ck, run_attp, &r, 10), flops, 2.0 * cache + no * 12.0);
+        size_t wb = tern_cuda_attention_workspace(&d, T, n);
+        attp_run sp = r;
+        sp.split = 1;
+        sp.work = dev_alloc(wb);
+        sp.work_bytes = wb;
+        report_rate(ck, "attention", shape, time_eager(ck, run_attp, &sp, 3), flops, 2.0 * cache + no * 12.0);
+        tern_cuda_free(sp.work);
+    }
+    tern_cuda_free(dK); tern_cuda_free(dV); tern_cuda_free(dq); tern_cuda_free(dout);
+    free(K); free(V); free(row); free(qg); free(vabs); free(ref); free(sc); free(got); free(sub);
+}
+
+void check_attention_prefill(checker *ck) {
+    for (int bits = 16; bits >= 4; bits /= 2) attp_case(ck, 16, 2, 256, bits, 4096, 0, 16, 1);
+    attp_case(ck, 16, 2, 256, 8, 300, 1000, 1, 0);   /* a prefill chunk after cached positions */
+    attp_case(ck, 16, 2, 256, 16, 65, 0, 1, 0);
+    attp_case(ck, 16, 2, 256, 4, 1, 500, 1, 0);
+    attp_case(ck, 8, 1, 32, 8, 70, 40, 1, 0);         /* 36-byte rows: the unaligned loads */
+    attp_case(ck, 20, 1, 64, 4, 50, 100, 1, 0);       /* 20 heads per KV head: 3 tokens per block */
+    attp_case(ck, 4, 2, 128, 16, 33, 7, 1, 0);        /* 2 heads per KV head: 32 tokens per block */
+}

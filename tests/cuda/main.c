@@ -105,6 +105,25 @@ void report(checker *ck, const char *op, const char *shape, const float *gpu, co
     row(ck, op, shape, a, r, t, !bad && rel <= tol);
 }
 
+void report_scaled(checker *ck, const char *op, const char *shape, const float *gpu, const float *ref,
+                   const float *scale, size_t n, double tol) {
+    double max_abs = 0, max_rel = 0;
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(gpu[i]) && isfinite(ref[i])) { bad++; continue; }
+        double d = fabs((double)gpu[i] - (double)ref[i]);
+        if (d > max_abs) max_abs = d;
+        if (scale[i] > 0 && d / scale[i] > max_rel) max_rel = d / scale[i];
+        else if (scale[i] <= 0 && d > 0) max_rel = INFINITY;
+    }
+    char a[32], r[32], t[32];
+    snprintf(a, sizeof a, "%.2e", max_abs);
+    if (bad) snprintf(r, sizeof r, "%ld NaN", bad);
+    else snprintf(r, sizeof r, "%.2e", max_rel);
+    snprintf(t, sizeof t, "%.0e", tol);
+    row(ck, op, shape, a, r, t, !bad && max_rel <= tol);
+}
+
 void report_exact(checker *ck, const char *op, const char *shape, long mismatches, long total) {
     char a[32];
     snprintf(a, sizeof a, "%ld/%ld", mismatches, total);
@@ -273,6 +292,7 @@ static const check_entry checks[] = {
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
     {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},
+    {"attention_prefill", check_attention_prefill},
 };
 
 /* name is one of the comma-separated names in list */

@@ -1,0 +1,275 @@
+/* Causal attention for a prefill of T tokens at positions pos0 .. pos0 +
+ * T - 1 over the quantized KV cache (flash-attention style): a block takes
+ * 64 query rows — TB tokens x the Gb query heads that share a KV head (GQA:
+ * each K/V row is read once for all of them; Qwen3.6: 8 tokens x 8 heads)
+ * — and walks the cache in tiles of 64 positions up to its last token's
+ * position: K and V rows dequantized to f16 in shared memory, S = Q K^T on
+ * the tensor cores (mma m16n8k16, f16 in, fp32 accumulation), the causal
+ * mask, an online softmax per row in fp32 (running max and sum, the output
+ * rescaled when the max grows), O += P V with P rounded to f16; at the end
+ * O / sum times sigmoid(gate).
+ *
+ * f16 rather than bf16: the cache itself is f16 (bits 16: exact; 8/4 bits:
+ * q * scale + bias rounded once, 2^-11 relative), P lies in [0, 1] and q is
+ * scaled by softmax_scale * log2(e) before rounding; f16 carries 3 more
+ * mantissa bits than bf16 at the same tensor-core rate.
+ *
+ * 4 warps, 16 query rows each: a warp holds its rows' S tile (16 x 64) and
+ * O (16 x head_dim: 128 fp32 registers at head_dim 256) in registers; the
+ * S accumulators become the A fragments of P V without leaving them. */
+#include <float.h>
+
+#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+
+#define QR 64                 /* query rows per block */
+#define KT 64                 /* cache positions per tile */
+#define AP_WARPS 4
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ float h2f_(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* Values d .. d + 7 of a row's head slice (vals: the slice's first value)
+ * as floats; `al`: the row layout keeps 16/8/4-byte loads aligned. */
+template <int BITS>
+__device__ __forceinline__ void kv_load8(const uint8_t *vals, int d, bool al, float (&v)[8]) {
+    if (BITS == 16) {
+        const uint8_t *p = vals + 2 * (size_t)d;
+        uint32_t w[4];
+        if (al) {
+            uint4 u = *(const uint4 *)p;
+            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = p[4 * i] | p[4 * i + 1] << 8 | p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) { v[2 * i] = f16_lo(w[i]); v[2 * i + 1] = f16_hi(w[i]); }
+    } else if (BITS == 8) {
+        const uint8_t *p = vals + d;
+        uint32_t w0, w1;
+        if (al) {
+            uint2 u = *(const uint2 *)p;
+            w0 = u.x; w1 = u.y;
+        } else {
+            w0 = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+            w1 = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
+        }
+        v[0] = byte_f<0>(w0); v[1] = byte_f<1>(w0); v[2] = byte_f<2>(w0); v[3] = byte_f<3>(w0);
+        v[4] = byte_f<0>(w1); v[5] = byte_f<1>(w1); v[6] = byte_f<2>(w1); v[7] = byte_f<3>(w1);
+    } else {
+        const uint8_t *p = vals + d / 2;
+        uint32_t w = al ? *(const uint32_t *)p : (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+        v[0] = byte_f<0>(lo); v[1] = byte_f<0>(hi); v[2] = byte_f<1>(lo); v[3] = byte_f<1>(hi);
+        v[4] = byte_f<2>(lo); v[5] = byte_f<2>(hi); v[6] = byte_f<3>(lo); v[7] = byte_f<3>(hi);
+    }
+}
+
+/* Row j's values d .. d + 7 of KV head kvh, dequantized (q * scale + bias
+ * in fp32, as tern_kv_dequantize_row). */
+template <int BITS>
+__device__ __forceinline__ void kv_piece(const uint8_t *cache, const kv_layout &L, int j, int first, int d, bool al,
+                                         float (&v)[8]) {
+    const uint8_t *row = cache + (size_t)j * L.row_bytes;
+    kv_load8<BITS>(row + (size_t)first * BITS / 8, d, al, v);
+    if (BITS != 16) {
+        const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
+        int g = (first + d) / L.group;
+        float s = h2f_(sb[g]), b = h2f_(sb[L.n_groups + g]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = fmaf(v[e], s, b);
+    }
+}
+
+typedef struct {
+    tern_cuda_attn_dims d;
+    kv_layout L;
+    const float *qg;
+    const uint8_t *kc, *vc;
+    float *o;
+    int T, pos0, gb, tb, ngq;   /* heads and tokens per block, head groups per KV head */
+    float qscale;               /* softmax scale * log2(e) */
+    bool al;
+} ap_args;
+
+template <int HD, int BITS>
+__global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) {
+    constexpr int LQ = HD + 8, LV = KT + 8;   /* padded rows: fragment loads on 32 distinct banks */
+    extern __shared__ __align__(16) uint16_t smh[];
+    uint16_t *Qs = smh, *Ks = Qs + QR * LQ, *Vt = Ks + KT * LQ;   /* Vt: [HD][KT], V transposed */
+    int G = a.d.n_heads / a.d.n_kv, kvh = blockIdx.y / a.ngq, gq = blockIdx.y % a.ngq;
+    /* the last tokens (the longest walks) first, so the short blocks fill the tail */
+    int t0 = (gridDim.x - 1 - blockIdx.x) * a.tb, h0 = kvh * G + gq * a.gb, first = kvh * HD;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
+    /* the block's queries, scaled, as f16 rows; rows past the block's tokens or heads are zero */
+    for (int e = tid; e < QR * (HD / 2); e += nt) {
+        int r = e / (HD / 2), d = 2 * (e % (HD / 2)), t = t0 + r / a.gb, hh = gq * a.gb + r % a.gb;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (r < a.tb * a.gb && t < a.T && hh < G) {
+            const float *q = a.qg + ((size_t)t * a.d.n_heads + kvh * G + hh) * 2 * HD;
+            x0 = q[d] * a.qscale;
+            x1 = q[d + 1] * a.qscale;
+        }
+        *(uint32_t *)(Qs + r * LQ + d) = pack_f16(x0, x1);
+    }
+    int t_last = min(t0 + a.tb, a.T) - 1, kv_end = a.pos0 + t_last + 1;
+    /* this thread's rows (g and g + 8 of the warp's 16) and the last position each may see */
+    int gr = lane >> 2, t2 = 2 * (lane & 3), lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = warp * 16 + gr + 8 * h, t = t0 + r / a.gb, hh = gq * a.gb + r % a.gb;
+        lim[h] = r < a.tb * a.gb && t < a.T && hh < G ? a.pos0 + t : -1;
+    }
+    float oacc[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+    for (int kv0 = 0; kv0 < kv_end; kv0 += KT) {
+        __syncthreads();   /* the last tile's readers are done (and Qs is written) */
+        for (int e = tid; e < KT * (HD / 8); e += nt) {
+            int jj = e % KT, d = 8 * (e / KT), j = kv0 + jj;   /* a warp: 32 positions, one 8-value piece */
+            float kv[8] = {}, vv[8] = {};
+            if (j < kv_end) {
+                kv_piece<BITS>(a.kc, a.L, j, first, d, a.al, kv);
+                kv_piece<BITS>(a.vc, a.L, j, first, d, a.al, vv);
+            }
+            uint4 u = {pack_f16(kv[0], kv[1]), pack_f16(kv[2], kv[3]), pack_f16(kv[4], kv[5]), pack_f16(kv[6], kv[7])};
+            *(uint4 *)(Ks + jj * LQ + d) = u;
+#pragma unroll
+            for (int i = 0; i < 8; i++) Vt[(d + i) * LV + jj] = __half_as_ushort(__float2half_rn(vv[i]));
+        }
+        __syncthreads();
+        float s[KT / 8][4];
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < HD; k += 16) {
+            uint32_t af[4];
+            frag_a(af, Qs, LQ, warp * 16, k, lane);
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++) {
+                uint32_t bf[2];
+                frag_b(bf, Ks, LQ, n * 8, k, lane);
+                mma_f16(s[n], af, bf);
+            }
+        }
+        /* mask, running max, rescale, probabilities (exp2: q carries log2 e) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int j = kv0 + n * 8 + t2 + c;
+                    float v = j <= lim[h] ? s[n][2 * h + c] : -INFINITY;
+                    s[n][2 * h + c] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m[h], mx), mu = mn == -INFINITY ? 0.0f : mn;   /* nothing seen yet: no NaN */
+            float corr = exp2f(m[h] - mu);
+            m[h] = mn;
+            l[h] *= corr;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) { oacc[i][2 * h] *= corr; oacc[i][2 * h + 1] *= corr; }
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float p = exp2f(s[n][2 * h + c] - mu);
+                    s[n][2 * h + c] = p;
+                    l[h] += p;
+                }
+        }
+        /* O += P V: the S accumulators of key tiles 2k, 2k + 1 are the A
+         * fragment of keys 16k .. 16k + 15 */
+#pragma unroll
+        for (int k = 0; k < KT / 16; k++) {
+            uint32_t af[4] = {pack_f16(s[2 * k][0], s[2 * k][1]), pack_f16(s[2 * k][2], s[2 * k][3]),
+                              pack_f16(s[2 * k + 1][0], s[2 * k + 1][1]), pack_f16(s[2 * k + 1][2], s[2 * k + 1][3])};
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                uint32_t bf[2];
+                frag_b(bf, Vt, LV, i * 8, k * 16, lane);
+                mma_f16(oacc[i], af, bf);
+            }
+        }
+    }
+    /* the row sums are spread over the four threads of a row */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (lim[h] < 0) continue;
+        int r = warp * 16 + gr + 8 * h, t = t0 + r / a.gb, head = h0 + r % a.gb;
+        const float *gate = a.qg + ((size_t)t * a.d.n_heads + head) * 2 * HD + HD;
+        float *o = a.o + ((size_t)t * a.d.n_heads + head) * HD;
+        float inv = 1.0f / l[h];
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            int d = i * 8 + t2;
+            o[d] = oacc[i][2 * h] * inv * sigmoid_f(gate[d]);
+            o[d + 1] = oacc[i][2 * h + 1] * inv * sigmoid_f(gate[d + 1]);
+        }
+    }
+}
+
+template <int HD>
+static int launch_hd(const ap_args &a, dim3 grid, cudaStream_t s) {
+    size_t smem = ((size_t)(QR + KT) * (HD + 8) + (size_t)HD * (KT + 8)) * sizeof(uint16_t);
+    switch (a.L.bits) {
+    case 16:
+        cudaFuncSetAttribute(attn_prefill_kernel<HD, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attn_prefill_kernel<HD, 16><<<grid, AP_WARPS * 32, smem, s>>>(a);
+        break;
+    case 8:
+        cudaFuncSetAttribute(attn_prefill_kernel<HD, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attn_prefill_kernel<HD, 8><<<grid, AP_WARPS * 32, smem, s>>>(a);
+        break;
+    default:
+        cudaFuncSetAttribute(attn_prefill_kernel<HD, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attn_prefill_kernel<HD, 4><<<grid, AP_WARPS * 32, smem, s>>>(a);
+        break;
+    }
+    return 0;
+}
+
+int tern_cuda_attention_prefill(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg,
+                                const uint8_t *kcache, const uint8_t *vcache, int T, int pos0, float scale, float *o,
+                                tern_stream s, tern_error *err) {
+    int hd = d->head_dim;
+    if (T < 1 || pos0 < 0 || (hd != 32 && hd != 64 && hd != 128 && hd != 256) || L->head_dim != hd ||
+        L->n_heads != d->n_kv || d->n_kv < 1 || d->n_heads % d->n_kv || (L->bits != 16 && L->group % 8))
+        return tern_fail(err, "attention_prefill: head_dim %d (32/64/128/256) or heads %d/%d do not match the KV layout",
+                         hd, d->n_heads, d->n_kv);
+    ap_args a;
+    a.d = *d;
+    a.L = kv_of(L);
+    a.qg = qg;
+    a.kc = kcache;
+    a.vc = vcache;
+    a.o = o;
+    a.T = T;
+    a.pos0 = pos0;
+    int G = d->n_heads / d->n_kv;
+    a.gb = G < QR ? G : QR;
+    a.tb = QR / a.gb;
+    a.ngq = (G + a.gb - 1) / a.gb;
+    a.qscale = scale * LOG2E;
+    size_t need_al = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4, first = (size_t)hd * L->bits / 8;
+    a.al = L->row_bytes % need_al == 0 && first % need_al == 0 && (uintptr_t)kcache % need_al == 0 &&
+           (uintptr_t)vcache % need_al == 0;
+    dim3 grid(ceil_div(T, a.tb), d->n_kv * a.ngq);
+    switch (hd) {
+    case 32: launch_hd<32>(a, grid, s); break;
+    case 64: launch_hd<64>(a, grid, s); break;
+    case 128: launch_hd<128>(a, grid, s); break;
+    default: launch_hd<256>(a, grid, s); break;
+    }
+    return launch_check("attention_prefill", err);
+}
