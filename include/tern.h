@@ -70,6 +70,8 @@ int tern_model_n_threads(const tern_model *m);
  * (weights a token touches, KV rows, DeltaNet state read and written): the
  * numerator of the memory-bandwidth floor. 0 for unpacked models. */
 uint64_t tern_model_decode_bytes(const tern_model *m, int ctx, int kv_bits);
+/* Where the model runs: "cpu" or "cuda:N (device name)". */
+const char *tern_model_device(const tern_model *m);
 /* Decoder layers, routed experts per layer, experts per token. */
 void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, int *top_k);
 /* 1 if id ends generation (generation_config.json's eos_token_id list). */

@@ -422,7 +422,9 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
     for (int rep = 0; rc == 0 && rep < b->o->warmup + b->o->reps; rep++) {
         if ((rc = tern_session_restore(s, snap, err)) != 0) break;
         int timed = rep >= b->o->warmup;
-        if (timed && rep == b->o->warmup && trace_it && b->trace) {
+        /* the routing is traced in the untimed warm-up (a trace on the GPU
+         * reads the expert ids back every layer) */
+        if (rep == 0 && !timed && trace_it && b->trace) {
             tern_route_trace_clear(b->trace);
             tern_session_set_route_observer(s, tern_route_trace_record, b->trace);
         } else {
@@ -597,8 +599,8 @@ int tern_cli_bench(int argc, char **argv) {
     tern_stream_stats ss;
     tern_model_stream_stats(m, &ss);
     printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
-           date, cpu, ncpu, ram_gib(), un.sysname, un.release, o.device && strcmp(o.device, "cpu") ? o.device : "no GPU used",
-           o.command);
+           date, cpu, ncpu, ram_gib(), un.sysname, un.release,
+           strcmp(tern_model_device(m), "cpu") ? tern_model_device(m) : "no GPU used", o.command);
     printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
            o.model ? o.model : o.synth_shape, load_s, tern_model_n_threads(m), o.reference ? "reference" : "SIMD",
            o.kv_bits, ss.streaming ? "streamed" : "resident");
@@ -614,6 +616,7 @@ int tern_cli_bench(int argc, char **argv) {
                            "model", o.model ? o.model : o.synth_shape, "load_s", load_s, "threads",
                            tern_model_n_threads(m), "kv_bits", o.kv_bits, "read_bandwidth_gb_s", b.bandwidth,
                            "results", results_json(rs, n_rs), "peak_rss_gib", peak_rss_gib());
+    json_object_set_new(js, "device", json_string(tern_model_device(m)));
     if (b.trace) print_routing(stdout, b.trace, n_experts, o.curve, js);
     if (o.json_path) {
         int flags = JSON_INDENT(2) | JSON_SORT_KEYS;

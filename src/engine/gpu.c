@@ -1,5 +1,6 @@
 #include "engine/gpu.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ static int no_cuda(tern_error *err) {
 }
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) { (void)m; (void)device; return no_cuda(err); }
 void tern_gpu_model_free(tern_model *m) { (void)m; }
+const char *tern_gpu_name(const tern_model *m) { (void)m; return "cpu"; }
 int tern_gpu_session_init(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
 void tern_gpu_session_free(tern_session *s) { (void)s; }
 int tern_gpu_grow(uint8_t **p, size_t o, size_t n, tern_error *err) { (void)p; (void)o; (void)n; return no_cuda(err); }
@@ -41,6 +43,7 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 
 typedef struct gpu_model {
     int device;
+    char name[320];               /* "cuda:N (device name)" */
     tern_cuda_ctx *ctx;
     uint8_t *resident;            /* resident.bin, same offsets as the host map */
     uint8_t **experts;            /* per expert file: n_experts x stride */
@@ -158,6 +161,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     const tern_config *c = &m->cfg;
     char name[256];
     if (parse_device(device, &g->device, err) || tern_cuda_init(g->device, name, sizeof name, err)) return -1;
+    snprintf(g->name, sizeof g->name, "cuda:%d (%s)", g->device, name);
     if (!m->packed) return tern_fail(err, "%s: the GPU path runs packed models: tern pack it first", m->dir);
     if (m->experts) return tern_fail(err, "GPU: streaming experts (--expert-budget) is not on the GPU yet");
     if (!(g->ctx = tern_cuda_ctx_create(0, err))) return -1;
@@ -195,6 +199,8 @@ void tern_gpu_model_free(tern_model *m) {
     gpu_model_free(m->gpu);
     m->gpu = NULL;
 }
+
+const char *tern_gpu_name(const tern_model *m) { return ((const gpu_model *)m->gpu)->name; }
 
 /* ---- the session -------------------------------------------------------- */
 

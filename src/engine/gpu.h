@@ -18,6 +18,7 @@
 /* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model). */
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err);
 void tern_gpu_model_free(tern_model *m);
+const char *tern_gpu_name(const tern_model *m);   /* "cuda:N (name)" */
 
 /* Device state and scratch of a session on a GPU model (kv bits 16/8/4). */
 int tern_gpu_session_init(tern_session *s, tern_error *err);

@@ -203,3 +203,5 @@ void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, in
     *n_experts = m->cfg.n_experts;
     *top_k = m->cfg.top_k;
 }
+
+const char *tern_model_device(const tern_model *m) { return m->gpu ? tern_gpu_name(m) : "cpu"; }

@@ -22,15 +22,19 @@ static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes
     int n = *cap < 256 ? 256 : *cap;
     while (n < needed) n = n > max_ctx / 2 ? max_ctx : n * 2;
     if (n > max_ctx) n = max_ctx;
-    if (gpu)
-        return tern_gpu_grow(&kv->k, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err) ||
-                       tern_gpu_grow(&kv->v, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err)
-                   ? -1 : 0;
+    if (gpu) {
+        if (tern_gpu_grow(&kv->k, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err) ||
+            tern_gpu_grow(&kv->v, (size_t)*cap * row_bytes, (size_t)n * row_bytes, err))
+            return -1;
+        *cap = n;
+        return 0;
+    }
     uint8_t *k = realloc(kv->k, (size_t)n * row_bytes);
     if (k) kv->k = k;
     uint8_t *v = k ? realloc(kv->v, (size_t)n * row_bytes) : NULL;
     if (v) kv->v = v;
     if (!k || !v) return tern_fail(err, "out of memory growing the KV cache to %d positions", n);
+    *cap = n;
     return 0;
 }
 

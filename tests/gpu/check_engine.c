@@ -164,8 +164,10 @@ int main(void) {
     char *tmp = mkdtemp(tmpl);
     if (!tmp) return 2;
     printf("| check | max error (rel. to max |CPU|) | tolerance | result |\n|---|---:|---:|---|\n");
+    /* (the odd fixture's DeltaNet heads, 2/6 x 8/12, are outside the GPU
+     * step kernel's shapes: the GPU refuses that model with a message) */
     static const struct { const char *name, *dir; } fx[] = {
-        {"tiny", "tests/fixtures/tiny"}, {"qwen35", "tests/fixtures/qwen35"}, {"odd", "tests/fixtures/odd"}};
+        {"tiny", "tests/fixtures/tiny"}, {"qwen35", "tests/fixtures/qwen35"}};
     for (size_t i = 0; i < sizeof fx / sizeof *fx; i++) {
         char *d8 = pack(fx[i].dir, tmp, fx[i].name, 8), *d4 = pack(fx[i].dir, tmp, fx[i].name, 4);
         char n8[64], n4[64];
