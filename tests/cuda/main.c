@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
         char path[4096];
         snprintf(path, sizeof path, "%s/cuda-times.tsv", out);
         if (!(ck.times = fopen(path, "w"))) fprintf(stderr, "tern-cuda-tests: cannot write %s\n", path);
-        else fprintf(ck.times, "op\tshape\tus\tMB\tGB/s\n");
+        else fprintf(ck.times, "op\tshape\tus\tMB\tGB/s\tTFLOP/s (prefill ops)\n");
     }
     printf("device: %s, seed %#llx\n\n", name, (unsigned long long)ck.rng);
     printf("| %-14s | %-40s | %10s | %10s | %8s | %s |\n", "op", "shape", "max abs", "max rel", "tol", "result");
