@@ -33,10 +33,13 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 #include "cpu/ops.h"
 #include "cuda/cuda_ops.h"
 
-/* Tokens per GPU forward piece: bounds every scratch buffer (the logits of
- * all_logits callers above all: 64 x vocab floats). */
-#define PIECE 64
-/* tern_cuda_moe and tern_cuda_attention take decode-sized token counts. */
+/* Tokens per GPU forward piece: bounds every scratch buffer and the
+ * prefill ops' workspaces (chunked DeltaNet, grouped experts). */
+#define PIECE 512
+/* Rows of logits computed and copied back at a time (all_logits callers). */
+#define LOGIT_ROWS 64
+/* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
+ * experts, the DeltaNet step); longer runs the prefill ops. */
 #define SUB 8
 
 /* ---- the model ---------------------------------------------------------- */
@@ -208,8 +211,8 @@ typedef struct gpu_session {
     tern_stream stream;
     float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
     int32_t *ids;
-    void *moe_work, *att_work;
-    size_t att_bytes;
+    void *moe_work, *att_work, *gdn_work, *grouped_work;
+    size_t att_bytes, gdn_bytes, grouped_bytes;
     float *host_x;                /* embedding rows before upload */
     int32_t *host_ids;            /* routing observer */
 } gpu_session;
@@ -253,11 +256,19 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
-    g->logits = dalloc(P * (size_t)c->vocab, &ok, err);
+    g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
     g->moe_work = ok ? tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err) : NULL;
     tern_cuda_attn_dims d = attn_dims(c);
     g->att_bytes = tern_cuda_attention_workspace(&d, SUB, s->max_ctx);
     g->att_work = ok && g->moe_work ? tern_cuda_alloc(g->att_bytes, err) : NULL;
+    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                          NULL, NULL, NULL, NULL, c->norm_eps};
+    g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, PIECE);
+    g->grouped_bytes = tern_cuda_moe_grouped_workspace(PIECE, c->top_k, c->n_experts, (int64_t)H, c->expert_inter,
+                                                       c->shared_inter);
+    g->gdn_work = ok && g->att_work ? tern_cuda_alloc(g->gdn_bytes, err) : NULL;
+    g->grouped_work = ok && g->gdn_work ? tern_cuda_alloc(g->grouped_bytes, err) : NULL;
+    if (!g->gdn_work || !g->grouped_work) ok = 0;
     g->host_x = malloc(P * H * sizeof(float));
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
     if (ok && (!g->moe_work || !g->att_work)) ok = 0;
@@ -300,6 +311,8 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->ids);
     tern_cuda_free(g->moe_work);
     tern_cuda_free(g->att_work);
+    tern_cuda_free(g->gdn_work);
+    tern_cuda_free(g->grouped_work);
     tern_cuda_stream_destroy(g->stream);
     free(g->host_x);
     free(g->host_ids);
@@ -347,6 +360,13 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
         return -1;
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
+    int hd = c->head_dim;
+    if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
+        if (tern_cuda_attention_prefill(&d, &s->kvf.q, g->qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
+                                        g->stream, err))
+            return -1;
+        return mm(gm, g, g->out, g->o, T, &w->o, err);
+    }
     /* every row of the piece is in the cache now: each run of SUB tokens
      * attends causally from its own first position */
     for (int t0 = 0; t0 < T; t0 += SUB) {
@@ -364,12 +384,15 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     gpu_session *g = s->gpu;
     tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
                           w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
-    return mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
-                   mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err) ||
-                   tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
-                                      g->stream, err) ||
-                   mm(gm, g, g->out, g->g_out, T, &w->out, err)
-               ? -1 : 0;
+    if (mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
+        mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err))
+        return -1;
+    /* a prefill runs the chunked form (chunk 64), decode the step */
+    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S,
+                                             g->gdn_work, g->gdn_bytes, g->g_out, g->stream, err)
+                     : tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
+                                          g->stream, err);
+    return rc || mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
 }
 
 static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
@@ -399,6 +422,12 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
                             part_of(&m->man.parts[2])};
     size_t H = (size_t)c->hidden;
+    const tern_pk_tensor *pt = m->man.parts;
+    int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
+                    H % 32 == 0 && c->expert_inter % 32 == 0;
+    if (T > SUB && groupable)   /* grouped by expert: each expert's weights read once per 64 of its tokens */
+        return tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts, g->grouped_work,
+                                     g->grouped_bytes, g->out, g->stream, err);
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
         if (tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn + t0 * H, n, K, g->ids + (size_t)t0 * K,
@@ -411,6 +440,18 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
 /* x += out (the previous block's output, when there is one), xn = norm(x). */
 static int norm_in(gpu_session *g, const float *w, int add, int H, int T, float eps, tern_error *err) {
     return tern_cuda_rmsnorm(g->xn, g->x, add ? g->out : NULL, w, 1, H, T, eps, g->stream, err);
+}
+
+/* The lm_head over n normed rows, LOGIT_ROWS at a time, copied to logits. */
+static int head(gpu_session *g, const gpu_model *gm, const float *xn, int n, int H, int V, float *logits,
+                tern_error *err) {
+    for (int r0 = 0; r0 < n; r0 += LOGIT_ROWS) {
+        int k = n - r0 < LOGIT_ROWS ? n - r0 : LOGIT_ROWS;
+        if (mm(gm, g, g->logits, xn + (size_t)r0 * H, k, &gm->w.lm_head, err) || tern_cuda_sync(g->stream, err) ||
+            tern_cuda_download(logits + (size_t)r0 * V, g->logits, (size_t)k * V * sizeof(float), err))
+            return -1;
+    }
+    return 0;
 }
 
 static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
@@ -433,12 +474,8 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     }
     if (norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err)) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
-    if (logits && (all ? mm(gm, g, g->logits, g->xn, T, &gm->w.lm_head, err)
-                       : mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err)))
-        return -1;
-    size_t n_logits = (size_t)(all ? T : 1) * c->vocab;
-    if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err) ||
-        (logits && tern_cuda_download(logits, g->logits, n_logits * sizeof(float), err)))
+    if (logits && head(g, gm, all ? g->xn : last, all ? T : 1, H, c->vocab, logits, err)) return -1;
+    if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err))
         return -1;
     s->has_hidden = 1;
     s->pos += T;

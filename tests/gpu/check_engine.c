@@ -12,11 +12,16 @@
 
 #include "tern.h"
 
-/* Relative to max |cpu logit|. Prefill pieces run their products through
- * cuBLAS with bf16 inputs (8 significant bits: ~4e-3 relative per input),
- * accumulated over layers; decode steps are fp32 GEMVs (~1e-6). The issue's
- * bound for bf16 activations is 1e-2. */
+/* Relative to max |cpu logit|. Prefill pieces (more than 8 tokens) run
+ * their dense products through cuBLAS in f16 (11 significant bits: 2^-12
+ * relative per rounded input) and the routed experts and attention
+ * through bf16/f16 tensor cores, accumulated over the layers; the bound for
+ * reduced-precision activations is 1e-2. Token-by-token decoding stays in
+ * fp32 (GEMVs, the DeltaNet step, split-K attention over the same 16-bit
+ * KV rows): its bound is 1e-3, room for the rare KV row whose f16
+ * rounding flips between two nearly equal inputs. */
 #define TOL 1e-2
+#define TOL_DECODE 1e-3
 
 static int failures;
 
@@ -77,15 +82,22 @@ static double rel(const float *a, const float *b, size_t n) {
 
 static void compare(const char *name, const char *dir, int kv_bits) {
     tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
-    int V = tern_model_vocab_size(cpu), P = 70, n = 6;
-    int32_t ids[76];
+    int V = tern_model_vocab_size(cpu), P = 600, n = 6;
+    int32_t ids[606];
     for (int i = 0; i < P + n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
     float *a = run(gpu, kv_bits, ids, P, n), *b = run(cpu, kv_bits, ids, P, n);
     char what[128];
-    snprintf(what, sizeof what, "%s kv%d prefill 70 (pieces 64 + 6)", name, kv_bits);
+    snprintf(what, sizeof what, "%s kv%d prefill 600 (pieces 512 + 88)", name, kv_bits);
     report(what, rel(a, b, (size_t)P * V), TOL);
-    snprintf(what, sizeof what, "%s kv%d decode 6 steps", name, kv_bits);
+    snprintf(what, sizeof what, "%s kv%d decode 6 steps after it", name, kv_bits);
     report(what, rel(a + (size_t)P * V, b + (size_t)P * V, (size_t)n * V), TOL);
+    free(a);
+    free(b);
+    /* token by token from the start: the decode path alone */
+    a = run(gpu, kv_bits, ids, 1, 40);
+    b = run(cpu, kv_bits, ids, 1, 40);
+    snprintf(what, sizeof what, "%s kv%d 41 tokens one at a time", name, kv_bits);
+    report(what, rel(a, b, (size_t)41 * V), kv_bits == 16 ? TOL_DECODE : TOL);
     free(a);
     free(b);
     tern_model_free(cpu);
