@@ -56,6 +56,13 @@ void tern_cuda_stream_destroy(tern_stream s);
 typedef struct CUgraphExec_st *tern_graph;
 int tern_cuda_capture_begin(tern_stream s, tern_error *err);
 tern_graph tern_cuda_capture_end(tern_stream s, tern_error *err);
+/* Ends a capture into *exec: when *exec holds a graph of the same shape
+ * (a decode step differs from the previous one only in kernel arguments:
+ * the position, the number of attention splits) its nodes are updated in
+ * place (cudaGraphExecUpdate), else a new executable replaces it. */
+int tern_cuda_capture_end_into(tern_stream s, tern_graph *exec, tern_error *err);
+/* Ends a capture that failed midway, leaving the stream usable. */
+void tern_cuda_capture_abort(tern_stream s);
 int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err);
 void tern_cuda_graph_destroy(tern_graph g);
 
@@ -67,6 +74,15 @@ int tern_cuda_timer_start(tern_cuda_timer *t, tern_stream s);
 /* Records the stop event, waits for it, returns the milliseconds (< 0 on
  * error). */
 float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s);
+
+/* Marks: n events recorded on a stream without waiting, read after the
+ * stream is synchronised (per-op GPU time for TERN_KERNEL_STATS). */
+typedef struct tern_cuda_marks tern_cuda_marks;
+tern_cuda_marks *tern_cuda_marks_create(int n, tern_error *err);
+void tern_cuda_marks_destroy(tern_cuda_marks *m);
+int tern_cuda_mark(tern_cuda_marks *m, int i, tern_stream s);
+/* Milliseconds from mark i to mark j (both recorded and reached); < 0 on error. */
+float tern_cuda_marks_ms(const tern_cuda_marks *m, int i, int j);
 
 /* ---- the context: cuBLAS handle and the dequantization tile ------------ */
 

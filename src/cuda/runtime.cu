@@ -100,6 +100,35 @@ tern_graph tern_cuda_capture_end(tern_stream s, tern_error *err) {
     return x;
 }
 
+int tern_cuda_capture_end_into(tern_stream s, tern_graph *exec, tern_error *err) {
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return cuda_fail(err, "cudaStreamEndCapture", e);
+    }
+    if (*exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(*exec, g, &info) == cudaSuccess) {
+            cudaGraphDestroy(g);
+            return 0;
+        }
+        cudaGetLastError();   /* the failed update's error is not the caller's */
+        cudaGraphExecDestroy(*exec);
+        *exec = NULL;
+    }
+    e = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) *exec = NULL;
+    return e == cudaSuccess ? 0 : cuda_fail(err, "cudaGraphInstantiate", e);
+}
+
+void tern_cuda_capture_abort(tern_stream s) {
+    cudaGraph_t g = NULL;
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    cudaGetLastError();
+}
+
 int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err) {
     cudaError_t e = cudaGraphLaunch(g, s);
     return e == cudaSuccess ? 0 : cuda_fail(err, "cudaGraphLaunch", e);
@@ -146,6 +175,50 @@ float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s) {
     float ms = -1.0f;
     if (cudaEventRecord(t->stop, s) != cudaSuccess || cudaEventSynchronize(t->stop) != cudaSuccess ||
         cudaEventElapsedTime(&ms, t->start, t->stop) != cudaSuccess)
+        return -1.0f;
+    return ms;
+}
+
+/* ---- marks -------------------------------------------------------------- */
+
+struct tern_cuda_marks {
+    cudaEvent_t *ev;
+    int n;
+};
+
+tern_cuda_marks *tern_cuda_marks_create(int n, tern_error *err) {
+    tern_cuda_marks *m = (tern_cuda_marks *)calloc(1, sizeof *m);
+    if (m) m->ev = (cudaEvent_t *)calloc((size_t)n, sizeof *m->ev);
+    if (!m || !m->ev) {
+        free(m);
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
+    for (; m->n < n; m->n++) {
+        cudaError_t e = cudaEventCreate(&m->ev[m->n]);
+        if (e != cudaSuccess) {
+            cuda_fail(err, "cudaEventCreate", e);
+            tern_cuda_marks_destroy(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+void tern_cuda_marks_destroy(tern_cuda_marks *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n; i++) cudaEventDestroy(m->ev[i]);
+    free(m->ev);
+    free(m);
+}
+
+int tern_cuda_mark(tern_cuda_marks *m, int i, tern_stream s) {
+    return i >= 0 && i < m->n && cudaEventRecord(m->ev[i], s) == cudaSuccess ? 0 : -1;
+}
+
+float tern_cuda_marks_ms(const tern_cuda_marks *m, int i, int j) {
+    float ms = -1.0f;
+    if (i < 0 || j < 0 || i >= m->n || j >= m->n || cudaEventElapsedTime(&ms, m->ev[i], m->ev[j]) != cudaSuccess)
         return -1.0f;
     return ms;
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util/err.h"
 
@@ -207,8 +208,27 @@ const char *tern_gpu_name(const tern_model *m) { return ((const gpu_model *)m->g
 
 /* ---- the session -------------------------------------------------------- */
 
+/* TERN_KERNEL_STATS=1: GPU time per op role of every decode step (one
+ * token), from events recorded around each role's ops, and the share of
+ * the step the GPU was busy; printed when the session ends. */
+enum { R_NORM, R_ATTN_PROJ, R_ATTN, R_GDN_PROJ, R_GDN, R_ROUTER, R_MOE, R_HEAD, R_COUNT };
+static const char *const role_names[R_COUNT] = {"rmsnorm + residual", "attention projections", "attention core",
+                                                "DeltaNet projections", "DeltaNet core", "router + top-k",
+                                                "experts (routed + shared)", "final norm + lm_head"};
+#define MAX_MARKS 4096
+
+typedef struct stats {
+    tern_cuda_marks *marks;
+    int n_marks, role[MAX_MARKS / 2];
+    double ms[R_COUNT], busy_ms, span_ms, wall_ms;
+    long tokens;
+} stats;
+
 typedef struct gpu_session {
     tern_stream stream;
+    tern_graph graph;             /* the decode step, re-captured and updated each token */
+    int use_graph;
+    stats *st;
     float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
@@ -216,6 +236,8 @@ typedef struct gpu_session {
     float *host_x;                /* embedding rows before upload */
     int32_t *host_ids;            /* routing observer */
 } gpu_session;
+
+static void print_stats(const stats *st);
 
 static size_t conv_floats(const tern_config *c) { return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c); }
 static size_t state_floats(const tern_config *c) { return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim; }
@@ -274,6 +296,13 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     if (ok && (!g->moe_work || !g->att_work)) ok = 0;
     if (ok && (!g->host_x || !g->host_ids)) ok = tern_fail(err, "out of memory") + 1;
     if (ok) g->stream = tern_cuda_stream_create(err);
+    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
+    g->use_graph = !(gr && !strcmp(gr, "0"));
+    if (ok && ks && strcmp(ks, "0")) {
+        g->st = calloc(1, sizeof *g->st);
+        if (!g->st || !(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) ok = 0;
+        else g->st->n_marks = -1;
+    }
     if (ok && !g->stream) ok = 0;
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
@@ -313,6 +342,12 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->gdn_work);
     tern_cuda_free(g->grouped_work);
+    tern_cuda_graph_destroy(g->graph);
+    if (g->st) {
+        print_stats(g->st);
+        tern_cuda_marks_destroy(g->st->marks);
+        free(g->st);
+    }
     tern_cuda_stream_destroy(g->stream);
     free(g->host_x);
     free(g->host_ids);
@@ -338,6 +373,44 @@ int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err)
     return to_host ? tern_cuda_download(host, dev, n, err) : tern_cuda_upload(dev, host, n, err);
 }
 
+/* ---- kernel statistics ---------------------------------------------------- */
+
+static void print_stats(const stats *st) {
+    if (!st->tokens) return;
+    double n = (double)st->tokens;
+    fprintf(stderr, "\nTERN_KERNEL_STATS: %ld decode steps; GPU time per token by role:\n", st->tokens);
+    for (int r = 0; r < R_COUNT; r++)
+        fprintf(stderr, "  %-28s %8.3f ms  %5.1f %%\n", role_names[r], st->ms[r] / n,
+                st->busy_ms > 0 ? 100 * st->ms[r] / st->busy_ms : 0.0);
+    fprintf(stderr, "  GPU busy %.3f ms of a %.3f ms GPU span (%.0f %%); host wall %.3f ms per token "
+                    "(GPU busy %.0f %% of it)\n", st->busy_ms / n, st->span_ms / n,
+            st->span_ms > 0 ? 100 * st->busy_ms / st->span_ms : 0.0, st->wall_ms / n,
+            st->wall_ms > 0 ? 100 * st->busy_ms / st->wall_ms : 0.0);
+}
+
+/* Marks around a role's ops: only on uncaptured single-token steps. */
+static void stage(gpu_session *g, int role, int end) {
+    stats *st = g->st;
+    if (!st || st->n_marks < 0 || st->n_marks >= MAX_MARKS) return;
+    if (!end) st->role[st->n_marks / 2] = role;
+    tern_cuda_mark(st->marks, st->n_marks++, g->stream);
+}
+
+/* After a step's final sync: add its marks' times. */
+static void collect(stats *st, double wall_ms) {
+    int pairs = st->n_marks / 2;
+    for (int i = 0; i < pairs; i++) {
+        float ms = tern_cuda_marks_ms(st->marks, 2 * i, 2 * i + 1);
+        if (ms > 0) {
+            st->ms[st->role[i]] += ms;
+            st->busy_ms += ms;
+        }
+    }
+    if (pairs) st->span_ms += tern_cuda_marks_ms(st->marks, 0, 2 * pairs - 1);
+    st->wall_ms += wall_ms;
+    st->tokens++;
+}
+
 /* ---- the forward pass ----------------------------------------------------- */
 
 /* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token count,
@@ -353,9 +426,13 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
     tern_cuda_attn_dims d = attn_dims(c);
+    stage(g, R_ATTN_PROJ, 0);
     if (mm(gm, g, g->qg, g->xn, T, &w->q, err) || mm(gm, g, g->k, g->xn, T, &w->k, err) ||
-        mm(gm, g, g->v, g->xn, T, &w->v, err) ||
-        tern_cuda_attn_prep(&d, &s->kvf.q, g->qg, g->k, g->v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos,
+        mm(gm, g, g->v, g->xn, T, &w->v, err))
+        return -1;
+    stage(g, R_ATTN_PROJ, 1);
+    stage(g, R_ATTN, 0);
+    if (tern_cuda_attn_prep(&d, &s->kvf.q, g->qg, g->k, g->v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos,
                             s->kv[l].k, s->kv[l].v, g->stream, err))
         return -1;
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
@@ -375,7 +452,11 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
                                 g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
             return -1;
     }
-    return mm(gm, g, g->out, g->o, T, &w->o, err);
+    stage(g, R_ATTN, 1);
+    stage(g, R_ATTN_PROJ, 0);
+    int rc = mm(gm, g, g->out, g->o, T, &w->o, err);
+    stage(g, R_ATTN_PROJ, 1);
+    return rc;
 }
 
 static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
@@ -384,15 +465,22 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     gpu_session *g = s->gpu;
     tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
                           w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
+    stage(g, R_GDN_PROJ, 0);
     if (mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
         mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err))
         return -1;
+    stage(g, R_GDN_PROJ, 1);
+    stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
     int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S,
                                              g->gdn_work, g->gdn_bytes, g->g_out, g->stream, err)
                      : tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
                                           g->stream, err);
-    return rc || mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
+    stage(g, R_GDN, 1);
+    stage(g, R_GDN_PROJ, 0);
+    rc = rc || mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
+    stage(g, R_GDN_PROJ, 1);
+    return rc;
 }
 
 static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
@@ -415,9 +503,11 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     const gpu_model *gm = m->gpu;
     gpu_session *g = s->gpu;
     int E = c->n_experts, K = c->top_k;
+    stage(g, R_ROUTER, 0);
     if (mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
         tern_cuda_route(g->rlog, T, E, K, c->norm_topk, g->ids, g->wts, g->stream, err))
         return -1;
+    stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, T, err)) return -1;
     tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
                             part_of(&m->man.parts[2])};
@@ -428,18 +518,23 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     if (T > SUB && groupable)   /* grouped by expert: each expert's weights read once per 64 of its tokens */
         return tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts, g->grouped_work,
                                      g->grouped_bytes, g->out, g->stream, err);
+    stage(g, R_MOE, 0);
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
         if (tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn + t0 * H, n, K, g->ids + (size_t)t0 * K,
                           g->wts + (size_t)t0 * K, g->moe_work, g->out + t0 * H, g->stream, err))
             return -1;
     }
+    stage(g, R_MOE, 1);
     return 0;
 }
 
 /* x += out (the previous block's output, when there is one), xn = norm(x). */
 static int norm_in(gpu_session *g, const float *w, int add, int H, int T, float eps, tern_error *err) {
-    return tern_cuda_rmsnorm(g->xn, g->x, add ? g->out : NULL, w, 1, H, T, eps, g->stream, err);
+    stage(g, R_NORM, 0);
+    int rc = tern_cuda_rmsnorm(g->xn, g->x, add ? g->out : NULL, w, 1, H, T, eps, g->stream, err);
+    stage(g, R_NORM, 1);
+    return rc;
 }
 
 /* The lm_head over n normed rows, LOGIT_ROWS at a time, copied to logits. */
@@ -454,16 +549,12 @@ static int head(gpu_session *g, const gpu_model *gm, const float *xn, int n, int
     return 0;
 }
 
-static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
-    tern_model *m = s->m;
-    const tern_config *c = &m->cfg;
-    const gpu_model *gm = m->gpu;
+/* Every layer and the final norm, enqueued on the session's stream. */
+static int layers(tern_session *s, int T, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
     int H = c->hidden;
-    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
-    /* the upload runs on the legacy stream: the session's stream must be idle */
-    if (tern_cuda_sync(g->stream, err) || tern_cuda_upload(g->x, g->host_x, (size_t)T * H * sizeof(float), err))
-        return -1;
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];
         int rc = norm_in(g, L->in_norm, l > 0, H, T, c->norm_eps, err);
@@ -472,11 +563,65 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
         if (rc == 0) rc = moe_layer(s, &L->moe, l, T, err);
         if (rc != 0) return tern_fail(err, "GPU layer %d: %s", l, err->msg);
     }
-    if (norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err)) return -1;
+    return norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err);
+}
+
+/* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows)
+ * is captured as a CUDA graph and replayed with one launch; the capture of
+ * the next step updates the same executable in place (only arguments
+ * change). Each kernel then starts as the previous one ends instead of
+ * when the host gets to launching it. */
+static int enqueue_step(tern_session *s, int T, int rows, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    int H = c->hidden;
+    if (layers(s, T, err)) return -1;
+    if (!rows) return 0;
+    stage(g, R_HEAD, 0);
+    int rc = mm(gm, g, g->logits, g->xn + (size_t)(T - rows) * H, rows, &gm->w.lm_head, err);
+    stage(g, R_HEAD, 1);
+    return rc;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
+    tern_model *m = s->m;
+    const tern_config *c = &m->cfg;
+    const gpu_model *gm = m->gpu;
+    gpu_session *g = s->gpu;
+    int H = c->hidden, V = c->vocab;
+    double t0 = now_ms();
+    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
+    /* the upload runs on the legacy stream: the session's stream must be idle */
+    if (tern_cuda_sync(g->stream, err) || tern_cuda_upload(g->x, g->host_x, (size_t)T * H * sizeof(float), err))
+        return -1;
+    if (g->st) g->st->n_marks = T == 1 ? 0 : -1;
+    int rows = !logits ? 0 : all ? T : 1;
+    int small = T <= SUB && rows <= LOGIT_ROWS;
+    int graph = small && g->use_graph && !g->st && !s->route_fn;
+    if (graph && tern_cuda_capture_begin(g->stream, err)) return -1;
+    int rc = small ? enqueue_step(s, T, rows, err) : layers(s, T, err);
+    if (graph) {
+        if (rc != 0) tern_cuda_capture_abort(g->stream);
+        else rc = tern_cuda_capture_end_into(g->stream, &g->graph, err) || tern_cuda_graph_launch(g->graph, g->stream, err);
+    }
+    if (rc != 0) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
-    if (logits && head(g, gm, all ? g->xn : last, all ? T : 1, H, c->vocab, logits, err)) return -1;
+    if (small && rows) {
+        if (tern_cuda_sync(g->stream, err) || tern_cuda_download(logits, g->logits, (size_t)rows * V * sizeof(float), err))
+            return -1;
+    } else if (rows && head(g, gm, all ? g->xn : last, rows, H, V, logits, err)) {
+        return -1;
+    }
     if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err))
         return -1;
+    if (g->st && g->st->n_marks > 0) collect(g->st, now_ms() - t0);
     s->has_hidden = 1;
     s->pos += T;
     return 0;
