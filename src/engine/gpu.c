@@ -224,8 +224,15 @@ typedef struct stats {
     long tokens;
 } stats;
 
+/* TERN_GPU_DECODE_OPS=gemm,attn,gdn,moe (any subset): prefill pieces run
+ * those parts on the decode ops instead (GEMVs 8 tokens at a time, split-K
+ * attention, the DeltaNet step, the fused experts): for bisecting a
+ * difference between the two paths. */
+enum { NO_GEMM = 1, NO_ATTN = 2, NO_GDN = 4, NO_MOE = 8 };
+
 typedef struct gpu_session {
     tern_stream stream;
+    int decode_ops;               /* NO_* bits */
     tern_graph graph;             /* the decode step, re-captured and updated each token */
     int use_graph;
     stats *st;
@@ -296,7 +303,10 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     if (ok && (!g->moe_work || !g->att_work)) ok = 0;
     if (ok && (!g->host_x || !g->host_ids)) ok = tern_fail(err, "out of memory") + 1;
     if (ok) g->stream = tern_cuda_stream_create(err);
-    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
+    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS"), *dop = getenv("TERN_GPU_DECODE_OPS");
+    if (dop)
+        g->decode_ops = (strstr(dop, "gemm") ? NO_GEMM : 0) | (strstr(dop, "attn") ? NO_ATTN : 0) |
+                        (strstr(dop, "gdn") ? NO_GDN : 0) | (strstr(dop, "moe") ? NO_MOE : 0);
     g->use_graph = !(gr && !strcmp(gr, "0"));
     if (ok && ks && strcmp(ks, "0")) {
         g->st = calloc(1, sizeof *g->st);
@@ -418,7 +428,12 @@ static void collect(stats *st, double wall_ms) {
 static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
               tern_error *err) {
     if (T <= TERN_CUDA_GEMV_MAX_T) return tern_cuda_gemv(W, x, T, y, g->stream, err);
-    return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
+    if (!(g->decode_ops & NO_GEMM)) return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
+    for (int t0 = 0; t0 < T; t0 += TERN_CUDA_GEMV_MAX_T) {
+        int n = T - t0 < TERN_CUDA_GEMV_MAX_T ? T - t0 : TERN_CUDA_GEMV_MAX_T;
+        if (tern_cuda_gemv(W, x + (size_t)t0 * W->cols, n, y + (size_t)t0 * W->rows, g->stream, err)) return -1;
+    }
+    return 0;
 }
 
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
@@ -438,7 +453,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
-    if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
+    if (T > SUB && !(g->decode_ops & NO_ATTN) && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
         if (tern_cuda_attention_prefill(&d, &s->kvf.q, g->qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
@@ -472,7 +487,7 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     stage(g, R_GDN_PROJ, 1);
     stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S,
+    int rc = T > SUB && !(g->decode_ops & NO_GDN) ? tern_cuda_gdn_chunked(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S,
                                              g->gdn_work, g->gdn_bytes, g->g_out, g->stream, err)
                      : tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
                                           g->stream, err);
@@ -515,7 +530,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     const tern_pk_tensor *pt = m->man.parts;
     int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
                     H % 32 == 0 && c->expert_inter % 32 == 0;
-    if (T > SUB && groupable)   /* grouped by expert: each expert's weights read once per 64 of its tokens */
+    if (T > SUB && groupable && !(g->decode_ops & NO_MOE))   /* grouped by expert: each expert's weights read once per 64 of its tokens */
         return tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts, g->grouped_work,
                                      g->grouped_bytes, g->out, g->stream, err);
     stage(g, R_MOE, 0);
