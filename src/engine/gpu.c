@@ -425,15 +425,19 @@ static void collect(stats *st, double wall_ms) {
 
 /* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token count,
  * cuBLAS above it. */
-static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
-              tern_error *err) {
-    if (T <= TERN_CUDA_GEMV_MAX_T) return tern_cuda_gemv(W, x, T, y, g->stream, err);
-    if (!(g->decode_ops & NO_GEMM)) return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
+/* The same in fp32 whatever T: the GEMV kernels 8 tokens at a time. */
+static int mm_fp32(const gpu_session *g, float *y, const float *x, int T, const tern_mat *W, tern_error *err) {
     for (int t0 = 0; t0 < T; t0 += TERN_CUDA_GEMV_MAX_T) {
         int n = T - t0 < TERN_CUDA_GEMV_MAX_T ? T - t0 : TERN_CUDA_GEMV_MAX_T;
         if (tern_cuda_gemv(W, x + (size_t)t0 * W->cols, n, y + (size_t)t0 * W->rows, g->stream, err)) return -1;
     }
     return 0;
+}
+
+static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
+              tern_error *err) {
+    if (T <= TERN_CUDA_GEMV_MAX_T || (g->decode_ops & NO_GEMM)) return mm_fp32(g, y, x, T, W, err);
+    return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
 }
 
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
@@ -519,7 +523,10 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     gpu_session *g = s->gpu;
     int E = c->n_experts, K = c->top_k;
     stage(g, R_ROUTER, 0);
-    if (mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
+    /* router logits in fp32 at every T: a reduced-precision product moves
+     * near-tied experts across the top-k cut, and a different expert is an
+     * error no rounding bound covers (the CPU engine's choice is the reference) */
+    if (mm_fp32(g, g->rlog, g->xn, T, &w->router, err) ||
         tern_cuda_route(g->rlog, T, E, K, c->norm_topk, g->ids, g->wts, g->stream, err))
         return -1;
     stage(g, R_ROUTER, 1);
