@@ -523,10 +523,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     gpu_session *g = s->gpu;
     int E = c->n_experts, K = c->top_k;
     stage(g, R_ROUTER, 0);
-    /* router logits in fp32 at every T: a reduced-precision product moves
-     * near-tied experts across the top-k cut, and a different expert is an
-     * error no rounding bound covers (the CPU engine's choice is the reference) */
-    if (mm_fp32(g, g->rlog, g->xn, T, &w->router, err) ||
+    if (mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
         tern_cuda_route(g->rlog, T, E, K, c->norm_topk, g->ids, g->wts, g->stream, err))
         return -1;
     stage(g, R_ROUTER, 1);
