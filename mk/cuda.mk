@@ -1,6 +1,7 @@
 # The CUDA backend, included by the Makefile after its object lists.
 #   make CUDA=1            libtern.a with src/cuda/*.cu (nvcc, sm_90 + PTX), CFLAGS gets -DTERN_CUDA=1
-#   make test-cuda         builds build-cuda/tern-cuda-tests with CUDA=1 and runs every op check
+#   make test-cuda         builds build-cuda/tern-cuda-tests with CUDA=1 and runs every op check, then
+#                          the GPU engine against the CPU engine (build-cuda/tern-cuda-engine-tests)
 # Without CUDA=1 nothing here touches the build, so machines without nvcc build as before.
 
 NVCC       ?= /usr/local/cuda/bin/nvcc
@@ -31,6 +32,8 @@ endif
 
 .PHONY: test-cuda
 # Arguments for the checker (e.g. TEST_CUDA_ARGS="--time --out DIR").
+# Then the GPU engine against the CPU engine (tests/gpu/check_engine.c).
 test-cuda:
-	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests
+	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
+	build-cuda/tern-cuda-engine-tests
