@@ -56,7 +56,7 @@ static void bench_usage(FILE *f) {
             "  --expert-policy P    lfu (default) or lru\n"
             "  --hit-curve          also replay the decode's routing through caches of 8..256 slots (LRU, LFU)\n"
             "  --json FILE          write the results as JSON (- for stdout)\n"
-            "  --force              measure even when other processes keep the CPU busy\n"
+            "  --force              measure even when other processes keep the CPU or the GPU busy\n"
             "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
             "  --device cpu|cuda[:N] where the model runs (default cpu)\n"
             "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
@@ -316,6 +316,35 @@ static double read_bandwidth_apart(int threads) {
     return v;
 }
 
+/* GPU memory this process holds (MiB), from nvidia-smi; < 0 when it cannot
+ * tell. The engine allocates everything at load and session creation, so
+ * a reading while a session lives is its peak. */
+static double gpu_mem_mib(void) {
+    FILE *p = popen("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null", "r");
+    if (!p) return -1;
+    char line[256];
+    double mib = -1;
+    long me = (long)getpid();
+    while (fgets(line, sizeof line, p)) {
+        long pid;
+        double m;
+        if (sscanf(line, "%ld, %lf", &pid, &m) == 2 && pid == me) mib = m;
+    }
+    pclose(p);
+    return mib;
+}
+
+/* Other processes with a context on the GPUs (nvidia-smi), -1 unknown. */
+static int gpu_other_processes(void) {
+    FILE *p = popen("nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null", "r");
+    if (!p) return -1;
+    char line[64];
+    int n = 0;
+    long me = (long)getpid();
+    while (fgets(line, sizeof line, p)) n += atol(line) != me && atol(line) > 0;
+    return pclose(p) == 0 ? n : -1;
+}
+
 static double peak_rss_gib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -352,6 +381,8 @@ typedef struct {
     uint64_t rng;
     double bandwidth;
     tern_route_trace *trace;
+    int on_gpu;
+    double vram_mib;              /* the largest reading while a decode session lived */
 } bench;
 
 static int32_t random_token(bench *b) {
@@ -444,6 +475,10 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
         }
     }
     tern_session_set_route_observer(s, NULL, NULL);
+    if (b->on_gpu) {
+        double mib = gpu_mem_mib();
+        if (mib > b->vram_mib) b->vram_mib = mib;
+    }
     tern_model_stream_stats(b->m, &s1);
     tern_snapshot_free(snap);
     tern_session_destroy(s);
@@ -573,6 +608,12 @@ int tern_cli_bench(int argc, char **argv) {
                         "yours (stop them, or --force)\n", others, ncpu);
         return 1;
     }
+    int gpu = o.device && strcmp(o.device, "cpu") != 0, others_gpu = gpu ? gpu_other_processes() : 0;
+    if (others_gpu > 0 && !o.force) {
+        fprintf(stderr, "tern bench: %d other process%s hold%s a GPU context: the numbers would not be yours "
+                        "(stop them, or --force)\n", others_gpu, others_gpu == 1 ? "" : "es", others_gpu == 1 ? "s" : "");
+        return 1;
+    }
     tern_error err;
     double t0 = now_s();
     tern_model *m = open_model(&o, &err);
@@ -581,7 +622,8 @@ int tern_cli_bench(int argc, char **argv) {
         return 1;
     }
     double load_s = now_s() - t0;
-    bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1)};
+    bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1),
+               .on_gpu = strcmp(tern_model_device(m), "cpu") != 0, .vram_mib = -1};
     b.bandwidth = o.bandwidth ? (double)o.bandwidth : read_bandwidth_apart(tern_model_n_threads(m));
     int n_layers, n_experts, top_k;
     tern_model_moe_shape(m, &n_layers, &n_experts, &top_k);
@@ -610,13 +652,16 @@ int tern_cli_bench(int argc, char **argv) {
     printf("; other processes' CPU use before the run: %.1f CPUs%s\n", others, others > limit ? " (--force)" : "");
     printf("warm-up %d, %d timed repeats per test\n\n", o.warmup, o.reps);
     print_table(stdout, rs, n_rs);
-    printf("\npeak RSS: %.2f GiB\n", peak_rss_gib());
+    printf("\npeak RSS: %.2f GiB", peak_rss_gib());
+    if (b.on_gpu && b.vram_mib >= 0) printf("; GPU memory: %.2f GiB", b.vram_mib / 1024);
+    printf("\n");
     json_t *js = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:s, s:f, s:i, s:i, s:f, s:o, s:f}", "commit", TERN_COMMIT,
                            "date", date, "cpu", cpu, "command", o.command, "cpus", (int)ncpu, "ram_gib", ram_gib(),
                            "model", o.model ? o.model : o.synth_shape, "load_s", load_s, "threads",
                            tern_model_n_threads(m), "kv_bits", o.kv_bits, "read_bandwidth_gb_s", b.bandwidth,
                            "results", results_json(rs, n_rs), "peak_rss_gib", peak_rss_gib());
     json_object_set_new(js, "device", json_string(tern_model_device(m)));
+    if (b.on_gpu && b.vram_mib >= 0) json_object_set_new(js, "gpu_memory_gib", json_real(b.vram_mib / 1024));
     if (b.trace) print_routing(stdout, b.trace, n_experts, o.curve, js);
     if (o.json_path) {
         int flags = JSON_INDENT(2) | JSON_SORT_KEYS;
