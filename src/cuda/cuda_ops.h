@@ -237,6 +237,8 @@ typedef struct tern_cuda_gdn_w {
  *   dt_bias), beta = sigmoid(b), the delta rule on S [nv, dk, dv] (fp32,
  *   updated in place), o = S^T q, then y = rmsnorm(o) * norm * silu(z).
  * qkv [T, conv_dim], z [T, nv dv], a, b [T, nv]; out [T, nv dv]. */
+/* 1 if the step kernel takes these head counts and dims (Qwen3.6's do). */
+int tern_cuda_gdn_supported(const tern_cuda_gdn_w *w);
 int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b,
                        const float *a, int T, float *conv_state, float *S, float *out, tern_stream s,
                        tern_error *err);

@@ -124,18 +124,32 @@ __global__ void __launch_bounds__(1024, 1) gdn_step_kernel(gdn_args g) {
         if (active && i < g.sk) Sj[(size_t)(kp * g.sk + i) * dv + v] = s[i];
 }
 
-int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b, const float *a,
-                       int T, float *conv_state, float *S, float *out, tern_stream s, tern_error *err) {
+/* The step kernel's block: whole warps of (head, column, part) threads, and
+ * at least 3 warps (q norm, k norm, gates) and r warps (one per value
+ * head's norm). 0 when the shapes do not fit one block. */
+static int step_threads(const tern_cuda_gdn_w *w, int *sk_out, int *ks_out) {
     int r = w->nk > 0 ? w->nv / w->nk : 0;
     int sk = w->dk < SK ? w->dk : SK, ks = sk ? w->dk / sk : 0;
-    /* whole warps of (head, column, part) threads, and at least 3 warps
-     * (q norm, k norm, gates) and r warps (one per value head's norm) */
     int threads = r * w->dv * ks;
     int min_threads = r * 32 > 96 ? r * 32 : 96;
     bool ok = w->nk >= 1 && w->nv % w->nk == 0 && sk > 0 && w->dk % sk == 0 && (ks & (ks - 1)) == 0 && ks <= 32 &&
-              threads % 32 == 0 && threads <= 1024 && r <= 32 && w->conv_kernel >= 1 && T >= 1;
+              threads % 32 == 0 && threads <= 1024 && r <= 32 && w->conv_kernel >= 1;
     if (threads < min_threads) threads = min_threads;
-    if (!ok || threads > 1024)
+    *sk_out = sk;
+    *ks_out = ks;
+    return ok && threads <= 1024 ? threads : 0;
+}
+
+int tern_cuda_gdn_supported(const tern_cuda_gdn_w *w) {
+    int sk, ks;
+    return step_threads(w, &sk, &ks) > 0;
+}
+
+int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b, const float *a,
+                       int T, float *conv_state, float *S, float *out, tern_stream s, tern_error *err) {
+    int r = w->nk > 0 ? w->nv / w->nk : 0, sk, ks;
+    int threads = step_threads(w, &sk, &ks);
+    if (!threads || T < 1)
         return tern_fail(err, "gdn_step: heads %d/%d x %d/%d outside the kernel's shapes", w->nk, w->nv, w->dk, w->dv);
     gdn_args g = {*w, qkv, z, b, a, conv_state, S, out, T, sk, ks};
     size_t smem = (size_t)(2 * w->dk + 2 * r * w->dv + 3 * r) * sizeof(float);

@@ -168,6 +168,11 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     snprintf(g->name, sizeof g->name, "cuda:%d (%s)", g->device, name);
     if (!m->packed) return tern_fail(err, "%s: the GPU path runs packed models: tern pack it first", m->dir);
     if (m->experts) return tern_fail(err, "GPU: streaming experts (--expert-budget) is not on the GPU yet");
+    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                          NULL, NULL, NULL, NULL, c->norm_eps};
+    if (!tern_cuda_gdn_supported(&gw))
+        return tern_fail(err, "%s: GPU: DeltaNet heads %d/%d x %d/%d are outside the GPU kernels' shapes", m->dir,
+                         c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim);
     if (!(g->ctx = tern_cuda_ctx_create(0, err))) return -1;
     if (!(g->resident = tern_cuda_alloc(m->ts.map_size, err)) ||
         tern_cuda_upload(g->resident, m->ts.map, m->ts.map_size, err) != 0)
