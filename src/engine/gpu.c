@@ -45,8 +45,17 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 
 /* ---- the model ---------------------------------------------------------- */
 
+/* A layer's input projections stacked into one matrix (rows of the
+ * parts one after another, same encoding): one GEMV launch instead of 3 or
+ * 4 for a single token, whose output slices are the parts' outputs. */
+typedef struct fused_mat {
+    tern_mat m;                   /* rows = the parts' rows together; NULL data: not fused */
+    uint8_t *mem;                 /* its device copy (data, scales, biases) */
+} fused_mat;
+
 typedef struct gpu_model {
     int device;
+    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a]; TERN_GPU_FUSED=1 */
     char name[320];               /* "cuda:N (device name)" */
     tern_cuda_ctx *ctx;
     uint8_t *resident;            /* resident.bin, same offsets as the host map */
@@ -56,6 +65,7 @@ typedef struct gpu_model {
     float **vecs;                 /* device copies of the small fp32 vectors, for freeing */
     int n_vecs, cap_vecs;
     float *inv_freq;
+    int w_layers;
 } gpu_model;
 
 /* A pointer into the host map of resident.bin, moved to the device copy. */
@@ -141,6 +151,8 @@ static int upload_experts(tern_model *m, gpu_model *g, tern_error *err) {
 
 static void gpu_model_free(gpu_model *g) {
     if (!g) return;
+    for (int l = 0; g->fused_in && l < g->w_layers; l++) tern_cuda_free(g->fused_in[l].mem);
+    free(g->fused_in);
     for (int i = 0; i < g->n_vecs; i++) tern_cuda_free(g->vecs[i]);
     free(g->vecs);
     for (int f = 0; g->experts && f < g->n_expert_files; f++) tern_cuda_free(g->experts[f]);
@@ -149,6 +161,57 @@ static void gpu_model_free(gpu_model *g) {
     free(g->w.layers);
     tern_cuda_ctx_destroy(g->ctx);
     free(g);
+}
+
+static size_t row_bytes(const tern_mat *w) {
+    return w->bits ? (size_t)w->cols * w->bits / 8 : (size_t)w->cols * 2;
+}
+
+/* Stacks parts[0..n) (device matrices of one encoding and width) into f;
+ * leaves f empty when they differ. */
+static int fuse(fused_mat *f, const tern_mat *const *parts, int n, tern_error *err) {
+    const tern_mat *p0 = parts[0];
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        const tern_mat *w = parts[i];
+        if (w->bits != p0->bits || w->dtype != p0->dtype || w->group != p0->group || w->cols != p0->cols) return 0;
+        rows += w->rows;
+    }
+    size_t rb = row_bytes(p0), sb = p0->bits ? (size_t)(p0->cols / p0->group) * 2 : 0;
+    size_t data = (size_t)rows * rb, sc = (size_t)rows * sb, pad = 256;
+    f->mem = tern_cuda_alloc(data + 2 * sc + 2 * pad, err);
+    if (!f->mem) return -1;
+    uint8_t *d = f->mem, *scl = f->mem + data + pad, *bia = scl + sc + pad;
+    for (int i = 0; i < n; i++) {
+        const tern_mat *w = parts[i];
+        if (tern_cuda_copy(d, w->data, (size_t)w->rows * rb, NULL, err) ||
+            (sb && (tern_cuda_copy(scl, w->scales, (size_t)w->rows * sb, NULL, err) ||
+                    tern_cuda_copy(bia, w->biases, (size_t)w->rows * sb, NULL, err))))
+            return -1;
+        d += (size_t)w->rows * rb;
+        scl += (size_t)w->rows * sb;
+        bia += (size_t)w->rows * sb;
+    }
+    f->m = *p0;
+    f->m.rows = rows;
+    f->m.data = f->mem;
+    f->m.scales = sb ? (const uint16_t *)(f->mem + data + pad) : NULL;
+    f->m.biases = sb ? (const uint16_t *)(f->mem + data + pad + sc + pad) : NULL;
+    return tern_cuda_sync(NULL, err);
+}
+
+static int fuse_inputs(gpu_model *g, int n_layers, tern_error *err) {
+    g->fused_in = calloc((size_t)n_layers, sizeof *g->fused_in);
+    if (!g->fused_in) return tern_fail(err, "out of memory");
+    g->w_layers = n_layers;
+    for (int l = 0; l < n_layers; l++) {
+        const tern_layer_w *L = &g->w.layers[l];
+        const tern_mat *attn[3] = {&L->attn.q, &L->attn.k, &L->attn.v};
+        const tern_mat *gdn[4] = {&L->gdn.qkv, &L->gdn.z, &L->gdn.b, &L->gdn.a};
+        int rc = L->kind == TERN_LAYER_ATTN ? fuse(&g->fused_in[l], attn, 3, err) : fuse(&g->fused_in[l], gdn, 4, err);
+        if (rc != 0) return -1;
+    }
+    return 0;
 }
 
 static int parse_device(const char *s, int *dev, tern_error *err) {
@@ -190,6 +253,8 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     /* the RoPE table joins the vectors (and is freed with them) */
     g->inv_freq = m->inv_freq;
     if (vec_to_dev(g, &g->inv_freq, (size_t)c->rope_dim / 2, err) != 0) return -1;
+    const char *fz = getenv("TERN_GPU_FUSED");
+    if (fz && !strcmp(fz, "1") && fuse_inputs(g, c->n_layers, err) != 0) return -1;
     return upload_experts(m, g, err);
 }
 
@@ -242,6 +307,7 @@ typedef struct gpu_session {
     int use_graph;
     stats *st;
     float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
+    float *fused_out;             /* one token's stacked input projections */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -287,6 +353,9 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     g->b = dalloc(P * (size_t)c->gdn_v_heads, &ok, err);
     g->a = dalloc(P * (size_t)c->gdn_v_heads, &ok, err);
     g->g_out = dalloc(P * vd, &ok, err);
+    size_t fused_rows = (size_t)tern_cfg_gdn_conv_dim(c) + vd + 2 * (size_t)c->gdn_v_heads;
+    if (qrows + 2 * kvrow > fused_rows) fused_rows = qrows + 2 * kvrow;
+    g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
@@ -350,7 +419,7 @@ void tern_gpu_session_free(tern_session *s) {
     if (!g) return;
     if (g->stream) tern_cuda_sync(g->stream, NULL);
     float *bufs[] = {g->x, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
-                     g->wts, g->logits};
+                     g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
     tern_cuda_free(g->ids);
     tern_cuda_free(g->moe_work);
@@ -451,19 +520,28 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     gpu_session *g = s->gpu;
     tern_cuda_attn_dims d = attn_dims(c);
     stage(g, R_ATTN_PROJ, 0);
-    if (mm(gm, g, g->qg, g->xn, T, &w->q, err) || mm(gm, g, g->k, g->xn, T, &w->k, err) ||
-        mm(gm, g, g->v, g->xn, T, &w->v, err))
+    const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
+    float *qg = g->qg, *k = g->k, *v = g->v;
+    if (T == 1 && fz && fz->m.data) {
+        /* one token: the stacked output's slices are q|gate, k and v */
+        if (mm(gm, g, g->fused_out, g->xn, 1, &fz->m, err)) return -1;
+        qg = g->fused_out;
+        k = qg + w->q.rows;
+        v = k + w->k.rows;
+    } else if (mm(gm, g, g->qg, g->xn, T, &w->q, err) || mm(gm, g, g->k, g->xn, T, &w->k, err) ||
+               mm(gm, g, g->v, g->xn, T, &w->v, err)) {
         return -1;
+    }
     stage(g, R_ATTN_PROJ, 1);
     stage(g, R_ATTN, 0);
-    if (tern_cuda_attn_prep(&d, &s->kvf.q, g->qg, g->k, g->v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos,
-                            s->kv[l].k, s->kv[l].v, g->stream, err))
+    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
+                            s->kv[l].v, g->stream, err))
         return -1;
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
     if (T > SUB && !(g->decode_ops & NO_ATTN) && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
-        if (tern_cuda_attention_prefill(&d, &s->kvf.q, g->qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
+        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
         return mm(gm, g, g->out, g->o, T, &w->o, err);
@@ -472,7 +550,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
      * attends causally from its own first position */
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
-        if (tern_cuda_attention(&d, &s->kvf.q, g->qg + t0 * qrow, s->kv[l].k, s->kv[l].v, n, s->pos + t0, scale,
+        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, s->kv[l].k, s->kv[l].v, n, s->pos + t0, scale,
                                 g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
             return -1;
     }
@@ -490,16 +568,26 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
                           w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
     stage(g, R_GDN_PROJ, 0);
-    if (mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
-        mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err))
+    const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
+    float *qkv = g->qkv, *z = g->z, *b = g->b, *a = g->a;
+    if (T == 1 && fz && fz->m.data) {
+        /* one token: the stacked output's slices are qkv, z, b and a */
+        if (mm(gm, g, g->fused_out, g->xn, 1, &fz->m, err)) return -1;
+        qkv = g->fused_out;
+        z = qkv + w->qkv.rows;
+        b = z + w->z.rows;
+        a = b + w->b.rows;
+    } else if (mm(gm, g, g->qkv, g->xn, T, &w->qkv, err) || mm(gm, g, g->z, g->xn, T, &w->z, err) ||
+               mm(gm, g, g->b, g->xn, T, &w->b, err) || mm(gm, g, g->a, g->xn, T, &w->a, err)) {
         return -1;
+    }
     stage(g, R_GDN_PROJ, 1);
     stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB && !(g->decode_ops & NO_GDN) ? tern_cuda_gdn_chunked(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S,
-                                             g->gdn_work, g->gdn_bytes, g->g_out, g->stream, err)
-                     : tern_cuda_gdn_step(&gw, g->qkv, g->z, g->b, g->a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out,
-                                          g->stream, err);
+    int rc = T > SUB && !(g->decode_ops & NO_GDN)
+                 ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->gdn_work, g->gdn_bytes,
+                                         g->g_out, g->stream, err)
+                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err);
     stage(g, R_GDN, 1);
     stage(g, R_GDN_PROJ, 0);
     rc = rc || mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
