@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "cpu/kvquant.h"
+#include "cuda/sample_limits.h"
 #include "model/weights.h"
 #include "tern.h"
 
@@ -268,7 +269,7 @@ int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, 
  * top-k kept, min-p, then the draw at u in [0, 1) (the caller's random
  * number): the order and rules of engine/sampler.h, on the GPU; only the
  * id comes back. Penalties are the caller's (applied to the logits). */
-#define TERN_CUDA_SAMPLE_MAX_K 64
+#define TERN_CUDA_SAMPLE_MAX_K TERN_GPU_SAMPLE_MAX_K
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
                      double u, void *work, int32_t *id, tern_stream s, tern_error *err);
 

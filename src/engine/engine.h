@@ -91,6 +91,10 @@ int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err);
 
+/* A GPU session's tern_forward that leaves the last token's logits on the
+ * device for tern_gpu_sample (engine/gpu.h). */
+int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
+
 /* The MTP head over n (hidden state, next token) pairs at its next n
  * positions; logits [n, vocab]. */
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,

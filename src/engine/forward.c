@@ -564,6 +564,13 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     return 0;
 }
 
+int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
+    if (T <= 0) return tern_fail(err, "no tokens to evaluate");
+    if (!s->gpu) return tern_fail(err, "logits kept on the device need a GPU session");
+    if (check_tokens(&s->m->cfg, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
+    return tern_gpu_forward_keep(s, tokens, T, err);
+}
+
 /* ---- MTP head ----------------------------------------------------------- */
 
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,

@@ -4,7 +4,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda/sample_limits.h"
 #include "engine/engine.h"
+#include "engine/gpu.h"
 #include "engine/sampler.h"
 #include "text/detok.h"
 #include "text/stop.h"
@@ -17,8 +19,17 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Sampling on the GPU (a GPU session with TERN_GPU_SAMPLING=1 and a rule
+ * the kernels take): logits stay on the device and only the id comes back. */
+typedef struct {
+    int on;
+    int greedy, top_k;
+    float temperature, top_p, min_p;
+} gpu_rule;
+
 typedef struct {
     tern_sampler *sampler;
+    gpu_rule gpu;
     tern_detok *detok;
     tern_stop *stop;
     float *logits;
@@ -76,11 +87,38 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     g->n_history = (int)n_prompt;
     g->sampler = tern_sampler_create(&p->sampling, V, n_valid, err);
     if (!g->sampler) return -1;
+    gpu_rule *r = &g->gpu;
+    r->on = s->gpu && tern_gpu_sampling_enabled(s) &&
+            tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
+                                  &r->top_p, &r->min_p);
     if (!tok) return 0;
     g->detok = tern_detok_create(tok, 1, err);
     if (!g->detok) return -1;
     g->stop = tern_stop_create(p->stop, (size_t)p->n_stop, err);
     return g->stop ? 0 : -1;
+}
+
+static int eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err) {
+    if (s->broken)
+        return tern_fail(err, "the session failed mid-step earlier; restore a snapshot or start a new session");
+    if (s->pos + n > s->max_ctx)
+        return tern_fail(err, "context full: %d + %d tokens exceed the session's max context of %d", s->pos, n,
+                         s->max_ctx);
+    return tern_forward_keep(s, tokens, n, err);
+}
+
+/* The next id: the CPU sampler over the host logits, or the same rule on
+ * the GPU with the sampler's next random number (the GPU draws one for
+ * every sampled token; the CPU sampler skips it when one candidate is left). */
+static int32_t next_id(gen_state *g, tern_session *s, tern_error *err) {
+    if (!g->gpu.on) return tern_sampler_sample(g->sampler, g->logits, g->history, g->n_history, err);
+    const gpu_rule *r = &g->gpu;
+    double u = r->greedy ? 0.0 : tern_sampler_next_uniform(g->sampler);
+    int32_t id;
+    if (tern_gpu_sample(s, tern_sampler_n_valid(g->sampler), r->greedy, r->temperature, r->top_k, r->top_p, r->min_p,
+                        u, &id, err) != 0)
+        return -1;
+    return id;
 }
 
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -92,7 +130,8 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
     double t0 = now_s();
-    if (rc == 0) rc = tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
+    if (rc == 0) rc = g.gpu.on ? eval_keep(s, prompt, (int)n_prompt, err)
+                            : tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
     double t1 = now_s();
     stats->n_prompt = (int)n_prompt;
     stats->prefill_s = t1 - t0;
@@ -100,7 +139,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     while (rc == 0) {
         if (p->n_predict >= 0 && stats->n_generated >= p->n_predict) { reason = TERN_STOP_LENGTH; break; }
         if (s->pos >= s->max_ctx) { reason = TERN_STOP_CONTEXT; break; }
-        int32_t id = tern_sampler_sample(g.sampler, g.logits, g.history, g.n_history, err);
+        int32_t id = next_id(&g, s, err);
         if (id < 0) { rc = -1; break; }
         g.history[g.n_history++] = id;
         stats->n_generated++;
@@ -114,7 +153,9 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
         int need_logits = !eos && !stop;
-        if ((rc = tern_session_eval(s, &id, 1, need_logits ? g.logits : NULL, 0, err)) != 0) break;
+        if (g.gpu.on && need_logits) rc = eval_keep(s, &id, 1, err);
+        else rc = tern_session_eval(s, &id, 1, need_logits ? g.logits : NULL, 0, err);
+        if (rc != 0) break;
         if (eos) { reason = TERN_STOP_EOS; break; }
         if (stop) break;
     }

@@ -26,6 +26,16 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
     (void)s; (void)tokens; (void)T; (void)logits; (void)all;
     return no_cuda(err);
 }
+int tern_gpu_sampling_enabled(const tern_session *s) { (void)s; return 0; }
+int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
+    (void)s; (void)tokens; (void)T;
+    return no_cuda(err);
+}
+int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,
+                    double u, int32_t *id, tern_error *err) {
+    (void)s; (void)n_valid; (void)greedy; (void)temperature; (void)top_k; (void)top_p; (void)min_p; (void)u; (void)id;
+    return no_cuda(err);
+}
 
 #else
 
@@ -308,6 +318,9 @@ typedef struct gpu_session {
     stats *st;
     float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
     float *fused_out;             /* one token's stacked input projections */
+    void *sample_work;            /* argmax / top-k workspace */
+    int32_t *d_id;                /* the sampled id */
+    int sampling;                 /* TERN_GPU_SAMPLING=1 */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -372,6 +385,11 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     g->gdn_work = ok && g->att_work ? tern_cuda_alloc(g->gdn_bytes, err) : NULL;
     g->grouped_work = ok && g->gdn_work ? tern_cuda_alloc(g->grouped_bytes, err) : NULL;
     if (!g->gdn_work || !g->grouped_work) ok = 0;
+    g->sample_work = ok ? tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err) : NULL;
+    g->d_id = ok ? tern_cuda_alloc(sizeof(int32_t), err) : NULL;
+    if (!g->sample_work || !g->d_id) ok = 0;
+    const char *gs = getenv("TERN_GPU_SAMPLING");
+    g->sampling = gs && !strcmp(gs, "1");
     g->host_x = malloc(P * H * sizeof(float));
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
     if (ok && (!g->moe_work || !g->att_work)) ok = 0;
@@ -424,6 +442,8 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->ids);
     tern_cuda_free(g->moe_work);
     tern_cuda_free(g->att_work);
+    tern_cuda_free(g->sample_work);
+    tern_cuda_free(g->d_id);
     tern_cuda_free(g->gdn_work);
     tern_cuda_free(g->grouped_work);
     tern_cuda_graph_destroy(g->graph);
@@ -702,7 +722,9 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
+/* keep: compute the last token's logits into the device buffer and leave
+ * them there (logits NULL). */
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, int keep, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const gpu_model *gm = m->gpu;
@@ -714,7 +736,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     if (tern_cuda_sync(g->stream, err) || tern_cuda_upload(g->x, g->host_x, (size_t)T * H * sizeof(float), err))
         return -1;
     if (g->st) g->st->n_marks = T == 1 ? 0 : -1;
-    int rows = !logits ? 0 : all ? T : 1;
+    int rows = keep ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     int graph = small && g->use_graph && !g->st && !s->route_fn;
     if (graph && tern_cuda_capture_begin(g->stream, err)) return -1;
@@ -725,7 +747,11 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     }
     if (rc != 0) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
-    if (small && rows) {
+    if (keep && !small) {
+        if (mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err)) return -1;
+    } else if (keep) {
+        /* already in g->logits */
+    } else if (small && rows) {
         if (tern_cuda_sync(g->stream, err) || tern_cuda_download(logits, g->logits, (size_t)rows * V * sizeof(float), err))
             return -1;
     } else if (rows && head(g, gm, all ? g->xn : last, rows, H, V, logits, err)) {
@@ -746,11 +772,37 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
         int n = T - done < PIECE ? T - done : PIECE;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, err) != 0) {
+        if (piece(s, tokens + done, n, out, all_logits, 0, err) != 0) {
             s->broken = 1;
             return -1;
         }
     }
+    return 0;
+}
+
+int tern_gpu_sampling_enabled(const tern_session *s) {
+    const gpu_session *g = s->gpu;
+    return g && g->sampling;
+}
+
+int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
+    for (int done = 0; done < T; done += PIECE) {
+        int n = T - done < PIECE ? T - done : PIECE;
+        if (piece(s, tokens + done, n, NULL, 0, done + n == T, err) != 0) {
+            s->broken = 1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,
+                    double u, int32_t *id, tern_error *err) {
+    gpu_session *g = s->gpu;
+    int rc = greedy ? tern_cuda_argmax(g->logits, n_valid, g->sample_work, g->d_id, g->stream, err)
+                    : tern_cuda_sample(g->logits, n_valid, temperature, top_k, top_p, min_p, u, g->sample_work, g->d_id,
+                                       g->stream, err);
+    if (rc || tern_cuda_sync(g->stream, err) || tern_cuda_download(id, g->d_id, sizeof *id, err)) return -1;
     return 0;
 }
 

@@ -406,3 +406,19 @@ int tern_sampler_logits(tern_sampler *s, const float *logits, const int32_t *his
     for (int i = s->n_valid; i < s->n_vocab; i++) out[i] = -INFINITY;
     return 0;
 }
+
+int tern_sampler_gpu_rule(const tern_sampler *s, int max_k, int *greedy, float *temperature, int *top_k,
+                          float *top_p, float *min_p) {
+    const tern_sampler_params *p = &s->p;
+    if (p->repetition_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0) return 0;
+    *greedy = is_greedy(s);
+    *temperature = p->temperature;
+    *top_k = p->top_k;
+    *top_p = p->top_p;
+    *min_p = p->min_p;
+    return *greedy || (p->top_k >= 1 && p->top_k <= max_k);
+}
+
+double tern_sampler_next_uniform(tern_sampler *s) { return uniform(s); }
+
+int tern_sampler_n_valid(const tern_sampler *s) { return s->n_valid; }
