@@ -153,8 +153,10 @@ static int upload_experts(tern_model *m, gpu_model *g, tern_error *err) {
     size_t bytes = (size_t)m->man.n_experts * m->man.stride;
     for (int f = 0; f < g->n_expert_files; f++) {
         g->experts[f] = tern_cuda_alloc(bytes, err);
-        if (!g->experts[f] || tern_cuda_upload(g->experts[f], m->expert_maps[f], bytes, err) != 0)
-            return tern_fail(err, "GPU: the experts of layer %d (%zu bytes): %s", f, bytes, err->msg);
+        if (!g->experts[f] || tern_cuda_upload(g->experts[f], m->expert_maps[f], bytes, err) != 0) {
+            tern_err_prefix(err, "GPU: the experts of layer %d (%zu bytes)", f, bytes);
+            return -1;
+        }
     }
     return 0;
 }
@@ -259,7 +261,10 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
         return -1;
     g->w.embed = m->w.embed;   /* rows are looked up on the host: one row per token */
     for (int l = 0; l < c->n_layers; l++)
-        if (layer_to_dev(m, g, &g->w.layers[l], err) != 0) return tern_fail(err, "layer %d: %s", l, err->msg);
+        if (layer_to_dev(m, g, &g->w.layers[l], err) != 0) {
+            tern_err_prefix(err, "layer %d", l);
+            return -1;
+        }
     /* the RoPE table joins the vectors (and is freed with them) */
     g->inv_freq = m->inv_freq;
     if (vec_to_dev(g, &g->inv_freq, (size_t)c->rope_dim / 2, err) != 0) return -1;
@@ -693,7 +698,10 @@ static int layers(tern_session *s, int T, tern_error *err) {
         if (rc == 0) rc = L->kind == TERN_LAYER_ATTN ? attn_layer(s, &L->attn, l, T, err) : gdn_layer(s, &L->gdn, l, T, err);
         if (rc == 0) rc = norm_in(g, L->post_norm, 1, H, T, c->norm_eps, err);
         if (rc == 0) rc = moe_layer(s, &L->moe, l, T, err);
-        if (rc != 0) return tern_fail(err, "GPU layer %d: %s", l, err->msg);
+        if (rc != 0) {
+            tern_err_prefix(err, "GPU layer %d", l);
+            return -1;
+        }
     }
     return norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err);
 }
