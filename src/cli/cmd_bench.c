@@ -34,6 +34,8 @@ typedef struct {
     int gen[MAX_LIST], n_gen;
     int ctx[MAX_LIST], n_ctx;
     int curve;
+    int top_k;                    /* decode sampling: 0 = the full vocabulary */
+    float top_p;
     char command[4096];
 } bench_opts;
 
@@ -55,13 +57,15 @@ static void bench_usage(FILE *f) {
             "  --expert-budget SIZE stream routed experts through a cache of SIZE bytes (packed directories)\n"
             "  --expert-policy P    lfu (default) or lru\n"
             "  --hit-curve          also replay the decode's routing through caches of 8..256 slots (LRU, LFU)\n"
+            "  --top-k K, --top-p P decode sampling (default: temperature 1 over the full vocabulary)\n"
             "  --json FILE          write the results as JSON (- for stdout)\n"
             "  --force              measure even when other processes keep the CPU or the GPU busy\n"
             "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
             "  --device cpu|cuda[:N] where the model runs (default cpu)\n"
             "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
             "                       (for a GPU: its measured HBM read rate, e.g. 4430 on an H200)\n"
-            "Prompts are random token ids (seeded); decode samples at temperature 1 over the full vocabulary.\n");
+            "Prompts are random token ids (seeded); decode samples at temperature 1 (over the full vocabulary\n"
+            "unless --top-k/--top-p cut it).\n");
 }
 
 /* ---- options ------------------------------------------------------------ */
@@ -141,6 +145,15 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-t")) { rc = parse_u64(a, v, 4096, &n); o->threads = (int)n; }
         else if (!strcmp(a, "--io-threads")) { rc = parse_u64(a, v, 64, &n); o->io_threads = (int)n; }
         else if (!strcmp(a, "--kv-bits")) { rc = parse_u64(a, v, 32, &n); o->kv_bits = (int)n; }
+        else if (!strcmp(a, "--top-k")) { rc = parse_u64(a, v, 1 << 20, &n); o->top_k = (int)n; }
+        else if (!strcmp(a, "--top-p")) {
+            char *end;
+            o->top_p = v ? strtof(v, &end) : 0;
+            if (!v || *end || !(o->top_p > 0 && o->top_p <= 1)) {
+                fprintf(stderr, "tern bench: --top-p needs a number in (0, 1]\n");
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--expert-budget")) {
             tern_error err;
             if (!v || tern_parse_size(v, &o->budget, &err) != 0) {
@@ -443,7 +456,8 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
     tern_sampler_params_default(&gp.sampling);
     gp.sampling.do_sample = 1;
     gp.sampling.temperature = 1.0f;
-    gp.sampling.top_k = 0;
+    gp.sampling.top_k = b->o->top_k;
+    gp.sampling.top_p = b->o->top_p > 0 ? b->o->top_p : 1.0f;
     double tps[1000];
     int got = 0;
     tern_stream_stats s0, s1;
@@ -650,7 +664,10 @@ int tern_cli_bench(int argc, char **argv) {
     if (o.bandwidth) printf("\nmemory bandwidth for the floor (given): %.1f GB/s", b.bandwidth);
     else printf("\nmemory read bandwidth (%d threads): %.1f GB/s", tern_model_n_threads(m), b.bandwidth);
     printf("; other processes' CPU use before the run: %.1f CPUs%s\n", others, others > limit ? " (--force)" : "");
-    printf("warm-up %d, %d timed repeats per test\n\n", o.warmup, o.reps);
+    printf("warm-up %d, %d timed repeats per test; decode samples at temperature 1", o.warmup, o.reps);
+    if (o.top_k) printf(", top-k %d", o.top_k);
+    if (o.top_p > 0 && o.top_p < 1) printf(", top-p %g", o.top_p);
+    printf("%s\n\n", o.top_k || (o.top_p > 0 && o.top_p < 1) ? "" : " over the full vocabulary");
     print_table(stdout, rs, n_rs);
     printf("\npeak RSS: %.2f GiB", peak_rss_gib());
     if (b.on_gpu && b.vram_mib >= 0) printf("; GPU memory: %.2f GiB", b.vram_mib / 1024);
