@@ -327,3 +327,35 @@ Test(synth, commands_refuse_bad_input) {
         free(out);
     }
 }
+
+/* The byte floor's numerator: the KV term grows by two rows per attention
+ * layer per position; a streamed layer's 8 blobs are counted; no GPU here. */
+Test(synth, decode_bytes_and_device) {
+    tern_error err;
+    tern_synth_params sp = {.shape = "small", .bits = 8};
+    tern_load_params lp = {.n_threads = 1};
+    tern_model *m = tern_model_synth(&sp, &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    cr_assert_str_eq(tern_model_device(m), "cpu");
+    uint64_t b0 = tern_model_decode_bytes(m, 0, 8), b1 = tern_model_decode_bytes(m, 1000, 8);
+    /* small: 1 attention layer of 4; 2 KV heads x 64 dims at 8 bits in groups of 64: 128 + 2 x 2 x 2 bytes */
+    cr_assert_eq(b1 - b0, (uint64_t)2 * 1000 * (128 + 8), "%llu", (unsigned long long)(b1 - b0));
+    int L, E, K;
+    tern_model_moe_shape(m, &L, &E, &K);
+    cr_assert_eq(L, 4);
+    cr_assert_eq(E, 16);
+    cr_assert_eq(K, 4);
+    tern_model_free(m);
+}
+
+Test(synth, cuda_device_without_cuda_is_named) {
+#ifndef TERN_CUDA
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench --synth small --device cuda --force 2>&1", tern_bin());
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "built without CUDA"), "%s", out);
+    free(out);
+#endif
+}
