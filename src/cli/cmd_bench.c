@@ -609,25 +609,93 @@ static int measure(bench *b, result *rs, int *n_rs, tern_error *err) {
     return 0;
 }
 
+/* 0 to go on; 1 when other processes hold the CPU or a GPU (and no
+ * --force). *others gets their CPU use. */
+static int preflight(const bench_opts *o, double *others, double *limit) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *others = others_busy_cpus();
+    *limit = 0.1 * ncpu > 0.5 ? 0.1 * ncpu : 0.5;
+    if (*others > *limit && !o->force) {
+        fprintf(stderr, "tern bench: other processes are using %.1f of %ld CPUs: the numbers would not be "
+                        "yours (stop them, or --force)\n", *others, ncpu);
+        return 1;
+    }
+    int gpu = o->device && strcmp(o->device, "cpu") != 0, n = gpu ? gpu_other_processes() : 0;
+    if (n > 0 && !o->force) {
+        fprintf(stderr, "tern bench: %d other process%s hold%s a GPU context: the numbers would not be yours "
+                        "(stop them, or --force)\n", n, n == 1 ? "" : "es", n == 1 ? "s" : "");
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    char cpu[256], date[64];
+    long ncpu;
+    double load_s, others, limit;
+} run_info;
+
+/* Machine, commit, command, model and settings: printed with every result. */
+static void print_header(const bench *b, const run_info *ri) {
+    const bench_opts *o = b->o;
+    struct utsname un;
+    uname(&un);
+    tern_stream_stats ss;
+    tern_model_stream_stats(b->m, &ss);
+    const char *dev = tern_model_device(b->m);
+    int threads = tern_model_n_threads(b->m);
+    printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
+           ri->date, ri->cpu, ri->ncpu, ram_gib(), un.sysname, un.release, strcmp(dev, "cpu") ? dev : "no GPU used",
+           o->command);
+    printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
+           o->model ? o->model : o->synth_shape, ri->load_s, threads, o->reference ? "reference" : "SIMD", o->kv_bits,
+           ss.streaming ? "streamed" : "resident");
+    if (ss.streaming) printf(" (%d slots per layer, %s)", ss.slots_per_layer, o->policy == TERN_POLICY_LRU ? "LRU" : "LFU");
+    if (o->bandwidth) printf("\nmemory bandwidth for the floor (given): %.1f GB/s", b->bandwidth);
+    else printf("\nmemory read bandwidth (%d threads): %.1f GB/s", threads, b->bandwidth);
+    printf("; other processes' CPU use before the run: %.1f CPUs%s\n", ri->others, ri->others > ri->limit ? " (--force)" : "");
+    int cut = o->top_k || (o->top_p > 0 && o->top_p < 1);
+    printf("warm-up %d, %d timed repeats per test; decode samples at temperature 1", o->warmup, o->reps);
+    if (o->top_k) printf(", top-k %d", o->top_k);
+    if (o->top_p > 0 && o->top_p < 1) printf(", top-p %g", o->top_p);
+    printf("%s\n\n", cut ? "" : " over the full vocabulary");
+}
+
+/* The table, memory, routing, and the JSON file when asked for. */
+static int report(const bench *b, const run_info *ri, const result *rs, int n_rs, int n_experts) {
+    const bench_opts *o = b->o;
+    print_header(b, ri);
+    print_table(stdout, rs, n_rs);
+    printf("\npeak RSS: %.2f GiB", peak_rss_gib());
+    if (b->on_gpu && b->vram_mib >= 0) printf("; GPU memory: %.2f GiB", b->vram_mib / 1024);
+    printf("\n");
+    json_t *js = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:s, s:f, s:i, s:i, s:f, s:o, s:f, s:s}", "commit",
+                           TERN_COMMIT, "date", ri->date, "cpu", ri->cpu, "command", o->command, "cpus", (int)ri->ncpu,
+                           "ram_gib", ram_gib(), "model", o->model ? o->model : o->synth_shape, "load_s", ri->load_s,
+                           "threads", tern_model_n_threads(b->m), "kv_bits", o->kv_bits, "read_bandwidth_gb_s",
+                           b->bandwidth, "results", results_json(rs, n_rs), "peak_rss_gib", peak_rss_gib(), "device",
+                           tern_model_device(b->m));
+    if (b->on_gpu && b->vram_mib >= 0) json_object_set_new(js, "gpu_memory_gib", json_real(b->vram_mib / 1024));
+    if (b->trace) print_routing(stdout, b->trace, n_experts, o->curve, js);
+    int rc = 0;
+    if (o->json_path) {
+        int flags = JSON_INDENT(2) | JSON_SORT_KEYS;
+        if ((!strcmp(o->json_path, "-") ? json_dumpf(js, stdout, flags) : json_dump_file(js, o->json_path, flags)) != 0) {
+            fprintf(stderr, "tern bench: cannot write %s\n", o->json_path);
+            rc = -1;
+        }
+    }
+    json_decref(js);
+    return rc;
+}
+
 int tern_cli_bench(int argc, char **argv) {
     bench_opts o;
     int prc = parse_bench(argc, argv, &o);
     if (prc == 1) return 0;
     if (prc != 0) return prc;
-    double others = others_busy_cpus();
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double limit = 0.1 * ncpu > 0.5 ? 0.1 * ncpu : 0.5;
-    if (others > limit && !o.force) {
-        fprintf(stderr, "tern bench: other processes are using %.1f of %ld CPUs: the numbers would not be "
-                        "yours (stop them, or --force)\n", others, ncpu);
-        return 1;
-    }
-    int gpu = o.device && strcmp(o.device, "cpu") != 0, others_gpu = gpu ? gpu_other_processes() : 0;
-    if (others_gpu > 0 && !o.force) {
-        fprintf(stderr, "tern bench: %d other process%s hold%s a GPU context: the numbers would not be yours "
-                        "(stop them, or --force)\n", others_gpu, others_gpu == 1 ? "" : "es", others_gpu == 1 ? "s" : "");
-        return 1;
-    }
+    run_info ri = {.ncpu = sysconf(_SC_NPROCESSORS_ONLN)};
+    if (preflight(&o, &ri.others, &ri.limit) != 0) return 1;
     tern_error err;
     double t0 = now_s();
     tern_model *m = open_model(&o, &err);
@@ -635,7 +703,7 @@ int tern_cli_bench(int argc, char **argv) {
         fprintf(stderr, "tern bench: %s\n", err.msg);
         return 1;
     }
-    double load_s = now_s() - t0;
+    ri.load_s = now_s() - t0;
     bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1),
                .on_gpu = strcmp(tern_model_device(m), "cpu") != 0, .vram_mib = -1};
     b.bandwidth = o.bandwidth ? (double)o.bandwidth : read_bandwidth_apart(tern_model_n_threads(m));
@@ -645,50 +713,10 @@ int tern_cli_bench(int argc, char **argv) {
     result rs[2 * MAX_LIST + MAX_LIST * MAX_LIST];
     int n_rs = 0, rc = measure(&b, rs, &n_rs, &err);
     if (rc != 0) fprintf(stderr, "tern bench: %s\n", err.msg);
-
-    char cpu[256], date[64];
-    struct utsname un;
-    uname(&un);
-    cpu_name(cpu, sizeof cpu);
+    cpu_name(ri.cpu, sizeof ri.cpu);
     time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    tern_stream_stats ss;
-    tern_model_stream_stats(m, &ss);
-    printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
-           date, cpu, ncpu, ram_gib(), un.sysname, un.release,
-           strcmp(tern_model_device(m), "cpu") ? tern_model_device(m) : "no GPU used", o.command);
-    printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
-           o.model ? o.model : o.synth_shape, load_s, tern_model_n_threads(m), o.reference ? "reference" : "SIMD",
-           o.kv_bits, ss.streaming ? "streamed" : "resident");
-    if (ss.streaming) printf(" (%d slots per layer, %s)", ss.slots_per_layer, o.policy == TERN_POLICY_LRU ? "LRU" : "LFU");
-    if (o.bandwidth) printf("\nmemory bandwidth for the floor (given): %.1f GB/s", b.bandwidth);
-    else printf("\nmemory read bandwidth (%d threads): %.1f GB/s", tern_model_n_threads(m), b.bandwidth);
-    printf("; other processes' CPU use before the run: %.1f CPUs%s\n", others, others > limit ? " (--force)" : "");
-    printf("warm-up %d, %d timed repeats per test; decode samples at temperature 1", o.warmup, o.reps);
-    if (o.top_k) printf(", top-k %d", o.top_k);
-    if (o.top_p > 0 && o.top_p < 1) printf(", top-p %g", o.top_p);
-    printf("%s\n\n", o.top_k || (o.top_p > 0 && o.top_p < 1) ? "" : " over the full vocabulary");
-    print_table(stdout, rs, n_rs);
-    printf("\npeak RSS: %.2f GiB", peak_rss_gib());
-    if (b.on_gpu && b.vram_mib >= 0) printf("; GPU memory: %.2f GiB", b.vram_mib / 1024);
-    printf("\n");
-    json_t *js = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:s, s:f, s:i, s:i, s:f, s:o, s:f}", "commit", TERN_COMMIT,
-                           "date", date, "cpu", cpu, "command", o.command, "cpus", (int)ncpu, "ram_gib", ram_gib(),
-                           "model", o.model ? o.model : o.synth_shape, "load_s", load_s, "threads",
-                           tern_model_n_threads(m), "kv_bits", o.kv_bits, "read_bandwidth_gb_s", b.bandwidth,
-                           "results", results_json(rs, n_rs), "peak_rss_gib", peak_rss_gib());
-    json_object_set_new(js, "device", json_string(tern_model_device(m)));
-    if (b.on_gpu && b.vram_mib >= 0) json_object_set_new(js, "gpu_memory_gib", json_real(b.vram_mib / 1024));
-    if (b.trace) print_routing(stdout, b.trace, n_experts, o.curve, js);
-    if (o.json_path) {
-        int flags = JSON_INDENT(2) | JSON_SORT_KEYS;
-        int wrc = !strcmp(o.json_path, "-") ? json_dumpf(js, stdout, flags) : json_dump_file(js, o.json_path, flags);
-        if (wrc != 0) {
-            fprintf(stderr, "tern bench: cannot write %s\n", o.json_path);
-            rc = -1;
-        }
-    }
-    json_decref(js);
+    strftime(ri.date, sizeof ri.date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    if (report(&b, &ri, rs, n_rs, n_experts) != 0) rc = -1;
     tern_route_trace_destroy(b.trace);
     tern_model_free(m);
     return rc == 0 ? 0 : 1;
