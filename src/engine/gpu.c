@@ -348,17 +348,11 @@ static tern_cuda_attn_dims attn_dims(const tern_config *c) {
     return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
 }
 
-int tern_gpu_session_init(tern_session *s, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
-    if (s->kvf.bits == 32)
-        return tern_fail(err, "GPU: the KV cache is 16, 8 or 4-bit on the GPU (kv_bits 32 is the CPU reference's)");
-    gpu_session *g = calloc(1, sizeof *g);
-    if (!g) return tern_fail(err, "out of memory");
-    s->gpu = g;
+/* Activations and op outputs for pieces of up to PIECE tokens. */
+static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
     size_t H = (size_t)c->hidden, P = PIECE, vd = (size_t)tern_cfg_gdn_value_dim(c);
     size_t qrows = (size_t)c->n_heads * c->head_dim * 2, kvrow = (size_t)c->n_kv_heads * c->head_dim;
-    size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
     g->x = dalloc(P * H, &ok, err);
     g->xn = dalloc(P * H, &ok, err);
     g->out = dalloc(P * H, &ok, err);
@@ -378,39 +372,52 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
-    g->moe_work = ok ? tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err) : NULL;
-    tern_cuda_attn_dims d = attn_dims(c);
-    g->att_bytes = tern_cuda_attention_workspace(&d, SUB, s->max_ctx);
-    g->att_work = ok && g->moe_work ? tern_cuda_alloc(g->att_bytes, err) : NULL;
-    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
-                          NULL, NULL, NULL, NULL, c->norm_eps};
-    g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, PIECE);
-    g->grouped_bytes = tern_cuda_moe_grouped_workspace(PIECE, c->top_k, c->n_experts, (int64_t)H, c->expert_inter,
-                                                       c->shared_inter);
-    g->gdn_work = ok && g->att_work ? tern_cuda_alloc(g->gdn_bytes, err) : NULL;
-    g->grouped_work = ok && g->gdn_work ? tern_cuda_alloc(g->grouped_bytes, err) : NULL;
-    if (!g->gdn_work || !g->grouped_work) ok = 0;
-    g->sample_work = ok ? tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err) : NULL;
-    g->d_id = ok ? tern_cuda_alloc(sizeof(int32_t), err) : NULL;
-    if (!g->sample_work || !g->d_id) ok = 0;
-    const char *gs = getenv("TERN_GPU_SAMPLING");
-    g->sampling = gs && !strcmp(gs, "1");
+    g->d_id = (int32_t *)dalloc(1, &ok, err);
     g->host_x = malloc(P * H * sizeof(float));
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
-    if (ok && (!g->moe_work || !g->att_work)) ok = 0;
-    if (ok && (!g->host_x || !g->host_ids)) ok = tern_fail(err, "out of memory") + 1;
-    if (ok) g->stream = tern_cuda_stream_create(err);
-    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS"), *dop = getenv("TERN_GPU_DECODE_OPS");
+    if (ok && (!g->host_x || !g->host_ids)) return tern_fail(err, "out of memory");
+    return ok ? 0 : -1;
+}
+
+/* The ops' workspaces: decode experts, split-K attention up to max_ctx,
+ * the prefill ops for a PIECE, sampling over the vocabulary. */
+static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, tern_error *err) {
+    size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
+    tern_cuda_attn_dims d = attn_dims(c);
+    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                          NULL, NULL, NULL, NULL, c->norm_eps};
+    g->att_bytes = tern_cuda_attention_workspace(&d, SUB, max_ctx);
+    g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, PIECE);
+    g->grouped_bytes = tern_cuda_moe_grouped_workspace(PIECE, c->top_k, c->n_experts, (int64_t)c->hidden,
+                                                       c->expert_inter, c->shared_inter);
+    if (!(g->moe_work = tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err)) ||
+        !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
+        !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
+        !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))
+        return -1;
+    return 0;
+}
+
+/* The switches read from the environment (gpu.h, docs/CUDA.md). */
+static int read_switches(gpu_session *g, tern_error *err) {
+    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
+    const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
+    g->use_graph = !(gr && !strcmp(gr, "0"));
+    g->sampling = gs && !strcmp(gs, "1");
     if (dop)
         g->decode_ops = (strstr(dop, "gemm") ? NO_GEMM : 0) | (strstr(dop, "attn") ? NO_ATTN : 0) |
                         (strstr(dop, "gdn") ? NO_GDN : 0) | (strstr(dop, "moe") ? NO_MOE : 0);
-    g->use_graph = !(gr && !strcmp(gr, "0"));
-    if (ok && ks && strcmp(ks, "0")) {
-        g->st = calloc(1, sizeof *g->st);
-        if (!g->st || !(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) ok = 0;
-        else g->st->n_marks = -1;
-    }
-    if (ok && !g->stream) ok = 0;
+    if (!ks || !strcmp(ks, "0")) return 0;
+    if (!(g->st = calloc(1, sizeof *g->st))) return tern_fail(err, "out of memory");
+    if (!(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) return -1;
+    g->st->n_marks = -1;
+    return 0;
+}
+
+/* Every DeltaNet layer's conv window and recurrent state, zeroed. */
+static int alloc_gdn_state(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    int ok = 1;
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
         s->gdn[l].conv = dalloc(conv_floats(c), &ok, err);
@@ -419,8 +426,20 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
                    tern_cuda_fill(s->gdn[l].S, 0, state_floats(c) * sizeof(float), NULL, err)))
             ok = 0;
     }
-    if (ok && tern_cuda_sync(NULL, err) != 0) ok = 0;
-    return ok ? 0 : -1;
+    return ok ? tern_cuda_sync(NULL, err) : -1;
+}
+
+int tern_gpu_session_init(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    if (s->kvf.bits == 32)
+        return tern_fail(err, "GPU: the KV cache is 16, 8 or 4-bit on the GPU (kv_bits 32 is the CPU reference's)");
+    gpu_session *g = calloc(1, sizeof *g);
+    if (!g) return tern_fail(err, "out of memory");
+    s->gpu = g;   /* tern_gpu_session_free releases whatever was allocated */
+    if (alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) || read_switches(g, err) ||
+        !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
+        return -1;
+    return 0;
 }
 
 void tern_gpu_session_free(tern_session *s) {
