@@ -52,7 +52,9 @@ typedef struct tern_load_params {
      * with the reference to rounding. */
     int reference_kernels;
     /* NULL or "cpu": the CPU engine; "cuda" / "cuda:N": a packed model with
-     * resident experts runs on that GPU (a build with make CUDA=1). */
+     * resident experts runs on that GPU (a build with make CUDA=1); "auto":
+     * the first GPU when the build, the machine and the model allow it, else
+     * the CPU (tern_model_device says which). */
     const char *device;
 } tern_load_params;
 

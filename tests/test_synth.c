@@ -359,3 +359,23 @@ Test(synth, cuda_device_without_cuda_is_named) {
     free(out);
 #endif
 }
+
+/* --device auto (the default) runs where it can: on this build, the CPU. */
+Test(synth, auto_device_falls_back_to_the_cpu) {
+#ifndef TERN_CUDA
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench --synth small -p 8 -n 2 -c 8 -r 1 --force --device auto 2>/dev/null", tern_bin());
+    int rc;
+    char *out = sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "no GPU used"), "%s", out);
+    free(out);
+    tern_error err;
+    tern_synth_params sp = {.shape = "small"};
+    tern_load_params lp = {.n_threads = 1, .device = "auto"};
+    tern_model *m = tern_model_synth(&sp, &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    cr_assert_str_eq(tern_model_device(m), "cpu");
+    tern_model_free(m);
+#endif
+}

@@ -61,7 +61,7 @@ static void bench_usage(FILE *f) {
             "  --json FILE          write the results as JSON (- for stdout)\n"
             "  --force              measure even when other processes keep the CPU or the GPU busy\n"
             "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
-            "  --device cpu|cuda[:N] where the model runs (default cpu)\n"
+            "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when possible)\n"
             "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
             "                       (for a GPU: its measured HBM read rate, e.g. 4430 on an H200)\n"
             "Prompts are random token ids (seeded); decode samples at temperature 1 (over the full vocabulary\n"
@@ -118,6 +118,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     o->reps = 3;
     o->warmup = 1;
     o->kv_bits = 16;
+    o->device = "auto";
     static const int prompts[] = {512, 4096, 32768}, gens[] = {128, 512}, ctxs[] = {512, 4096, 32768};
     memcpy(o->prompt, prompts, sizeof prompts);
     o->n_prompt = 3;

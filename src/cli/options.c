@@ -34,7 +34,8 @@ void cli_usage(FILE *f) {
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
         "  --reference              plain fp32 reference kernels only (no SIMD)\n"
-        "  --device cpu|cuda[:N]    where the model runs (default cpu; cuda: a packed model, experts resident)\n"
+        "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when this build has CUDA and\n"
+        "                           the model is packed with resident experts, else the CPU)\n"
         "generation:\n"
         "  -n, --n-predict N        tokens to generate (default 256 for run, 1024 for chat; -1 = no limit)\n"
         "  --temp T --top-k K --top-p P --min-p P     sampling (defaults: generation_config.json)\n"
@@ -119,6 +120,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = INT_MIN;   /* command default */
     o->kv_bits = 16;
+    o->device = "auto";
     o->think = 1;
     o->temp = o->top_p = o->min_p = o->repeat_penalty = o->presence_penalty = o->frequency_penalty = NAN;
     o->top_k = -1;
