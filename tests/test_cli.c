@@ -9,28 +9,7 @@
 #include <sys/wait.h>
 
 #include "tern.h"
-
-static const char *tern_bin(void) {
-    const char *b = getenv("TERN_BIN");
-    return b && *b ? b : "build/tern";
-}
-
-/* Runs a shell command line; returns its combined output, exit code in *rc. */
-static char *sh(const char *cmd, int *rc) {
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t cap = 1 << 16, n = 0;
-    char *out = malloc(cap);
-    size_t r;
-    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap) out = realloc(out, cap *= 2);
-    }
-    out[n] = '\0';
-    int st = pclose(p);
-    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return out;
-}
+#include "testutil.h"
 
 static int count_tokens(const char *text) {
     tern_error err;
@@ -50,7 +29,7 @@ Test(cli, chat_second_turn_prefills_only_the_new_turn) {
              "printf 'Tell me a fortune.\\nQuote a verse about light.\\n' | %s chat --no-think --seed 3 -n 120 -t 2 2>&1",
              tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 0, "%s", out);
     int p1 = -1, g1 = -1, p2 = -1, g2 = -1;
     char r1[32] = "", r2[32] = "";
@@ -78,7 +57,7 @@ Test(cli, run_generates_english) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s run -p 'And God said,' -n 40 --seed 1 -t 2 2>/dev/null", tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 0, "%s", out);
     /* a trained model writes words: mostly letters and spaces, common words */
     int letters = 0;
@@ -92,7 +71,7 @@ static void expect_fail(const char *args, int want_rc, const char *fragment) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s %s 2>&1 </dev/null", tern_bin(), args);
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, want_rc, "'%s' exited %d: %s", args, rc, out);
     cr_assert(strstr(out, fragment), "'%s' said: %s", args, out);
     free(out);
@@ -115,7 +94,7 @@ Test(cli, tokenize_round_trip) {
     snprintf(cmd, sizeof cmd, "%s tokenize --decode \"$(%s tokenize 'In the beginning, God')\"", tern_bin(),
              tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 0);
     cr_assert_str_eq(out, "In the beginning, God\n");
     free(out);

@@ -17,11 +17,6 @@
 #include "tern.h"
 #include "testutil.h"
 
-static const char *tern_bin(void) {
-    const char *b = getenv("TERN_BIN");
-    return b && *b ? b : "build/tern";
-}
-
 static char *synth_dir(const char *shape, const char *routing, uint64_t seed, int bits) {
     char *tmp = make_temp_dir(), *dst;
     cr_assert(asprintf(&dst, "%s/model", tmp) > 0);
@@ -269,27 +264,12 @@ Test(synth, replay_predicts_the_lru_cache) { replay_matches(TERN_POLICY_LRU); }
 
 /* ---- the commands ------------------------------------------------------- */
 
-static char *sh(const char *cmd, int *rc) {
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t cap = 1 << 16, n = 0, r;
-    char *out = malloc(cap);
-    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap) out = realloc(out, cap *= 2);
-    }
-    out[n] = '\0';
-    int st = pclose(p);
-    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return out;
-}
-
 Test(synth, bench_smoke) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s bench --synth small -p 48 -n 8 -c 40 -r 2 -t 2 --force --hit-curve --json - 2>/dev/null",
              tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(strstr(out, "| prefill | 48 | 48 |"), "%s", out);
     cr_assert(strstr(out, "| decode | 40 | 8 |"), "%s", out);
@@ -321,7 +301,7 @@ Test(synth, commands_refuse_bad_input) {
         char cmd[512];
         snprintf(cmd, sizeof cmd, "%s %s 2>&1", tern_bin(), cases[i].args);
         int rc;
-        char *out = sh(cmd, &rc);
+        char *out = run_sh(cmd, &rc);
         cr_assert_eq(rc, cases[i].rc, "tern %s: exit %d\n%s", cases[i].args, rc, out);
         cr_assert(strstr(out, cases[i].msg), "tern %s:\n%s", cases[i].args, out);
         free(out);
@@ -353,7 +333,7 @@ Test(synth, cuda_device_without_cuda_is_named) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s bench --synth small --device cuda --force 2>&1", tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, "built without CUDA"), "%s", out);
     free(out);
@@ -366,7 +346,7 @@ Test(synth, auto_device_falls_back_to_the_cpu) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s bench --synth small -p 8 -n 2 -c 8 -r 1 --force --device auto 2>/dev/null", tern_bin());
     int rc;
-    char *out = sh(cmd, &rc);
+    char *out = run_sh(cmd, &rc);
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(strstr(out, "no GPU used"), "%s", out);
     free(out);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *fixture_dir(const char *name) {
@@ -133,4 +134,27 @@ int write_model_variant(const char *src, const char *dst_dir, const char *drop, 
     json_decref(hdr);
     tern_st_close(&f);
     return rc;
+}
+
+const char *tern_bin(void) {
+    const char *b = getenv("TERN_BIN");
+    return b && *b ? b : "build/tern";
+}
+
+char *run_sh(const char *cmd, int *rc) {
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        *rc = -1;
+        return strdup("popen failed");
+    }
+    size_t cap = 1 << 16, n = 0, r;
+    char *out = malloc(cap);
+    while (out && (r = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (n + 1 == cap) out = realloc(out, cap *= 2);
+    }
+    if (out) out[n] = '\0';
+    int st = pclose(p);
+    *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
 }

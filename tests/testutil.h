@@ -41,4 +41,9 @@ int write_raw_safetensors(const char *path, const char *header_json, const void 
  * model.safetensors again, leaving out tensor `drop` (may be NULL) and giving
  * tensor `transpose` (may be NULL; 2-D) its dims swapped (same bytes). */
 int write_model_variant(const char *src, const char *dst_dir, const char *drop, const char *transpose);
+/* The tern binary the CLI tests run ($TERN_BIN, else build/tern). */
+const char *tern_bin(void);
+/* Runs a shell command line; returns its output (malloc'd), exit code in *rc. */
+char *run_sh(const char *cmd, int *rc);
+
 #endif

@@ -35,6 +35,9 @@ typedef struct cli_opts {
 } cli_opts;
 
 int cli_parse(int argc, char **argv, cli_opts *o);
+/* A non-negative integer option value up to max; otherwise "tern CMD: FLAG
+ * needs a number ..." on stderr and -1. */
+int cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t max, uint64_t *out);
 /* The model directory: -m, $TERN_MODEL, or the embedded default. */
 const char *cli_model_dir(const cli_opts *o);
 void cli_usage(FILE *f);

@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "cli/cli.h"
 #include "cli/cmd_pack.h"
 #include "tern.h"
 
@@ -69,19 +70,6 @@ static void bench_usage(FILE *f) {
 }
 
 /* ---- options ------------------------------------------------------------ */
-
-static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s ? s : "", &end, 10);
-    if (!s || !*s || *end || errno || s[0] == '-' || v > max) {
-        fprintf(stderr, "tern bench: %s needs a number up to %llu, got '%s'\n", flag, (unsigned long long)max,
-                s ? s : "");
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
 
 static int parse_list(const char *flag, const char *s, int *out, int *n) {
     *n = 0;
@@ -139,14 +127,14 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-p")) rc = parse_list(a, v, o->prompt, &o->n_prompt);
         else if (!strcmp(a, "-n")) rc = parse_list(a, v, o->gen, &o->n_gen);
         else if (!strcmp(a, "-c")) rc = parse_list(a, v, o->ctx, &o->n_ctx);
-        else if (!strcmp(a, "--bits")) { rc = parse_u64(a, v, 8, &n); o->bits = (int)n; }
-        else if (!strcmp(a, "--seed")) rc = parse_u64(a, v, ~0ull, &o->seed);
-        else if (!strcmp(a, "--bandwidth")) rc = parse_u64(a, v, 1000000, &o->bandwidth);
-        else if (!strcmp(a, "-r")) { rc = parse_u64(a, v, 1000, &n); o->reps = (int)n; }
-        else if (!strcmp(a, "-t")) { rc = parse_u64(a, v, 4096, &n); o->threads = (int)n; }
-        else if (!strcmp(a, "--io-threads")) { rc = parse_u64(a, v, 64, &n); o->io_threads = (int)n; }
-        else if (!strcmp(a, "--kv-bits")) { rc = parse_u64(a, v, 32, &n); o->kv_bits = (int)n; }
-        else if (!strcmp(a, "--top-k")) { rc = parse_u64(a, v, 1 << 20, &n); o->top_k = (int)n; }
+        else if (!strcmp(a, "--bits")) { rc = cli_parse_u64("bench", a, v, 8, &n); o->bits = (int)n; }
+        else if (!strcmp(a, "--seed")) rc = cli_parse_u64("bench", a, v, ~0ull, &o->seed);
+        else if (!strcmp(a, "--bandwidth")) rc = cli_parse_u64("bench", a, v, 1000000, &o->bandwidth);
+        else if (!strcmp(a, "-r")) { rc = cli_parse_u64("bench", a, v, 1000, &n); o->reps = (int)n; }
+        else if (!strcmp(a, "-t")) { rc = cli_parse_u64("bench", a, v, 4096, &n); o->threads = (int)n; }
+        else if (!strcmp(a, "--io-threads")) { rc = cli_parse_u64("bench", a, v, 64, &n); o->io_threads = (int)n; }
+        else if (!strcmp(a, "--kv-bits")) { rc = cli_parse_u64("bench", a, v, 32, &n); o->kv_bits = (int)n; }
+        else if (!strcmp(a, "--top-k")) { rc = cli_parse_u64("bench", a, v, 1 << 20, &n); o->top_k = (int)n; }
         else if (!strcmp(a, "--top-p")) {
             char *end;
             o->top_p = v ? strtof(v, &end) : 0;

@@ -1,5 +1,6 @@
 /* `tern synth DST [options]`: option parsing only; the work is tern_synth
  * (tern.h). */
+#include "cli/cli.h"
 #include "cli/cmd_pack.h"
 
 #include <errno.h>
@@ -27,37 +28,25 @@ static void synth_usage(FILE *f) {
             "  --list             list the shapes\n");
 }
 
-static int parse_num(const char *flag, const char *s, unsigned long long max, unsigned long long *out) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s ? s : "", &end, 10);
-    if (!s || !*s || *end || errno || s[0] == '-' || v > max) {
-        fprintf(stderr, "tern synth: %s needs a number up to %llu, got '%s'\n", flag, max, s ? s : "");
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 /* 0: run; 1: done (--help/--list); 2: bad usage. */
 static int parse_synth(int argc, char **argv, tern_synth_params *p) {
     int quiet = 0;
     memset(p, 0, sizeof *p);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long long n;
+        uint64_t n;
         if (!strcmp(a, "--shape") && v) { p->shape = v; i++; }
         else if (!strcmp(a, "--routing") && v) { p->routing = v; i++; }
         else if (!strcmp(a, "--bits")) {
-            if (parse_num(a, v, 8, &n) != 0) return 2;
+            if (cli_parse_u64("synth", a, v, 8, &n) != 0) return 2;
             p->bits = (int)n;
             i++;
         } else if (!strcmp(a, "--seed")) {
-            if (parse_num(a, v, ~0ull, &n) != 0) return 2;
+            if (cli_parse_u64("synth", a, v, ~0ull, &n) != 0) return 2;
             p->seed = n;
             i++;
         } else if (!strcmp(a, "--threads")) {
-            if (parse_num(a, v, 4096, &n) != 0) return 2;
+            if (cli_parse_u64("synth", a, v, 4096, &n) != 0) return 2;
             p->n_threads = (int)n;
             i++;
         } else if (!strcmp(a, "--resume")) p->resume = 1;

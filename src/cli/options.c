@@ -234,3 +234,16 @@ int32_t *cli_parse_ids(const char *s, size_t *n) {
     return ids;
 }
 
+
+int cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t max, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s ? s : "", &end, 10);
+    if (!s || !*s || *end || errno || s[0] == '-' || v > max) {
+        fprintf(stderr, "tern %s: %s needs a number up to %llu, got '%s'\n", cmd, flag, (unsigned long long)max,
+                s ? s : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}

@@ -28,45 +28,7 @@ static int split_len(int n) {
     return sl;
 }
 
-__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
-/* 8 consecutive values d..d+7 of a head slice (d a multiple of 8) as
- * integers (8/4 bits) or floats (16 bits). ALIGNED: the row stride keeps
- * 16/8/4-byte loads aligned; otherwise bytes are gathered one by one. */
-template <int BITS, bool ALIGNED>
-__device__ __forceinline__ void load8(const uint8_t *vals, int d, float (&v)[8]) {
-    if (BITS == 16) {
-        const uint8_t *p = vals + 2 * (size_t)d;
-        uint32_t w[4];
-        if (ALIGNED) {
-            uint4 u = *(const uint4 *)p;
-            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) w[i] = p[4 * i] | p[4 * i + 1] << 8 | p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) { v[2 * i] = h2f((uint16_t)(w[i] & 0xffffu)); v[2 * i + 1] = h2f((uint16_t)(w[i] >> 16)); }
-    } else if (BITS == 8) {
-        const uint8_t *p = vals + d;
-        uint32_t w0, w1;
-        if (ALIGNED) {
-            uint2 u = *(const uint2 *)p;
-            w0 = u.x; w1 = u.y;
-        } else {
-            w0 = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
-            w1 = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
-        }
-        v[0] = byte_f<0>(w0); v[1] = byte_f<1>(w0); v[2] = byte_f<2>(w0); v[3] = byte_f<3>(w0);
-        v[4] = byte_f<0>(w1); v[5] = byte_f<1>(w1); v[6] = byte_f<2>(w1); v[7] = byte_f<3>(w1);
-    } else {
-        const uint8_t *p = vals + d / 2;
-        uint32_t w = ALIGNED ? *(const uint32_t *)p : (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
-        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
-        v[0] = byte_f<0>(lo); v[1] = byte_f<0>(hi); v[2] = byte_f<1>(lo); v[3] = byte_f<1>(hi);
-        v[4] = byte_f<2>(lo); v[5] = byte_f<2>(hi); v[6] = byte_f<3>(lo); v[7] = byte_f<3>(hi);
-    }
-}
 
 template <int BITS, bool ALIGNED>
 __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
@@ -102,7 +64,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_
 #pragma unroll 4
             for (int d = sub * 8; d < hd; d += tpp * 8) {
                 float kv[8];
-                load8<BITS, ALIGNED>(vals, d, kv);
+                kv_load8<BITS>(vals, d, ALIGNED, kv);
                 if (BITS != 16) {
                     int g = (first + d) / L.group;
                     float ks = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);

@@ -27,44 +27,7 @@
 #define AP_WARPS 4
 #define LOG2E 1.4426950408889634f
 
-__device__ __forceinline__ float h2f_(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
-/* Values d .. d + 7 of a row's head slice (vals: the slice's first value)
- * as floats; `al`: the row layout keeps 16/8/4-byte loads aligned. */
-template <int BITS>
-__device__ __forceinline__ void kv_load8(const uint8_t *vals, int d, bool al, float (&v)[8]) {
-    if (BITS == 16) {
-        const uint8_t *p = vals + 2 * (size_t)d;
-        uint32_t w[4];
-        if (al) {
-            uint4 u = *(const uint4 *)p;
-            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) w[i] = p[4 * i] | p[4 * i + 1] << 8 | p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) { v[2 * i] = f16_lo(w[i]); v[2 * i + 1] = f16_hi(w[i]); }
-    } else if (BITS == 8) {
-        const uint8_t *p = vals + d;
-        uint32_t w0, w1;
-        if (al) {
-            uint2 u = *(const uint2 *)p;
-            w0 = u.x; w1 = u.y;
-        } else {
-            w0 = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
-            w1 = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
-        }
-        v[0] = byte_f<0>(w0); v[1] = byte_f<1>(w0); v[2] = byte_f<2>(w0); v[3] = byte_f<3>(w0);
-        v[4] = byte_f<0>(w1); v[5] = byte_f<1>(w1); v[6] = byte_f<2>(w1); v[7] = byte_f<3>(w1);
-    } else {
-        const uint8_t *p = vals + d / 2;
-        uint32_t w = al ? *(const uint32_t *)p : (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
-        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
-        v[0] = byte_f<0>(lo); v[1] = byte_f<0>(hi); v[2] = byte_f<1>(lo); v[3] = byte_f<1>(hi);
-        v[4] = byte_f<2>(lo); v[5] = byte_f<2>(hi); v[6] = byte_f<3>(lo); v[7] = byte_f<3>(hi);
-    }
-}
 
 /* Row j's values d .. d + 7 of KV head kvh, dequantized (q * scale + bias
  * in fp32, as tern_kv_dequantize_row). */
@@ -76,7 +39,7 @@ __device__ __forceinline__ void kv_piece(const uint8_t *cache, const kv_layout &
     if (BITS != 16) {
         const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
         int g = (first + d) / L.group;
-        float s = h2f_(sb[g]), b = h2f_(sb[L.n_groups + g]);
+        float s = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = fmaf(v[e], s, b);
     }

@@ -206,4 +206,46 @@ static inline kv_layout kv_of(const tern_kvq *L) {
     return k;
 }
 
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* KV cache rows (cpu/kvquant.h layouts), shared by the decode and prefill
+ * attention: values d .. d + 7 of a row's head slice (vals: the slice's
+ * first value, d a multiple of 8) as floats, undequantized for 8/4 bits;
+ * `al`: the row layout keeps 16/8/4-byte loads aligned (a compile-time
+ * constant at the call removes the other branch). */
+template <int BITS>
+__device__ __forceinline__ void kv_load8(const uint8_t *vals, int d, bool al, float (&v)[8]) {
+    if (BITS == 16) {
+        const uint8_t *p = vals + 2 * (size_t)d;
+        uint32_t w[4];
+        if (al) {
+            uint4 u = *(const uint4 *)p;
+            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) w[i] = p[4 * i] | p[4 * i + 1] << 8 | p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) { v[2 * i] = f16_lo(w[i]); v[2 * i + 1] = f16_hi(w[i]); }
+    } else if (BITS == 8) {
+        const uint8_t *p = vals + d;
+        uint32_t w0, w1;
+        if (al) {
+            uint2 u = *(const uint2 *)p;
+            w0 = u.x; w1 = u.y;
+        } else {
+            w0 = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+            w1 = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
+        }
+        v[0] = byte_f<0>(w0); v[1] = byte_f<1>(w0); v[2] = byte_f<2>(w0); v[3] = byte_f<3>(w0);
+        v[4] = byte_f<0>(w1); v[5] = byte_f<1>(w1); v[6] = byte_f<2>(w1); v[7] = byte_f<3>(w1);
+    } else {
+        const uint8_t *p = vals + d / 2;
+        uint32_t w = al ? *(const uint32_t *)p : (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+        v[0] = byte_f<0>(lo); v[1] = byte_f<0>(hi); v[2] = byte_f<1>(lo); v[3] = byte_f<1>(hi);
+        v[4] = byte_f<2>(lo); v[5] = byte_f<2>(hi); v[6] = byte_f<3>(lo); v[7] = byte_f<3>(hi);
+    }
+}
+
 #endif

@@ -259,7 +259,7 @@ uint64_t tern_model_decode_bytes(const tern_model *m, int ctx, int kv_bits) {
     int row_len = c->n_kv_heads * c->head_dim;
     double kv_row = kv_bits >= 32 || kv_bits == 0 ? 4.0 * row_len
                                                   : (double)tern_kv_row_bytes(row_len, tern_kv_group(c->head_dim), kv_bits);
-    double gdn = 2.0 * 4.0 * c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
+    double gdn = 2.0 * sizeof(float) * (double)tern_cfg_gdn_state_floats(c);
     for (int l = 0; l < c->n_layers; l++)
         bytes += c->layer_kind[l] == TERN_LAYER_ATTN ? 2.0 * kv_row * ctx : gdn;
     return (uint64_t)bytes;

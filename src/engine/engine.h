@@ -94,6 +94,8 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
 /* A GPU session's tern_forward that leaves the last token's logits on the
  * device for tern_gpu_sample (engine/gpu.h). */
 int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
+/* tern_session_eval's checks, then tern_forward_keep (session.c). */
+int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err);
 
 /* The MTP head over n (hidden state, next token) pairs at its next n
  * positions; logits [n, vocab]. */

@@ -362,6 +362,8 @@ static int routed_streamed(tern_model *m, const tern_moe_w *w, const float *xn, 
  * task a slice of one expert's rows. Per row it runs the same kernel on the
  * same inputs as swiglu() does, so the result is bit-identical; what
  * changes is 2 thread-pool wake-ups per layer instead of 3 per expert. */
+#define GROUPED_MAX (TERN_GEMV_MAX_T * 64)
+
 typedef struct {
     tern_model *m;
     const tern_moe_w *w;
@@ -413,7 +415,8 @@ static void grouped_down(void *ctx, int64_t b, int64_t e) {
 }
 
 static int grouped_ok(const tern_model *m, const tern_moe_w *w, int T, const routing *r) {
-    if (!m->fast || !w->experts || T > TERN_GEMV_MAX_T) return 0;
+    /* routed_grouped keeps the layer's experts in arrays of GROUPED_MAX */
+    if (!m->fast || !w->experts || T > TERN_GEMV_MAX_T || T * m->cfg.top_k > GROUPED_MAX) return 0;
     for (int e = 0; e < m->cfg.n_experts; e++) {
         if (!r->count[e]) continue;
         const tern_expert_w *x = &w->experts[e];
@@ -425,9 +428,9 @@ static int grouped_ok(const tern_model *m, const tern_moe_w *w, int T, const rou
 
 static void routed_grouped(tern_model *m, const tern_moe_w *w, const float *xn, const routing *r, float *out) {
     const tern_config *c = &m->cfg;
-    int H = c->hidden, E = c->n_experts, ids[TERN_GEMV_MAX_T * 64], n_ids = 0;
-    for (int e = 0; e < E && n_ids < (int)(sizeof ids / sizeof *ids); e++) if (r->count[e]) ids[n_ids++] = e;
-    float *prep[TERN_GEMV_MAX_T * 64], *h[TERN_GEMV_MAX_T * 64], *ye[TERN_GEMV_MAX_T * 64];
+    int H = c->hidden, E = c->n_experts, ids[GROUPED_MAX], n_ids = 0;
+    for (int e = 0; e < E; e++) if (r->count[e]) ids[n_ids++] = e;   /* at most T x top_k <= GROUPED_MAX */
+    float *prep[GROUPED_MAX], *h[GROUPED_MAX], *ye[GROUPED_MAX];
     int threads = tern_pool_size(m->pool);
     grouped_job j = {m, w, r, ids, n_ids, (threads + n_ids - 1) / n_ids, prep, h, ye};
     for (int i = 0; i < n_ids; i++) {
@@ -565,7 +568,6 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
 }
 
 int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    if (T <= 0) return tern_fail(err, "no tokens to evaluate");
     if (!s->gpu) return tern_fail(err, "logits kept on the device need a GPU session");
     if (check_tokens(&s->m->cfg, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
     return tern_gpu_forward_keep(s, tokens, T, err);

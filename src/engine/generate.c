@@ -98,15 +98,6 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     return g->stop ? 0 : -1;
 }
 
-static int eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err) {
-    if (s->broken)
-        return tern_fail(err, "the session failed mid-step earlier; restore a snapshot or start a new session");
-    if (s->pos + n > s->max_ctx)
-        return tern_fail(err, "context full: %d + %d tokens exceed the session's max context of %d", s->pos, n,
-                         s->max_ctx);
-    return tern_forward_keep(s, tokens, n, err);
-}
-
 /* The next id: the CPU sampler over the host logits, or the same rule on
  * the GPU with the sampler's next random number (the GPU draws one for
  * every sampled token; the CPU sampler skips it when one candidate is left). */
@@ -130,7 +121,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
     double t0 = now_s();
-    if (rc == 0) rc = g.gpu.on ? eval_keep(s, prompt, (int)n_prompt, err)
+    if (rc == 0) rc = g.gpu.on ? tern_session_eval_keep(s, prompt, (int)n_prompt, err)
                             : tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
     double t1 = now_s();
     stats->n_prompt = (int)n_prompt;
@@ -153,7 +144,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
         int need_logits = !eos && !stop;
-        if (g.gpu.on && need_logits) rc = eval_keep(s, &id, 1, err);
+        if (g.gpu.on && need_logits) rc = tern_session_eval_keep(s, &id, 1, err);
         else rc = tern_session_eval(s, &id, 1, need_logits ? g.logits : NULL, 0, err);
         if (rc != 0) break;
         if (eos) { reason = TERN_STOP_EOS; break; }

@@ -335,8 +335,6 @@ typedef struct gpu_session {
 
 static void print_stats(const stats *st);
 
-static size_t conv_floats(const tern_config *c) { return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c); }
-static size_t state_floats(const tern_config *c) { return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim; }
 
 static float *dalloc(size_t n, int *ok, tern_error *err) {
     float *p = *ok ? tern_cuda_alloc((n ? n : 1) * sizeof(float), err) : NULL;
@@ -420,10 +418,10 @@ static int alloc_gdn_state(tern_session *s, tern_error *err) {
     int ok = 1;
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        s->gdn[l].conv = dalloc(conv_floats(c), &ok, err);
-        s->gdn[l].S = dalloc(state_floats(c), &ok, err);
-        if (ok && (tern_cuda_fill(s->gdn[l].conv, 0, conv_floats(c) * sizeof(float), NULL, err) ||
-                   tern_cuda_fill(s->gdn[l].S, 0, state_floats(c) * sizeof(float), NULL, err)))
+        s->gdn[l].conv = dalloc(tern_cfg_gdn_conv_floats(c), &ok, err);
+        s->gdn[l].S = dalloc(tern_cfg_gdn_state_floats(c), &ok, err);
+        if (ok && (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), NULL, err) ||
+                   tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), NULL, err)))
             ok = 0;
     }
     return ok ? tern_cuda_sync(NULL, err) : -1;

@@ -8,13 +8,6 @@
 #include "engine/gpu.h"
 #include "util/err.h"
 
-static size_t conv_floats(const tern_config *c) {
-    return (size_t)(c->gdn_conv_kernel - 1) * tern_cfg_gdn_conv_dim(c);
-}
-static size_t state_floats(const tern_config *c) {
-    return (size_t)c->gdn_v_heads * c->gdn_k_dim * c->gdn_v_dim;
-}
-
 static int grow(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, int gpu, tern_error *err) {
     if (needed <= *cap) return 0;
     if (needed > max_ctx)
@@ -99,8 +92,8 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
     }
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        s->gdn[l].conv = calloc(conv_floats(c) + 1, sizeof(float));
-        s->gdn[l].S = calloc(state_floats(c), sizeof(float));
+        s->gdn[l].conv = calloc(tern_cfg_gdn_conv_floats(c) + 1, sizeof(float));
+        s->gdn[l].S = calloc(tern_cfg_gdn_state_floats(c), sizeof(float));
         ok = s->gdn[l].conv && s->gdn[l].S;
     }
     if (!ok) {
@@ -133,14 +126,24 @@ int tern_session_pos(const tern_session *s) { return s->pos; }
  * the GDN chunk keeps the chunk boundaries where one long call puts them. */
 #define EVAL_PIECE 512
 
-int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
-                      tern_error *err) {
+/* What every evaluation checks first. */
+static int can_eval(const tern_session *s, int n, tern_error *err) {
     if (n <= 0) return tern_fail(err, "no tokens to evaluate");
     if (s->broken)
         return tern_fail(err, "the session failed mid-step earlier; restore a snapshot or start a new session");
     if (s->pos + n > s->max_ctx)
         return tern_fail(err, "context full: %d + %d tokens exceed the session's max context of %d", s->pos, n,
                          s->max_ctx);
+    return 0;
+}
+
+int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err) {
+    return can_eval(s, n, err) ? -1 : tern_forward_keep(s, tokens, n, err);
+}
+
+int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
+                      tern_error *err) {
+    if (can_eval(s, n, err)) return -1;
     size_t V = (size_t)s->m->cfg.vocab;
     for (int done = 0; done < n; done += EVAL_PIECE) {
         int T = n - done < EVAL_PIECE ? n - done : EVAL_PIECE;
@@ -191,8 +194,8 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
             MOVE(s->kv[l].k, (size_t)pos * row);
             MOVE(s->kv[l].v, (size_t)pos * row);
         } else {
-            MOVE(s->gdn[l].conv, conv_floats(c) * sizeof(float));
-            MOVE(s->gdn[l].S, state_floats(c) * sizeof(float));
+            MOVE(s->gdn[l].conv, tern_cfg_gdn_conv_floats(c) * sizeof(float));
+            MOVE(s->gdn[l].S, tern_cfg_gdn_state_floats(c) * sizeof(float));
         }
     }
     MOVE(s->mtp_kv.k, (size_t)mtp_pos * row);

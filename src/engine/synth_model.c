@@ -46,21 +46,10 @@ typedef struct {
 
 static void encode_expert_range(void *arg, int64_t b, int64_t e) {
     expert_job *j = arg;
-    const tern_manifest *m = &j->p->man;
-    int64_t most = 0;
-    for (int part = 0; part < 3; part++)
-        if (m->parts[part].shape[0] * m->parts[part].shape[1] > most) most = m->parts[part].shape[0] * m->parts[part].shape[1];
-    float *scratch = malloc((size_t)most * sizeof(float));
+    float *scratch = malloc(pk_blob_scratch_floats(j->p) * sizeof(float));
     if (!scratch) { j->failed = 1; return; }
-    for (int64_t x = b; x < e; x++) {
-        uint8_t *blob = j->blobs + (size_t)x * m->stride;
-        for (int part = 0; part < 3; part++) {
-            const tern_pk_tensor *t = &m->parts[part];
-            pk_encode_rows(pk_plan_expert(j->p, j->file, (int)x, part), t, 0, t->shape[0], blob + t->data.off,
-                           t->scales.size ? (uint16_t *)(blob + t->scales.off) : NULL,
-                           t->biases.size ? (uint16_t *)(blob + t->biases.off) : NULL, scratch);
-        }
-    }
+    for (int64_t x = b; x < e; x++)
+        pk_encode_blob(j->p, j->file, (int)x, j->blobs + (size_t)x * j->p->man.stride, scratch);
     free(scratch);
 }
 

@@ -4,6 +4,8 @@
 #ifndef TERN_MODEL_CONFIG_H
 #define TERN_MODEL_CONFIG_H
 
+#include <stddef.h>
+
 #include "tern.h"
 
 enum tern_layer_kind { TERN_LAYER_GDN = 0, TERN_LAYER_ATTN = 1 };
@@ -51,6 +53,14 @@ static inline int tern_cfg_gdn_key_dim(const tern_config *c) { return c->gdn_k_h
 static inline int tern_cfg_gdn_value_dim(const tern_config *c) { return c->gdn_v_heads * c->gdn_v_dim; }
 static inline int tern_cfg_gdn_conv_dim(const tern_config *c) {
     return 2 * tern_cfg_gdn_key_dim(c) + tern_cfg_gdn_value_dim(c);
+}
+/* A DeltaNet layer's sequence state: the conv window ([kernel - 1,
+ * conv_dim]) and the recurrent state S ([v_heads, k_dim, v_dim]), in floats. */
+static inline size_t tern_cfg_gdn_conv_floats(const tern_config *c) {
+    return (size_t)(c->gdn_conv_kernel - 1) * (size_t)tern_cfg_gdn_conv_dim(c);
+}
+static inline size_t tern_cfg_gdn_state_floats(const tern_config *c) {
+    return (size_t)c->gdn_v_heads * (size_t)c->gdn_k_dim * (size_t)c->gdn_v_dim;
 }
 
 #endif

@@ -460,24 +460,12 @@ typedef struct {
     int failed;
 } batch_ctx;
 
-static void encode_blob(const pk_plan *p, int file, int e, uint8_t *blob, float *scratch) {
-    for (int part = 0; part < 3; part++) {
-        const tern_pk_tensor *t = &p->man.parts[part];
-        pk_encode_rows(pk_plan_expert(p, file, e, part), t, 0, t->shape[0], blob + t->data.off,
-                       t->scales.size ? (uint16_t *)(blob + t->scales.off) : NULL,
-                       t->biases.size ? (uint16_t *)(blob + t->biases.off) : NULL, scratch);
-    }
-}
-
 static void encode_experts(void *arg, int64_t b, int64_t e) {
     batch_ctx *c = arg;
     const tern_manifest *m = &c->p->man;
-    int64_t most = 0;
-    for (int part = 0; part < 3; part++)
-        if (m->parts[part].shape[0] * m->parts[part].shape[1] > most) most = m->parts[part].shape[0] * m->parts[part].shape[1];
-    float *scratch = malloc((size_t)most * sizeof(float));
+    float *scratch = malloc(pk_blob_scratch_floats(c->p) * sizeof(float));
     if (!scratch) { c->failed = 1; return; }
-    for (int64_t i = b; i < e; i++) encode_blob(c->p, c->file, c->e0 + (int)i, c->buf + (size_t)i * m->stride, scratch);
+    for (int64_t i = b; i < e; i++) pk_encode_blob(c->p, c->file, c->e0 + (int)i, c->buf + (size_t)i * m->stride, scratch);
     free(scratch);
 }
 

@@ -603,3 +603,21 @@ void pk_encode_rows(const pk_item *it, const tern_pk_tensor *out, int64_t r0, in
         break;
     }
 }
+
+void pk_encode_blob(const pk_plan *p, int file, int e, uint8_t *blob, float *scratch) {
+    for (int part = 0; part < 3; part++) {
+        const tern_pk_tensor *t = &p->man.parts[part];
+        pk_encode_rows(pk_plan_expert(p, file, e, part), t, 0, t->shape[0], blob + t->data.off,
+                       t->scales.size ? (uint16_t *)(blob + t->scales.off) : NULL,
+                       t->biases.size ? (uint16_t *)(blob + t->biases.off) : NULL, scratch);
+    }
+}
+
+size_t pk_blob_scratch_floats(const pk_plan *p) {
+    int64_t most = 0;
+    for (int part = 0; part < 3; part++) {
+        int64_t n = p->man.parts[part].shape[0] * p->man.parts[part].shape[1];
+        if (n > most) most = n;
+    }
+    return (size_t)most;
+}

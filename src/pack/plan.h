@@ -63,6 +63,12 @@ static inline const pk_item *pk_plan_expert(const pk_plan *p, int file, int e, i
 void pk_encode_rows(const pk_item *it, const tern_pk_tensor *out, int64_t r0, int64_t n, uint8_t *data,
                     uint16_t *scales, uint16_t *biases, float *scratch);
 
+/* Expert e of expert file `file` encoded into its blob (zeroed, stride
+ * bytes): gate, up and down at the manifest's offsets. scratch holds
+ * pk_blob_scratch_floats(p) floats. */
+void pk_encode_blob(const pk_plan *p, int file, int e, uint8_t *blob, float *scratch);
+size_t pk_blob_scratch_floats(const pk_plan *p);
+
 /* Bytes of one output row and of one row's scales (0 for float). */
 uint64_t pk_row_bytes(const tern_pk_tensor *out, int64_t cols);
 

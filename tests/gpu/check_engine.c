@@ -54,6 +54,8 @@ static int argmax_f(const float *x, int n) {
     return b;
 }
 
+static double rel(const float *a, const float *b, size_t n);
+
 /* The per-position judgement above; the max error is printed alongside. */
 static void report_prefill(const char *what, const float *a, const float *b, int P, int V) {
     int bad = 0, differ = 0;
@@ -64,14 +66,7 @@ static void report_prefill(const char *what, const float *a, const float *b, int
         if (!(e <= worst)) worst = e;
         differ += argmax_f(a + (size_t)p * V, V) != argmax_f(b + (size_t)p * V, V);
     }
-    double m = 0;
-    for (size_t i = 0; i < (size_t)P * V; i++) {
-        if (fabs(b[i]) > m) m = fabs(b[i]);
-    }
-    for (size_t i = 0; i < (size_t)P * V; i++) {
-        double e = fabs((double)a[i] - b[i]) / (m > 0 ? m : 1);
-        if (!(e <= maxrel)) maxrel = e;
-    }
+    maxrel = rel(a, b, (size_t)P * V);
     int ok = bad <= MAX_BAD_SHARE * P && differ <= MAX_BAD_SHARE * P;
     failures += !ok;
     printf("| %-44s | %d of %d positions above %.0e (worst %.2e; max abs %.2e of range); argmax differs at %d | "
@@ -167,12 +162,6 @@ static void compare_decode(const char *name, const char *dir, int kv_bits) {
     tern_model_free(gpu);
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
-    return b;
-}
-
 static void greedy(tern_model *m, const int32_t *prompt, int P, int n, int32_t *out) {
     tern_session_params sp = {.kv_bits = 16};
     tern_error err;
@@ -181,7 +170,7 @@ static void greedy(tern_model *m, const int32_t *prompt, int P, int n, int32_t *
     float *lg = malloc((size_t)V * sizeof(float));
     if (!s || tern_session_eval(s, prompt, P, lg, 0, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
     for (int i = 0; i < n; i++) {
-        out[i] = argmax(lg, V);
+        out[i] = argmax_f(lg, V);
         if (tern_session_eval(s, &out[i], 1, lg, 0, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
     }
     free(lg);
