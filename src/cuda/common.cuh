@@ -23,6 +23,47 @@ static inline int launch_check(const char *op, tern_error *err) {
 
 static inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
+/* ---- programmatic dependent launch (Hopper) ------------------------------
+ * A decode step is a chain of small kernels, each a few microseconds; most
+ * of a kernel's time is the DRAM latency of its first weight loads and the
+ * gap between launches. A kernel launched with launch_pdl may start while
+ * its predecessor still runs: it issues loads of data nobody in the chain
+ * writes (weights, the recurrent state of an earlier token), then
+ * pdl_wait() blocks until the predecessor has finished and its writes are
+ * visible. Rule for every kernel launched this way: no global write, and
+ * no read of anything an earlier kernel of the stream writes, before
+ * pdl_wait(). pdl_trigger() lets the successor launch early (once every
+ * block of this grid has called it or exited). Both are no-ops in a kernel
+ * launched the ordinary way. TERN_CUDA_PDL=0 turns the attribute off. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+int tern_cuda_pdl_enabled(void);   /* runtime.cu: the device is sm_90+ and TERN_CUDA_PDL is not 0 */
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

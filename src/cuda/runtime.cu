@@ -22,6 +22,20 @@ int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err) {
     return 0;
 }
 
+/* Read once per process: a debugging switch like CUDA_LAUNCH_BLOCKING,
+ * and the device's compute capability (PDL needs sm_90). */
+int tern_cuda_pdl_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_CUDA_PDL");
+        int dev = 0, major = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        on = major >= 9 && !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 void *tern_cuda_alloc(size_t bytes, tern_error *err) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
