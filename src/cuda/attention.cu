@@ -33,12 +33,14 @@ static int split_len(int n) {
 template <int BITS, bool ALIGNED>
 __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
                                                                  const uint8_t *kc, const uint8_t *vc, int pos0,
-                                                                 int sl, int ns, int tpp, float scale, float *part) {
+                                                                 const int *pos_dev, int sl, int ns, int tpp,
+                                                                 float scale, float *part) {
     extern __shared__ float sm[];
     int hd = dm.head_dim, G = dm.n_heads / dm.n_kv, ngq = (G + MAXQ - 1) / MAXQ;
     int split = blockIdx.x, kvh = blockIdx.y / ngq, t = blockIdx.z;
     int h0 = kvh * G + (blockIdx.y % ngq) * MAXQ, nq = min(MAXQ, kvh * G + G - h0);
-    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    if (pos_dev) pos0 = *pos_dev;
+    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));   /* splits past n are empty */
     float *qs = sm, *sc = sm + MAXQ * hd;
     float *stat = sc + MAXQ * sl;                        /* [MAXQ][2]: max, sum */
     for (int i = threadIdx.x; i < nq * hd; i += blockDim.x)
@@ -201,24 +203,27 @@ size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_
 
 template <int BITS, bool ALIGNED>
 static void launch_split(dim3 grid, size_t smem, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
-                         const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, int sl, int ns, float scale,
-                         float *part) {
+                         const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev, int sl,
+                         int ns, float scale, float *part) {
     /* threads per position: up to 8, a power of two that keeps whole
      * 8-value loads per thread (head_dim 256: 8 threads x 32 dims) */
     int tpp = 8;
     while (tpp > 1 && (d.head_dim / 8) % tpp) tpp /= 2;
     cudaFuncSetAttribute(attn_split_kernel<BITS, ALIGNED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, sl, ns, tpp, scale, part);
+    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, pos_dev, sl, ns, tpp, scale,
+                                                                       part);
 }
 
-int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
-                        const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes, float *o,
-                        tern_stream s, tern_error *err) {
+/* n_plan >= pos0 + T sizes the splits (the kernel reads pos0 from pos_dev
+ * when given, so one plan serves every position up to n_plan). */
+static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                     const uint8_t *vcache, int T, int pos0, const int *pos_dev, int n_plan, float scale, void *work,
+                     size_t work_bytes, float *o, tern_stream s, tern_error *err) {
     int hd = d->head_dim;
     if (T < 1 || pos0 < 0 || hd % 8 || L->head_dim != hd || L->n_heads != d->n_kv || d->n_heads % d->n_kv ||
         (L->bits != 16 && L->group % 8))
         return tern_fail(err, "attention: dims do not match the KV layout (head_dim %d)", hd);
-    int n = pos0 + T, sl = split_len(n), ns = n_splits(n);
+    int n = n_plan, sl = split_len(n), ns = n_splits(n);
     size_t need = (size_t)T * d->n_heads * ns * (hd + 2) * sizeof(float);
     if (need > work_bytes) return tern_fail(err, "attention: workspace %zu bytes, %zu needed", work_bytes, need);
     int G = d->n_heads / d->n_kv, ngq = (G + MAXQ - 1) / MAXQ;
@@ -232,17 +237,31 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
     kv_layout kl = kv_of(L);
     float *part = (float *)work;
     if (L->bits == 16) {
-        if (al) launch_split<16, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
-        else launch_split<16, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        if (al) launch_split<16, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
+        else launch_split<16, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
     } else if (L->bits == 8) {
-        if (al) launch_split<8, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
-        else launch_split<8, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        if (al) launch_split<8, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
+        else launch_split<8, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
     } else {
-        if (al) launch_split<4, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
-        else launch_split<4, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, sl, ns, scale, part);
+        if (al) launch_split<4, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
+        else launch_split<4, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
     }
     if (launch_check("attention split", err)) return -1;
     dim3 cgrid(d->n_heads, T, (hd + COMBINE_DIMS - 1) / COMBINE_DIMS);
     attn_combine_kernel<<<cgrid, COMBINE_DIMS, (size_t)ns * sizeof(float), s>>>(*d, qg, part, ns, o);
     return launch_check("attention combine", err);
+}
+
+int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                        const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes, float *o,
+                        tern_stream s, tern_error *err) {
+    if (pos0 < 0) return tern_fail(err, "attention: position %d", pos0);
+    return attention(d, L, qg, kcache, vcache, T, pos0, NULL, pos0 + T, scale, work, work_bytes, o, s, err);
+}
+
+int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                           const uint8_t *vcache, int T, const int *pos_dev, int n_plan, float scale, void *work,
+                           size_t work_bytes, float *o, tern_stream s, tern_error *err) {
+    if (!pos_dev || n_plan < T) return tern_fail(err, "attention: no device position or a plan of %d", n_plan);
+    return attention(d, L, qg, kcache, vcache, T, 0, pos_dev, n_plan, scale, work, work_bytes, o, s, err);
 }

@@ -111,6 +111,31 @@ int tern_cuda_gemv_supported(const tern_mat *W);
  * bias * sum(x)). */
 int tern_cuda_gemv(const tern_mat *W, const float *x, int T, float *y, tern_stream s, tern_error *err);
 
+/* How a one-token GEMV makes its input in its prologue (gemv_fused.cu):
+ * xin = x (+ delta: the residual; the sum goes to x_out, which must be
+ * neither input), then, with norm_w, RMSNorm'd: xin * r * (one_plus ? 1 + w
+ * : w), r = 1 / sqrt(mean(xin^2) + eps); xn_out (optional) keeps that
+ * normalised vector for other consumers. */
+typedef struct tern_cuda_vec_in {
+    const float *x, *delta;
+    float *x_out;
+    const float *norm_w;
+    int one_plus;
+    float eps;
+    float *xn_out;
+} tern_cuda_vec_in;
+
+/* 1 if tern_cuda_gemv1 handles W: q4/q8 (group 32/64/128 dividing cols)
+ * or bf16/f16, rows of whole 16-byte chunks (q4: cols % 32 == 0, q8: % 16,
+ * 16-bit: % 8), cols <= 8192. */
+int tern_cuda_gemv1_supported(const tern_mat *W);
+
+/* y[W.rows] = W xin for one token, xin made from `in` as above: one launch
+ * for a norm (and residual add) and the GEMV that consumes it. Launched
+ * with programmatic dependent launch: its weight loads start before the
+ * previous kernel ends. */
+int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err);
+
 /* ---- decode: the routed experts and the shared expert ------------------ */
 
 /* One part (gate, up or down) of an expert blob: byte offsets of q, scales
@@ -196,6 +221,11 @@ typedef struct tern_cuda_attn_dims {
 int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
                         const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,
                         uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err);
+/* The same with pos0 read on the device from *pos_dev when the kernel runs,
+ * so a captured decode step serves every position. */
+int tern_cuda_attn_prep_at(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
+                           const float *q_norm, const float *k_norm, const float *inv_freq, int T, const int *pos_dev,
+                           uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err);
 
 /* ---- attention over the quantized KV cache ----------------------------- */
 
@@ -209,6 +239,13 @@ size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_
 int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                         const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes,
                         float *o, tern_stream s, tern_error *err);
+/* The same with pos0 read on the device from *pos_dev; the splits are
+ * planned for a context of n_plan >= pos0 + T (positions past pos0 + T
+ * leave their splits empty), so one captured step serves every position
+ * up to n_plan. */
+int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
+                           const uint8_t *vcache, int T, const int *pos_dev, int n_plan, float scale, void *work,
+                           size_t work_bytes, float *o, tern_stream s, tern_error *err);
 
 /* The same attention for a prefill of T tokens (flash-attention style, one
  * launch, no workspace): a block takes 64 query rows (tokens x the query

@@ -149,10 +149,10 @@ __device__ void norm_rope_head(float *v, const float *w, const float *inv_freq, 
  * block quantizes the token's K and V rows (K after its norm and RoPE). */
 __global__ void attn_prep_kernel(tern_cuda_attn_dims d, kv_layout L, float *qg, float *k, const float *v,
                                  const float *q_norm, const float *k_norm, const float *inv_freq, int pos0,
-                                 uint8_t *kcache, uint8_t *vcache) {
+                                 const int *pos_dev, uint8_t *kcache, uint8_t *vcache) {
     extern __shared__ float scratch[];   /* [warps][head_dim] */
     int t = blockIdx.x, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int hd = d.head_dim, pos = pos0 + t;
+    int hd = d.head_dim, pos = (pos_dev ? *pos_dev : pos0) + t;
     float *mine = scratch + (size_t)warp * hd;
     for (int i = warp; i < d.n_heads + d.n_kv; i += nw) {
         if (i < d.n_heads)
@@ -167,14 +167,28 @@ __global__ void attn_prep_kernel(tern_cuda_attn_dims d, kv_layout L, float *qg, 
     quantize_row(L, v + t * row, vcache + (size_t)pos * L.row_bytes);
 }
 
-int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
-                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,
-                        uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err) {
+static int attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
+                     const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,
+                     const int *pos_dev, uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err) {
     if (T < 1 || pos0 < 0 || d->rope_dim % 2 || d->rope_dim > d->head_dim || L->head_dim != d->head_dim ||
         L->n_heads != d->n_kv || d->head_dim > TERN_KV_MAX_HEAD_DIM)
         return tern_fail(err, "attn_prep: dims do not match the KV layout");
     int threads = 512;
     size_t smem = (size_t)(threads / 32) * d->head_dim * sizeof(float);
-    attn_prep_kernel<<<T, threads, smem, s>>>(*d, kv_of(L), qg, k, v, q_norm, k_norm, inv_freq, pos0, kcache, vcache);
+    attn_prep_kernel<<<T, threads, smem, s>>>(*d, kv_of(L), qg, k, v, q_norm, k_norm, inv_freq, pos0, pos_dev, kcache,
+                                              vcache);
     return launch_check("attn_prep", err);
+}
+
+int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
+                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,
+                        uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err) {
+    return attn_prep(d, L, qg, k, v, q_norm, k_norm, inv_freq, T, pos0, NULL, kcache, vcache, s, err);
+}
+
+int tern_cuda_attn_prep_at(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
+                           const float *q_norm, const float *k_norm, const float *inv_freq, int T, const int *pos_dev,
+                           uint8_t *kcache, uint8_t *vcache, tern_stream s, tern_error *err) {
+    if (!pos_dev) return tern_fail(err, "attn_prep: no device position");
+    return attn_prep(d, L, qg, k, v, q_norm, k_norm, inv_freq, T, 0, pos_dev, kcache, vcache, s, err);
 }

@@ -65,7 +65,8 @@ typedef struct fused_mat {
 
 typedef struct gpu_model {
     int device;
-    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a]; TERN_GPU_FUSED=1 */
+    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a]; TERN_GPU_FUSED=0 turns it off */
+    int one_token;                /* the one-token path (norms inside tern_cuda_gemv1) fits every layer */
     char name[320];               /* "cuda:N (device name)" */
     tern_cuda_ctx *ctx;
     uint8_t *resident;            /* resident.bin, same offsets as the host map */
@@ -226,6 +227,19 @@ static int fuse_inputs(gpu_model *g, int n_layers, tern_error *err) {
     return 0;
 }
 
+/* The one-token path takes each layer's stacked input projections, the
+ * routers and the lm_head through tern_cuda_gemv1 (their inputs are norms). */
+static int one_token_fits(const gpu_model *g, const tern_config *c) {
+    if (!tern_cuda_gemv1_supported(&g->w.lm_head) || c->hidden % 4) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const tern_layer_w *L = &g->w.layers[l];
+        if (!g->fused_in[l].m.data || !tern_cuda_gemv1_supported(&g->fused_in[l].m) ||
+            !tern_cuda_gemv1_supported(&L->moe.router))
+            return 0;
+    }
+    return 1;
+}
+
 static int parse_device(const char *s, int *dev, tern_error *err) {
     char *end;
     if (!strcmp(s, "cuda")) { *dev = 0; return 0; }
@@ -269,7 +283,10 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     g->inv_freq = m->inv_freq;
     if (vec_to_dev(g, &g->inv_freq, (size_t)c->rope_dim / 2, err) != 0) return -1;
     const char *fz = getenv("TERN_GPU_FUSED");
-    if (fz && !strcmp(fz, "1") && fuse_inputs(g, c->n_layers, err) != 0) return -1;
+    if (!(fz && !strcmp(fz, "0"))) {
+        if (fuse_inputs(g, c->n_layers, err) != 0) return -1;
+        g->one_token = one_token_fits(g, c);
+    }
     return upload_experts(m, g, err);
 }
 
@@ -320,8 +337,11 @@ typedef struct gpu_session {
     int decode_ops;               /* NO_* bits */
     tern_graph graph;             /* the decode step, re-captured and updated each token */
     int use_graph;
+    struct { int T, rows, n_plan; uintptr_t kv; } key;   /* what g->graph was captured for */
+    const int *pos_dev;           /* during a capture: the step's position, read on the device */
+    int n_plan;                   /* and the context the attention's splits are planned for */
     stats *st;
-    float *x, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
+    float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
@@ -351,8 +371,10 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     int ok = 1;
     size_t H = (size_t)c->hidden, P = PIECE, vd = (size_t)tern_cfg_gdn_value_dim(c);
     size_t qrows = (size_t)c->n_heads * c->head_dim * 2, kvrow = (size_t)c->n_kv_heads * c->head_dim;
-    g->x = dalloc(P * H, &ok, err);
+    g->x = dalloc(P * H + 4, &ok, err);
     g->xn = dalloc(P * H, &ok, err);
+    g->x2 = dalloc(H, &ok, err);     /* the one-token path's residual stream alternates x / x2 */
+    g->out2 = dalloc(H, &ok, err);   /* and its experts' output */
     g->out = dalloc(P * H, &ok, err);
     g->qg = dalloc(P * qrows, &ok, err);
     g->k = dalloc(P * kvrow, &ok, err);
@@ -371,7 +393,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
     g->d_id = (int32_t *)dalloc(1, &ok, err);
-    g->host_x = malloc(P * H * sizeof(float));
+    g->host_x = malloc((P * H + 4) * sizeof(float));   /* + the position (see piece) */
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
     if (ok && (!g->host_x || !g->host_ids)) return tern_fail(err, "out of memory");
     return ok ? 0 : -1;
@@ -458,7 +480,7 @@ void tern_gpu_session_free(tern_session *s) {
     }
     if (!g) return;
     if (g->stream) tern_cuda_sync(g->stream, NULL);
-    float *bufs[] = {g->x, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
+    float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
                      g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
     tern_cuda_free(g->ids);
@@ -556,6 +578,28 @@ static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *
     return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
 }
 
+/* A decode-sized step's attention (T <= SUB): K/V rows into the cache,
+ * then the split-K attention into g->o. While a graph is captured the
+ * position is read on the device and the splits are planned for g->n_plan,
+ * so the graph serves the following tokens too. */
+static int attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
+                        const tern_attn_w *w, int l, int T, tern_error *err) {
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
+    if (g->pos_dev)
+        return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
+                                      s->kv[l].k, s->kv[l].v, g->stream, err) ||
+                       tern_cuda_attention_at(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, g->pos_dev, g->n_plan, scale,
+                                              g->att_work, g->att_bytes, g->o, g->stream, err)
+                   ? -1 : 0;
+    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
+                               s->kv[l].v, g->stream, err) ||
+                   tern_cuda_attention(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->att_work,
+                                       g->att_bytes, g->o, g->stream, err)
+               ? -1 : 0;
+}
+
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
@@ -576,6 +620,14 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     }
     stage(g, R_ATTN_PROJ, 1);
     stage(g, R_ATTN, 0);
+    if (T <= SUB) {
+        if (attend_small(s, &d, qg, k, v, w, l, T, err)) return -1;
+        stage(g, R_ATTN, 1);
+        stage(g, R_ATTN_PROJ, 0);
+        int rc = mm(gm, g, g->out, g->o, T, &w->o, err);
+        stage(g, R_ATTN_PROJ, 1);
+        return rc;
+    }
     if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
                             s->kv[l].v, g->stream, err))
         return -1;
@@ -723,6 +775,136 @@ static int layers(tern_session *s, int T, tern_error *err) {
     return norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err);
 }
 
+/* ---- the one-token path -----------------------------------------------------
+ * A decoded token is a chain of small kernels; here every RMSNorm and
+ * residual add is made in the prologue of the GEMV that consumes it
+ * (tern_cuda_gemv1): the stacked input projections take x + the previous
+ * block's output and the input norm, the router takes the post-attention
+ * norm (and keeps the normalised vector for the experts), the lm_head the
+ * final norm. The residual stream alternates between x and x2 because a
+ * GEMV's blocks still read the old x while its first block writes the sum.
+ * Attention/DeltaNet outputs land in out, the experts' in out2. */
+typedef struct resid {
+    float *x, *spare;
+    const float *delta;           /* the output not yet added to x, or NULL */
+} resid;
+
+static tern_cuda_vec_in resid_in(const resid *r, const float *norm_w, float eps, float *xn_out) {
+    return (tern_cuda_vec_in){r->x, r->delta, r->delta ? r->spare : NULL, norm_w, 1, eps, xn_out};
+}
+
+/* After a GEMV took resid_in: the sum is the stream now. */
+static void resid_taken(resid *r) {
+    if (r->delta) {
+        float *t = r->x;
+        r->x = r->spare;
+        r->spare = t;
+    }
+    r->delta = NULL;
+}
+
+static int gemv_plain(const gpu_model *gm, const gpu_session *g, const tern_mat *W, const float *x, float *y,
+                      tern_error *err) {
+    if (!tern_cuda_gemv1_supported(W)) return mm(gm, g, y, x, 1, W, err);
+    tern_cuda_vec_in in = {x, NULL, NULL, NULL, 0, 0.0f, NULL};
+    return tern_cuda_gemv1(W, &in, y, g->stream, err);
+}
+
+static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    tern_cuda_attn_dims d = attn_dims(c);
+    stage(g, R_ATTN_PROJ, 0);
+    tern_cuda_vec_in in = resid_in(r, in_norm, c->norm_eps, NULL);
+    if (tern_cuda_gemv1(&gm->fused_in[l].m, &in, g->fused_out, g->stream, err)) return -1;
+    resid_taken(r);
+    stage(g, R_ATTN_PROJ, 1);
+    float *qg = g->fused_out, *k = qg + w->q.rows, *v = k + w->k.rows;
+    stage(g, R_ATTN, 0);
+    if (attend_small(s, &d, qg, k, v, w, l, 1, err)) return -1;
+    stage(g, R_ATTN, 1);
+    stage(g, R_ATTN_PROJ, 0);
+    int rc = gemv_plain(gm, g, &w->o, g->o, g->out, err);
+    stage(g, R_ATTN_PROJ, 1);
+    r->delta = g->out;
+    return rc;
+}
+
+static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                          w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
+    stage(g, R_GDN_PROJ, 0);
+    tern_cuda_vec_in in = resid_in(r, in_norm, c->norm_eps, NULL);
+    if (tern_cuda_gemv1(&gm->fused_in[l].m, &in, g->fused_out, g->stream, err)) return -1;
+    resid_taken(r);
+    stage(g, R_GDN_PROJ, 1);
+    float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
+    stage(g, R_GDN, 0);
+    if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
+    stage(g, R_GDN, 1);
+    stage(g, R_GDN_PROJ, 0);
+    int rc = gemv_plain(gm, g, &w->out, g->g_out, g->out, err);
+    stage(g, R_GDN_PROJ, 1);
+    r->delta = g->out;
+    return rc;
+}
+
+static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const tern_model *m = s->m;
+    gpu_session *g = s->gpu;
+    stage(g, R_ROUTER, 0);
+    tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
+    if (tern_cuda_gemv1(&w->router, &in, g->rlog, g->stream, err) ||
+        tern_cuda_route(g->rlog, 1, c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->stream, err))
+        return -1;
+    resid_taken(r);
+    stage(g, R_ROUTER, 1);
+    if (s->route_fn && observe(s, l, 1, err)) return -1;
+    const gpu_model *gm = m->gpu;
+    tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
+                            part_of(&m->man.parts[2])};
+    stage(g, R_MOE, 0);
+    int rc = tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work, g->out2,
+                           g->stream, err);
+    stage(g, R_MOE, 1);
+    r->delta = g->out2;
+    return rc;
+}
+
+/* One token: every layer, then the final norm into xn and (rows) the
+ * logits. */
+static int step1(tern_session *s, int rows, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    resid r = {g->x, g->x2, NULL};
+    for (int l = 0; l < c->n_layers; l++) {
+        const tern_layer_w *L = &gm->w.layers[l];
+        int rc = L->kind == TERN_LAYER_ATTN ? attn1(s, &L->attn, L->in_norm, l, &r, err)
+                                            : gdn1(s, &L->gdn, L->in_norm, l, &r, err);
+        if (rc == 0) rc = moe1(s, &L->moe, L->post_norm, l, &r, err);
+        if (rc != 0) {
+            tern_err_prefix(err, "GPU layer %d", l);
+            return -1;
+        }
+    }
+    stage(g, R_HEAD, 0);
+    int rc;
+    if (rows) {
+        tern_cuda_vec_in in = resid_in(&r, gm->w.final_norm, c->norm_eps, g->xn);
+        rc = tern_cuda_gemv1(&gm->w.lm_head, &in, g->logits, g->stream, err);
+    } else {
+        rc = tern_cuda_rmsnorm(g->xn, r.x, r.delta, gm->w.final_norm, 1, c->hidden, 1, c->norm_eps, g->stream, err);
+    }
+    stage(g, R_HEAD, 1);
+    return rc;
+}
+
 /* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows)
  * is captured as a CUDA graph and replayed with one launch; the capture of
  * the next step updates the same executable in place (only arguments
@@ -733,12 +915,51 @@ static int enqueue_step(tern_session *s, int T, int rows, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
     int H = c->hidden;
+    if (T == 1 && gm->one_token) return step1(s, rows, err);
     if (layers(s, T, err)) return -1;
     if (!rows) return 0;
     stage(g, R_HEAD, 0);
     int rc = mm(gm, g, g->logits, g->xn + (size_t)(T - rows) * H, rows, &gm->w.lm_head, err);
     stage(g, R_HEAD, 1);
     return rc;
+}
+
+/* The graph of a decode step is captured once and replayed for the
+ * following tokens: positions are read on the device (piece() uploads
+ * them behind the embedding rows) and the attention's splits are planned
+ * for the next power of two of the context, so only a new token count, a
+ * longer plan or a moved KV cache (it grows by reallocation) captures
+ * again, updating the executable graph in place. */
+static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
+    gpu_session *g = s->gpu;
+    const tern_config *c = &s->m->cfg;
+    int n = s->pos + T, n_plan = 256;
+    while (n_plan < n) n_plan *= 2;
+    if (n_plan > s->max_ctx) n_plan = s->max_ctx > n ? s->max_ctx : n;
+    uintptr_t kv = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_kind[l] == TERN_LAYER_ATTN) kv = kv * 31 + (uintptr_t)s->kv[l].k + 7 * (uintptr_t)s->kv[l].v;
+    if (!g->graph || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan || g->key.kv != kv) {
+        g->pos_dev = (const int *)(g->x + (size_t)T * c->hidden);
+        g->n_plan = n_plan;
+        if (tern_cuda_capture_begin(g->stream, err)) return -1;
+        int rc = enqueue_step(s, T, rows, err);
+        g->pos_dev = NULL;
+        if (rc != 0) {
+            tern_cuda_capture_abort(g->stream);
+            g->key.T = 0;
+            return -1;
+        }
+        if (tern_cuda_capture_end_into(g->stream, &g->graph, err)) {
+            g->key.T = 0;
+            return -1;
+        }
+        g->key.T = T;
+        g->key.rows = rows;
+        g->key.n_plan = n_plan;
+        g->key.kv = kv;
+    }
+    return tern_cuda_graph_launch(g->graph, g->stream, err);
 }
 
 static double now_ms(void) {
@@ -757,19 +978,20 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int H = c->hidden, V = c->vocab;
     double t0 = now_ms();
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
+    /* the position rides behind the rows, where a captured step reads it */
+    int32_t pos = (int32_t)s->pos;
+    memcpy(g->host_x + (size_t)T * H, &pos, sizeof pos);
     /* the upload runs on the legacy stream: the session's stream must be idle */
-    if (tern_cuda_sync(g->stream, err) || tern_cuda_upload(g->x, g->host_x, (size_t)T * H * sizeof(float), err))
+    if (tern_cuda_sync(g->stream, err) ||
+        tern_cuda_upload(g->x, g->host_x, ((size_t)T * H + 1) * sizeof(float), err))
         return -1;
     if (g->st) g->st->n_marks = T == 1 ? 0 : -1;
     int rows = keep ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     int graph = small && g->use_graph && !g->st && !s->route_fn;
-    if (graph && tern_cuda_capture_begin(g->stream, err)) return -1;
-    int rc = small ? enqueue_step(s, T, rows, err) : layers(s, T, err);
-    if (graph) {
-        if (rc != 0) tern_cuda_capture_abort(g->stream);
-        else rc = tern_cuda_capture_end_into(g->stream, &g->graph, err) || tern_cuda_graph_launch(g->graph, g->stream, err);
-    }
+    int rc;
+    if (graph) rc = replay_step(s, T, rows, err);
+    else rc = small ? enqueue_step(s, T, rows, err) : layers(s, T, err);
     if (rc != 0) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
     if (keep && !small) {

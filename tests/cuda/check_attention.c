@@ -98,6 +98,21 @@ static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int 
     char shape[96];
     snprintf(shape, sizeof shape, "%dq/%dkv x %d kv%d ctx %d T=%d", nh, nkv, hd, bits, n, T);
     report(ck, "attention", shape, got, ref, no, 1e-5);
+    /* the position read on the device, splits planned for a longer context
+     * (the captured decode step's form): empty splits must not count */
+    {
+        int n_plan = 2 * n + 100;
+        size_t wb2 = tern_cuda_attention_workspace(&d, T, n_plan);
+        void *work2 = dev_alloc(wb2);
+        int *dpos = dev_upload(&pos0, sizeof pos0);
+        float *dout2 = dev_poison(no);
+        if (tern_cuda_attention_at(&d, &L, dq, dK, dV, T, dpos, n_plan, scale, work2, wb2, dout2, ck->stream, &err))
+            die_err("attention_at", &err);
+        dev_sync(ck, "attention_at");
+        dev_download(got, dout2, no * 4);
+        report(ck, "attention (device pos)", shape, got, ref, no, 1e-5);
+        tern_cuda_free(work2); tern_cuda_free(dpos); tern_cuda_free(dout2);
+    }
     if (timed && ck->time) {
         att_run r = {&d, &L, dq, &dK, &dV, 1, T, pos0, scale, work, wb, dout, ck->stream};
         time_attention(ck, &r, cache, shape);

@@ -7,6 +7,7 @@
  * indexing, nibble-order or scale error (which are O(1)). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "cpu/ops.h"
@@ -69,6 +70,78 @@ static void gemv_case(checker *ck, int64_t rows, int64_t cols, int bits, int dty
     free_mat(&m);
 }
 
+/* ---- tern_cuda_gemv1: the one-token GEMV with its input made in the
+ * prologue, against tern_rmsnorm_1p / tern_rmsnorm + tern_matmul. The sum
+ * x + delta is one fp32 addition on both sides (1e-6); the normalised
+ * vector and the product take the GEMV's 1e-5. */
+
+typedef struct {
+    tern_mat *copies;
+    int n;
+    tern_cuda_vec_in in;
+    float *y;
+    tern_stream s;
+} gemv1_run;
+
+static void run_gemv1(void *arg, int rep) {
+    gemv1_run *r = arg;
+    tern_error err;
+    if (tern_cuda_gemv1(&r->copies[rep % r->n], &r->in, r->y, r->s, &err)) die_err("gemv1", &err);
+}
+
+/* mode: 0 plain x, 1 RMSNorm (1 + w), 2 residual + RMSNorm (1 + w), 3 residual + RMSNorm w */
+static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dtype, int group, int mode, int timed) {
+    test_mat m;
+    make_mat(ck, &m, rows, cols, bits, dtype, group);
+    size_t n = (size_t)cols;
+    float *x = xmalloc(n * sizeof(float)), *d = xmalloc(n * sizeof(float)), *w = xmalloc(n * sizeof(float));
+    float *xs = xmalloc(n * sizeof(float)), *xn = xmalloc(n * sizeof(float)), *got_x = xmalloc(n * sizeof(float));
+    float *got_n = xmalloc(n * sizeof(float)), *ref = xmalloc((size_t)rows * sizeof(float)),
+          *got = xmalloc((size_t)rows * sizeof(float));
+    rnd_floats(ck, x, n, 3.0f);
+    rnd_floats(ck, d, n, 1.0f);
+    rnd_floats(ck, w, n, 0.2f);
+    for (size_t i = 0; i < n; i++) xs[i] = mode >= 2 ? x[i] + d[i] : x[i];
+    if (mode == 0) memcpy(xn, xs, n * sizeof(float));
+    else if (mode == 3) tern_rmsnorm(xn, xs, w, (int)cols, 1e-6f);
+    else tern_rmsnorm_1p(xn, xs, w, (int)cols, 1e-6f);
+    tern_matmul(ck->pool, ref, xn, 1, &m.h);
+    float *dx = dev_upload(x, n * sizeof(float)), *dd = dev_upload(d, n * sizeof(float));
+    float *dw = dev_upload(w, n * sizeof(float)), *dxo = dev_poison(n), *dxn = dev_poison(n), *dy = dev_poison(rows);
+    tern_cuda_vec_in in = {dx, mode >= 2 ? dd : NULL, mode >= 2 ? dxo : NULL, mode ? dw : NULL, mode != 3, 1e-6f, dxn};
+    tern_error err;
+    if (tern_cuda_gemv1(&m.d, &in, dy, ck->stream, &err)) die_err("gemv1", &err);
+    dev_sync(ck, "gemv1");
+    dev_download(got, dy, (size_t)rows * sizeof(float));
+    dev_download(got_n, dxn, n * sizeof(float));
+    static const char *const modes[] = {"x", "norm", "x+d, norm", "x+d, norm w"};
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s %lldx%lld g%d (%s)", enc_name(bits, dtype), (long long)rows, (long long)cols,
+             bits ? group : 0, modes[mode]);
+    report(ck, "gemv1", shape, got, ref, (size_t)rows, 1e-5);
+    report(ck, "gemv1 xn_out", shape, got_n, xn, n, 1e-5);
+    if (mode >= 2) {
+        dev_download(got_x, dxo, n * sizeof(float));
+        report(ck, "gemv1 x_out", shape, got_x, xs, n, 1e-6);
+    }
+    if (timed && ck->time) {
+        size_t bytes = mat_bytes(&m.h);
+        gemv1_run r = {NULL, n_copies(bytes), in, dy, ck->stream};
+        r.in.xn_out = NULL;
+        r.copies = xmalloc((size_t)r.n * sizeof(tern_mat));
+        r.copies[0] = m.d;
+        for (int i = 1; i < r.n; i++) r.copies[i] = copy_dev_mat(&m);
+        double ms = time_op(ck, run_gemv1, &r);
+        report_time(ck, "gemv1", shape, ms, (double)bytes + 4.0 * (double)(rows + cols));
+        for (int i = 1; i < r.n; i++) free_dev_mat(&r.copies[i]);
+        free(r.copies);
+    }
+    tern_cuda_free(dx); tern_cuda_free(dd); tern_cuda_free(dw);
+    tern_cuda_free(dxo); tern_cuda_free(dxn); tern_cuda_free(dy);
+    free(x); free(d); free(w); free(xs); free(xn); free(got_x); free(got_n); free(ref); free(got);
+    free_mat(&m);
+}
+
 void check_gemv(checker *ck) {
     /* the decode matrices: GDN in_proj_qkv / attention q_proj, out_proj /
      * o_proj, an expert's gate and down, k/v_proj, the lm_head */
@@ -91,4 +164,23 @@ void check_gemv(checker *ck) {
     gemv_case(ck, 33, 96, 8, 0, 32, 7, 0);
     gemv_case(ck, 37, 264, 0, TERN_DTYPE_F16, 0, 2, 0);
     gemv_case(ck, 32, 2048, 8, 0, 64, 6, 0);
+    /* the one-token GEMV with its input made in the prologue: the stacked
+     * DeltaNet input projections (qkv|z|b|a), out_proj / o_proj, the
+     * router, the lm_head; every chunk-per-lane layout (1, 2, 4, 8) */
+    gemv1_case(ck, 12352, 2048, 4, 0, 64, 2, 1);
+    gemv1_case(ck, 12352, 2048, 8, 0, 64, 2, 1);
+    gemv1_case(ck, 2048, 4096, 4, 0, 64, 0, 1);
+    gemv1_case(ck, 2048, 4096, 8, 0, 64, 0, 1);
+    gemv1_case(ck, 256, 2048, 4, 0, 64, 2, 1);
+    gemv1_case(ck, 248320, 2048, 4, 0, 64, 3, 1);
+    gemv1_case(ck, 248320, 2048, 8, 0, 64, 3, 1);
+    gemv1_case(ck, 9216, 2048, 4, 0, 128, 1, 0);
+    gemv1_case(ck, 37, 1024, 4, 0, 32, 2, 0);
+    gemv1_case(ck, 1000, 3072, 4, 0, 64, 1, 0);
+    gemv1_case(ck, 513, 8192, 8, 0, 64, 2, 0);
+    gemv1_case(ck, 2048, 4096, 0, TERN_DTYPE_BF16, 0, 2, 1);
+    gemv1_case(ck, 77, 256, 0, TERN_DTYPE_F16, 0, 3, 0);
+    gemv1_case(ck, 8064, 256, 4, 0, 64, 2, 0);   /* tern-tiny: 8 chunks a row */
+    gemv1_case(ck, 256, 512, 8, 0, 32, 0, 0);
+    gemv1_case(ck, 19, 96, 8, 0, 32, 2, 0);
 }

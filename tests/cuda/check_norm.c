@@ -115,7 +115,7 @@ static long row_mismatch(const tern_kvq *L, const uint8_t *rows, const float *x,
     return bad;
 }
 
-static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, int T, int pos0, int timed) {
+static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, int T, int pos0, int timed, int at) {
     tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
@@ -135,8 +135,11 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
     tern_error err;
     if (tern_cuda_fill(kc, 0xab, cache, ck->stream, &err) || tern_cuda_fill(vc, 0xab, cache, ck->stream, &err))
         die_err("fill", &err);
-    if (tern_cuda_attn_prep(&d, &L, dqg, dk, dv, dqn, dkn, dinv, T, pos0, kc, vc, ck->stream, &err))
+    int *dpos = dev_upload(&pos0, sizeof pos0);
+    if (at ? tern_cuda_attn_prep_at(&d, &L, dqg, dk, dv, dqn, dkn, dinv, T, dpos, kc, vc, ck->stream, &err)
+           : tern_cuda_attn_prep(&d, &L, dqg, dk, dv, dqn, dkn, dinv, T, pos0, kc, vc, ck->stream, &err))
         die_err("attn_prep", &err);
+    tern_cuda_free(dpos);
     dev_sync(ck, "attn_prep");
     float *gq = xmalloc(nq * 4), *gk = xmalloc(nk * 4);
     uint8_t *gkc = xmalloc((size_t)T * L.row_bytes), *gvc = xmalloc((size_t)T * L.row_bytes);
@@ -157,7 +160,8 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
         }
     }
     char shape[96];
-    snprintf(shape, sizeof shape, "%dq/%dkv x %d rope %d T=%d pos %d kv%d", nh, nkv, hd, rope, T, pos0, bits);
+    snprintf(shape, sizeof shape, "%dq/%dkv x %d rope %d T=%d pos %d%s kv%d", nh, nkv, hd, rope, T, pos0,
+             at ? " (device)" : "", bits);
     report(ck, "attn_prep q", shape, gq, qg, nq, 1e-5);
     report(ck, "attn_prep k", shape, gk, k, nk, 1e-5);
     report_exact(ck, "attn_prep K row", shape, row_mismatch(&L, gkc, gk, T), (long)T * (long)L.row_bytes);
@@ -172,9 +176,10 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
 }
 
 void check_attn_prep(checker *ck) {
-    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1);
-    prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0);
-    prep_case(ck, 16, 2, 256, 64, 4, 4, 70000, 0);
-    prep_case(ck, 8, 1, 32, 8, 8, 3, 5, 0);
-    prep_case(ck, 8, 1, 32, 8, 4, 2, 0, 0);
+    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1, 0);
+    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 0, 1);
+    prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0, 0);
+    prep_case(ck, 16, 2, 256, 64, 4, 4, 70000, 0, 1);
+    prep_case(ck, 8, 1, 32, 8, 8, 3, 5, 0, 0);
+    prep_case(ck, 8, 1, 32, 8, 4, 2, 0, 0, 0);
 }
