@@ -25,6 +25,9 @@
  *     the grid is at most the resident blocks, each warp walking row
  *     groups warp, warp + all warps, ...
  * cols <= 8192: the input lives in registers during the norm. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda/common.cuh"
 
 #define G1_THREADS 256
@@ -78,10 +81,11 @@ __device__ __forceinline__ void g1_load(const g1_args &a, int64_t grp, int batch
 template <int KIND>
 __device__ __forceinline__ float g1_chunk_dot(uint4 raw, const float4 *xv) {
     const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
-    float p = 0.0f;
+    float pw[4];   /* one chain per word: four independent FMA chains instead of one of 32 */
 #pragma unroll
     for (int wi = 0; wi < 4; wi++) {
         uint32_t w = wv[wi];
+        float p = 0.0f;
         if (KIND == KIND_Q4) {
             uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
             float4 a = xv[2 * wi], b = xv[2 * wi + 1];
@@ -99,8 +103,9 @@ __device__ __forceinline__ float g1_chunk_dot(uint4 raw, const float4 *xv) {
             float f0 = KIND == KIND_BF16 ? bf16_lo(w) : f16_lo(w), f1 = KIND == KIND_BF16 ? bf16_hi(w) : f16_hi(w);
             p = fmaf(f1, x1, fmaf(f0, x0, p));
         }
+        pw[wi] = p;
     }
-    return p;
+    return (pw[0] + pw[1]) + (pw[2] + pw[3]);
 }
 
 __device__ float g1_block_sum(float v, float *red) {
@@ -223,6 +228,433 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     }
 }
 
+static int g1_sms(void);
+
+/* ---- the staged variant: weights through shared memory -------------------
+ * The register tiles above keep at most two tiles per lane in flight, and
+ * registers bound the warps per SM: measured, a q4 12352 x 2048 projection
+ * ran at ~1.3 TB/s. Here a block's tile of RT = 8 x RW whole rows (~16 KB
+ * with their scales and biases) is copied into shared memory with
+ * cp.async (no registers held while in flight), GS_STAGES tiles deep: the
+ * first GS_STAGES - 1 are requested before waiting for the previous kernel,
+ * each later one as soon as a stage frees. Rows are contiguous, so a tile is
+ * one contiguous range. Warps then read their RW rows from shared memory
+ * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). */
+#define GS_STAGES 3
+#define GS_TILE_BYTES 16384
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+typedef struct {
+    size_t dbytes, sbytes, stage;   /* a stage: data, then scales and biases (each padded to 16 bytes) */
+    int ng, rt;
+} gs_layout;
+
+__host__ __device__ static inline gs_layout gs_layout_of(int quant, int64_t cols, int gsh, size_t row_bytes, int rt) {
+    gs_layout L;
+    L.rt = rt;
+    L.ng = quant ? (int)(cols >> gsh) : 0;
+    L.dbytes = (size_t)rt * row_bytes;
+    L.sbytes = quant ? ((size_t)rt * L.ng * 2 + 15) / 16 * 16 : 0;
+    L.stage = L.dbytes + 2 * L.sbytes;
+    return L;
+}
+
+/* Tile t's rows (those that exist) into a stage; every thread takes part. */
+template <int KIND>
+__device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, int64_t t, uint8_t *stage) {
+    int64_t r0 = t * L.rt;
+    int nrow = (int)min((int64_t)L.rt, a.rows - r0);
+    int n16 = nrow * (int)(a.row_bytes / 16);
+    const uint8_t *src = a.q + r0 * a.row_bytes;
+    for (int i = threadIdx.x; i < n16; i += G1_THREADS) cp_async16(stage + (size_t)i * 16, src + (size_t)i * 16);
+    if (kind_traits<KIND>::QUANT) {
+        int n4 = nrow * L.ng / 2;   /* ng is even here: whole 4-byte pieces */
+        const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
+        for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
+            cp_async4(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
+            cp_async4(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
+        }
+    }
+}
+
+template <int KIND, int RW>
+__global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
+    constexpr int E = kind_traits<KIND>::E, F = E / 4;
+    constexpr bool Q = kind_traits<KIND>::QUANT;
+    extern __shared__ float4 g1_smem[];
+    __shared__ float red[G1_WARPS];
+    gs_layout L = gs_layout_of(Q, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
+    int nch = a.cols / E, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t *stages = (uint8_t *)g1_smem;
+    float4 *xs4 = (float4 *)(stages + GS_STAGES * L.stage);
+    float *csum = (float *)(xs4 + a.cols / 4);
+    int64_t tiles = (a.rows + L.rt - 1) / L.rt;
+
+    pdl_trigger();
+#pragma unroll
+    for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
+        if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
+        cp_commit();
+    }
+    pdl_wait();
+    g1_stage<KIND>(a, xs4, csum, red);
+
+    for (int k = 0;; k++) {
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
+        if (t >= tiles) break;
+        cp_wait<GS_STAGES - 2>();   /* this thread's copies of tile t have landed */
+        __syncthreads();            /* and everyone's; stage (k - 1) is free again */
+        int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
+        if (tn < tiles) gs_issue<KIND>(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
+        cp_commit();
+        const uint8_t *st = stages + (k % GS_STAGES) * L.stage;
+        const uint16_t *ssc = (const uint16_t *)(st + L.dbytes), *sbi = (const uint16_t *)(st + L.dbytes + L.sbytes);
+        int64_t r0 = t * L.rt;
+        float acc[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) acc[r] = 0.0f;
+        for (int ci = lane; ci < nch; ci += 32) {
+            float4 xv[F];
+#pragma unroll
+            for (int q = 0; q < F; q++) xv[q] = xs4[q * nch + ci];
+            float cs = Q ? csum[ci] : 0.0f;
+            int g = Q ? (ci * E) >> a.gsh : 0;
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                int row = warp * RW + r;
+                uint4 raw = *(const uint4 *)(st + (size_t)row * a.row_bytes + (size_t)ci * 16);
+                float p = g1_chunk_dot<KIND>(raw, xv);
+                acc[r] += Q ? fmaf(bf16f(ssc[row * L.ng + g]), p, bf16f(sbi[row * L.ng + g]) * cs) : p;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            float v = warp_sum(acc[r]);
+            int64_t row = r0 + warp * RW + r;
+            if (lane == 0 && row < a.rows) a.y[row] = v;
+        }
+    }
+    cp_wait<0>();
+}
+
+/* Rows per warp for a tile of ~GS_TILE_BYTES; 0 when the staged kernel does
+ * not fit the matrix (odd group counts, stages too large). */
+static int gs_rows_per_warp(int kind, const tern_mat *W) {
+    size_t rb = kind_row_bytes(kind, W->cols);
+    int quant = kind == KIND_Q4 || kind == KIND_Q8;
+    if (quant && ((W->cols / W->group) % 2 || ((uintptr_t)W->scales | (uintptr_t)W->biases) % 4)) return 0;
+    if (((uintptr_t)W->data) % 16) return 0;
+    int rw = 1;
+    while (rw < 8 && (size_t)G1_WARPS * rw * 2 * rb <= GS_TILE_BYTES) rw *= 2;
+    if ((size_t)G1_WARPS * rw * rb > 2 * GS_TILE_BYTES) return 0;
+    return rw;
+}
+
+template <int KIND, int RW>
+static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
+    constexpr int E = kind_traits<KIND>::E;
+    gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
+    size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
+    cudaError_t e = cudaFuncSetAttribute(gemv1s_kernel<KIND, RW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv1s_kernel<KIND, RW>, G1_THREADS, smem) != cudaSuccess ||
+        occ < 1)
+        occ = 1;
+    int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
+    int64_t blocks = tiles < cap ? tiles : cap;
+    return launch_pdl(gemv1s_kernel<KIND, RW>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+}
+
+template <int KIND>
+static cudaError_t gs_pick(const g1_args &a, int rw, cudaStream_t s) {
+    switch (rw) {
+    case 1: return gs_launch<KIND, 1>(a, s);
+    case 2: return gs_launch<KIND, 2>(a, s);
+    case 4: return gs_launch<KIND, 4>(a, s);
+    default: return gs_launch<KIND, 8>(a, s);
+    }
+}
+
+/* ---- the tensor-core variant: q4/q8 in groups of 64 or 128 --------------
+ * At 4 bits the CUDA-core kernels above are issue-bound (each weight costs
+ * a PRMT, an FADD and an FFMA: a 16-byte chunk ~110 instructions; at full
+ * bandwidth that is the whole issue rate). Here the integer tensor cores
+ * take the products, exactly: the weights stay integers (q4 nibbles spread
+ * to bytes with one AND or shift+AND per 4, q8 bytes as they are) as the A
+ * operand of mma.m16n8k32 u8 x s8 -> s32, and the input becomes integers
+ * too: per span of 64 values, x ~ dx * xi with dx = max|x| / 2^20 (|x -
+ * dx xi| <= 0.56 dx, ~5e-7 of the span's largest value), xi cut into three
+ * signed 7-bit digits xi = d2 2^14 + d1 2^7 + d0 that ride in three of the
+ * eight columns of B, so one mma gives sum q d for all three digits. The
+ * int32 sums are exact; per span and row, sum q x = dx (2^14 c2 + 2^7 c1 +
+ * c0) in fp32, then scale * that + bias * sum(x) as before.
+ * The k order inside an mma is free as long as A and B agree: a group of 4
+ * lanes reads a row's 32 (q4) or 64 (q8) bytes of a span as one 8- or
+ * 16-byte load each, and B's digits are laid out in shared memory in that
+ * order. A block takes 16 rows; its 8 warps split the spans (K) and sum
+ * their partial rows in shared memory at the end (fixed order). */
+#define GM_SPAN 64
+#define GM_WARPS 8
+
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Where value p (0..63) of a span sits in B: (mma j, lane column c,
+ * register, byte), matching how the A side unpacks a lane's bytes. */
+template <int KIND>
+__device__ __forceinline__ int gm_digit_at(int sp, int p, int d) {
+    int c, j, reg, byte;
+    if (KIND == KIND_Q4) {   /* lane c: bytes 8c..8c+7 = words 2c, 2c+1; mma j: word 2c + j, low nibbles then high */
+        int w8 = p >> 3, e = p & 7;
+        c = w8 >> 1; j = w8 & 1; reg = e & 1; byte = e >> 1;
+    } else {                 /* lane c: bytes 16c..16c+15; mma j: words 2j, 2j + 1 */
+        c = p >> 4; j = (p >> 3) & 1; reg = (p >> 2) & 1; byte = p & 3;
+    }
+    return ((((sp * 2 + j) * 3 + d) * 4 + c) * 2 + reg) * 4 + byte;
+}
+
+/* The input (x + delta, norm) into xf, then per span its scale, sum and
+ * digits. */
+template <int KIND>
+__device__ void gm_stage(const g1_args &a, float *xf, int8_t *xd, float *dxs, float *sums, float *red) {
+    const tern_cuda_vec_in &in = a.in;
+    int n4 = a.cols / 4, tid = threadIdx.x;
+    bool first = blockIdx.x == 0;
+    float4 v[G1_MAXV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G1_MAXV; k++) {
+        int i = tid + k * G1_THREADS;
+        if (i < n4) {
+            v[k] = ((const float4 *)in.x)[i];
+            if (in.delta) {
+                float4 d = ((const float4 *)in.delta)[i];
+                v[k].x += d.x; v[k].y += d.y; v[k].z += d.z; v[k].w += d.w;
+                if (first && in.x_out) ((float4 *)in.x_out)[i] = v[k];
+            }
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
+    }
+    float r = 1.0f;
+    if (in.norm_w) r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
+#pragma unroll
+    for (int k = 0; k < G1_MAXV; k++) {
+        int i = tid + k * G1_THREADS;
+        if (i < n4) {
+            float4 o = v[k];
+            if (in.norm_w) {
+                float4 w = ((const float4 *)in.norm_w)[i];
+                if (in.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
+                o.x = o.x * r * w.x; o.y = o.y * r * w.y; o.z = o.z * r * w.z; o.w = o.w * r * w.w;
+            }
+            if (first && in.xn_out) ((float4 *)in.xn_out)[i] = o;
+            ((float4 *)xf)[i] = o;
+        }
+    }
+    __syncthreads();
+    int lane = tid & 31, nsp = a.cols / GM_SPAN;
+    for (int sp = tid >> 5; sp < nsp; sp += G1_WARPS) {
+        float x0 = xf[sp * GM_SPAN + 2 * lane], x1 = xf[sp * GM_SPAN + 2 * lane + 1];
+        float m = warp_max(fmaxf(fabsf(x0), fabsf(x1)));
+        float su = warp_sum(x0 + x1);
+        float inv = m > 0.0f ? 1048576.0f / m : 0.0f;
+        int xi[2] = {__float2int_rn(x0 * inv), __float2int_rn(x1 * inv)};
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int p = 2 * lane + e;
+            xd[gm_digit_at<KIND>(sp, p, 0)] = (int8_t)(xi[e] & 127);
+            xd[gm_digit_at<KIND>(sp, p, 1)] = (int8_t)((xi[e] >> 7) & 127);
+            xd[gm_digit_at<KIND>(sp, p, 2)] = (int8_t)(xi[e] >> 14);
+        }
+        if (lane == 0) {
+            dxs[sp] = m > 0.0f ? m * (1.0f / 1048576.0f) : 0.0f;
+            sums[sp] = su;
+        }
+    }
+    __syncthreads();
+}
+
+/* The weights come through shared memory as in the staged kernel (tiles
+ * of 16 rows, GS_STAGES deep, cp.async): the registers of a lane hold no
+ * weights while they are in flight, so ~100 KB per SM can be. Rows sit
+ * GM_PAD bytes apart beyond their length so that the 8 rows a warp's lanes
+ * read at once (32 bytes each) fall on different banks. */
+#define GM_PAD 32
+
+typedef struct {
+    size_t rstride, dbytes, sbytes, stage;
+    int ng;
+} gm_layout;
+
+__host__ __device__ static inline gm_layout gm_layout_of(int64_t cols, int gsh, size_t row_bytes) {
+    gm_layout L;
+    L.ng = (int)(cols >> gsh);
+    L.rstride = row_bytes + GM_PAD;
+    L.dbytes = 16 * L.rstride;
+    L.sbytes = ((size_t)16 * L.ng * 2 + 15) / 16 * 16;
+    L.stage = L.dbytes + 2 * L.sbytes;
+    return L;
+}
+
+__device__ __forceinline__ void gm_issue(const g1_args &a, const gm_layout &L, int64_t t, uint8_t *stage) {
+    int64_t r0 = t * 16;
+    int nrow = (int)min((int64_t)16, a.rows - r0);
+    int cpr = (int)(a.row_bytes / 16);
+    const uint8_t *src = a.q + r0 * a.row_bytes;
+    for (int i = threadIdx.x; i < nrow * cpr; i += G1_THREADS) {
+        int r = i / cpr, col = i - r * cpr;
+        cp_async16(stage + (size_t)r * L.rstride + (size_t)col * 16, src + (size_t)i * 16);
+    }
+    int n4 = nrow * L.ng / 2;   /* ng even: whole 4-byte pieces */
+    const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
+    for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
+        cp_async4(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
+        cp_async4(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(G1_THREADS) gemv1m_kernel(g1_args a) {
+    constexpr int LB = KIND == KIND_Q4 ? 8 : 16;   /* bytes of a span per lane per row */
+    extern __shared__ float4 g1_smem[];
+    __shared__ float red[G1_WARPS];
+    __shared__ float part[2][GM_WARPS][16];
+    gm_layout L = gm_layout_of(a.cols, a.gsh, a.row_bytes);
+    int nsp = a.cols / GM_SPAN;
+    uint8_t *stages = (uint8_t *)g1_smem;
+    float *xf = (float *)(stages + GS_STAGES * L.stage), *dxs = xf + a.cols, *sums = dxs + nsp;
+    int8_t *xd = (int8_t *)(sums + nsp);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int64_t ntile = (a.rows + 15) / 16;
+
+    pdl_trigger();
+#pragma unroll
+    for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
+        if (t < ntile) gm_issue(a, L, t, stages + k * L.stage);
+        cp_commit();
+    }
+    pdl_wait();
+    gm_stage<KIND>(a, xf, xd, dxs, sums, red);
+    const uint2 *xd2 = (const uint2 *)xd;
+
+    int64_t prev = -1;   /* the tile whose partial rows wait in part[] */
+    int k = 0;
+    for (;; k++) {
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
+        if (t >= ntile) break;
+        cp_wait<GS_STAGES - 2>();
+        __syncthreads();   /* tile t landed for everyone; stage k - 1 and part[(k - 1) & 1] are complete */
+        if (prev >= 0 && threadIdx.x < 16) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GM_WARPS; w++) v += part[(k - 1) & 1][w][threadIdx.x];
+            int64_t row = prev * 16 + threadIdx.x;
+            if (row < a.rows) a.y[row] = v;
+        }
+        int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
+        if (tn < ntile) gm_issue(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
+        cp_commit();
+        const uint8_t *st = stages + (k % GS_STAGES) * L.stage;
+        const uint16_t *ssc = (const uint16_t *)(st + L.dbytes), *sbi = (const uint16_t *)(st + L.dbytes + L.sbytes);
+        const uint8_t *rowg = st + (size_t)g * L.rstride + c * LB, *rowg8 = rowg + 8 * L.rstride;
+        float acc0 = 0.0f, acc8 = 0.0f;
+        for (int sp = warp; sp < nsp; sp += GM_WARPS) {
+            int cc[4] = {0, 0, 0, 0};
+            uint4 r0, r8;
+            if (KIND == KIND_Q4) {
+                uint2 u0 = *(const uint2 *)(rowg + sp * 32), u8 = *(const uint2 *)(rowg8 + sp * 32);
+                r0 = make_uint4(u0.x, u0.y, 0, 0);
+                r8 = make_uint4(u8.x, u8.y, 0, 0);
+            } else {
+                r0 = *(const uint4 *)(rowg + sp * 64);
+                r8 = *(const uint4 *)(rowg8 + sp * 64);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                uint32_t a0, a1, a2, a3;
+                if (KIND == KIND_Q4) {
+                    uint32_t w0 = j ? r0.y : r0.x, w8 = j ? r8.y : r8.x;
+                    a0 = w0 & 0x0f0f0f0fu; a2 = (w0 >> 4) & 0x0f0f0f0fu;
+                    a1 = w8 & 0x0f0f0f0fu; a3 = (w8 >> 4) & 0x0f0f0f0fu;
+                } else {
+                    a0 = j ? r0.z : r0.x; a2 = j ? r0.w : r0.y;
+                    a1 = j ? r8.z : r8.x; a3 = j ? r8.w : r8.y;
+                }
+                uint2 b = g < 3 ? xd2[((sp * 2 + j) * 3 + g) * 4 + c] : make_uint2(0, 0);
+                mma_u8s8(cc, a0, a1, a2, a3, b.x, b.y);
+            }
+            /* lane 4g: columns 0, 1 (digits 0, 1); lane 4g + 1: column 2 (digit 2) */
+            int d2 = __shfl_sync(0xffffffffu, cc[0], lane | 1), d2_8 = __shfl_sync(0xffffffffu, cc[2], lane | 1);
+            if (c == 0) {
+                int grp = (sp * GM_SPAN) >> a.gsh;
+                float dx = dxs[sp], sx = sums[sp];
+                float v0 = (float)d2 * 16384.0f + (float)cc[1] * 128.0f + (float)cc[0];
+                float v8 = (float)d2_8 * 16384.0f + (float)cc[3] * 128.0f + (float)cc[2];
+                acc0 += fmaf(bf16f(ssc[g * L.ng + grp]), dx * v0, bf16f(sbi[g * L.ng + grp]) * sx);
+                acc8 += fmaf(bf16f(ssc[(g + 8) * L.ng + grp]), dx * v8, bf16f(sbi[(g + 8) * L.ng + grp]) * sx);
+            }
+        }
+        if (c == 0) {
+            part[k & 1][warp][g] = acc0;
+            part[k & 1][warp][g + 8] = acc8;
+        }
+        prev = t;
+    }
+    cp_wait<0>();
+    __syncthreads();
+    if (prev >= 0 && threadIdx.x < 16) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GM_WARPS; w++) v += part[(k - 1) & 1][w][threadIdx.x];
+        int64_t row = prev * 16 + threadIdx.x;
+        if (row < a.rows) a.y[row] = v;
+    }
+}
+
+static size_t gm_smem(int64_t cols, int gsh, size_t row_bytes) {
+    gm_layout L = gm_layout_of(cols, gsh, row_bytes);
+    int64_t nsp = cols / GM_SPAN;
+    return GS_STAGES * L.stage + (size_t)cols * sizeof(float) + 2 * (size_t)nsp * sizeof(float) + (size_t)nsp * 192;
+}
+
+static int gm_fits(int kind, const tern_mat *W) {
+    if ((kind != KIND_Q4 && kind != KIND_Q8) || (W->group != 64 && W->group != 128) || W->cols % GM_SPAN) return 0;
+    if (((uintptr_t)W->data % 16) || ((uintptr_t)W->scales | (uintptr_t)W->biases) % 4) return 0;
+    return gm_smem(W->cols, log2i(W->group), kind_row_bytes(kind, W->cols)) <= 200 * 1024;
+}
+
+template <int KIND>
+static cudaError_t gm_launch(const g1_args &a, cudaStream_t s) {
+    size_t smem = gm_smem(a.cols, a.gsh, a.row_bytes);
+    cudaError_t e = cudaFuncSetAttribute(gemv1m_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv1m_kernel<KIND>, G1_THREADS, smem) != cudaSuccess ||
+        occ < 1)
+        occ = 1;
+    int64_t ntile = (a.rows + 15) / 16, cap = (int64_t)g1_sms() * occ;
+    int64_t blocks = ntile < cap ? ntile : cap;
+    return launch_pdl(gemv1m_kernel<KIND>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+}
+
 int tern_cuda_gemv1_supported(const tern_mat *W) {
     int kind = mat_kind(W);
     if (kind < 0 || W->rows < 1 || W->cols < 1 || W->cols > 8192 || W->cols % 4) return 0;
@@ -281,7 +713,21 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
                  kind_traits<KIND_Q4>::QUANT && (kind == KIND_Q4 || kind == KIND_Q8) ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), *in, y};
     cudaStream_t st = (cudaStream_t)s;
-    cudaError_t e = kind == KIND_Q4   ? g1_pick<KIND_Q4>(a, st)
+    /* TERN_GEMV1=regs or staged: that CUDA-core kernel instead of the
+     * tensor-core one (for comparisons) */
+    const char *v = getenv("TERN_GEMV1");
+    int regs = v && !strcmp(v, "regs"), staged = v && !strcmp(v, "staged");
+    if (!regs && !staged && gm_fits(kind, W)) {
+        cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
+        if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
+        return launch_check("gemv1", err);
+    }
+    int rw = regs ? 0 : gs_rows_per_warp(kind, W);
+    cudaError_t e = rw ? (kind == KIND_Q4   ? gs_pick<KIND_Q4>(a, rw, st)
+                          : kind == KIND_Q8 ? gs_pick<KIND_Q8>(a, rw, st)
+                          : kind == KIND_BF16 ? gs_pick<KIND_BF16>(a, rw, st)
+                                              : gs_pick<KIND_F16>(a, rw, st))
+                  : kind == KIND_Q4   ? g1_pick<KIND_Q4>(a, st)
                     : kind == KIND_Q8 ? g1_pick<KIND_Q8>(a, st)
                     : kind == KIND_BF16 ? g1_pick<KIND_BF16>(a, st)
                                         : g1_pick<KIND_F16>(a, st);
