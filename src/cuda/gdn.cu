@@ -3,15 +3,16 @@
  * blocks of 128 threads. The blocks of one key head m (its r = nv / nk
  * value heads times their nsl slices) form a thread-block cluster, which
  * settles the two things the slices share:
+ *   - the gated RMSNorm's sum of squares over the dv values of a head:
+ *     each warp stores its share into the shared memory of every block of
+ *     the cluster (st.async, counted on the receiver's mbarrier, one per
+ *     token parity), so no cluster barrier per token;
  *   - the conv state of q_m and k_m: every block of the cluster computes
  *     the conv of all of q_m and k_m from the old state (cheap: 2 dk
- *     channels), and after the cluster barrier that follows the last token
- *     each block writes the new state of its share of those channels; the
- *     state of the value channels belongs to one block;
- *   - the gated RMSNorm's sum of squares over the dv values of a head:
- *     each warp pushes its share into the shared memory of every slice of
- *     its head (double-buffered by token parity), and a cluster barrier
- *     per token makes them visible.
+ *     channels); once a block has every block's message for the last
+ *     token, all reads of the old state are done, and it writes the new
+ *     state of its share of those channels. The state of the value
+ *     channels belongs to one block.
  *
  * Threads: (column vl, key part kp), kp fastest; the thread holds rows
  * kp, kp + ks, .. of column vl of S_j (sk = dk / ks <= SK of them) in
@@ -36,19 +37,49 @@ typedef struct {
     int T, cw, nsl, ks, sk;
 } gdn_args;
 
-/* The cluster barrier, split: arrive (release; relaxed when it orders no
- * memory) and wait (acquire). Every thread of the cluster takes part. */
+/* The cluster barrier, split: arrive (relaxed: it orders nothing but the
+ * mbarrier inits before it) and wait (acquire). Every thread of the
+ * cluster takes part. */
 __device__ __forceinline__ void cluster_arrive_relaxed() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 
-/* Store v at `local`'s place in the shared memory of cluster block `rank`. */
-__device__ __forceinline__ void st_cluster(float *local, unsigned rank, float v) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(local), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
+/* mbarriers in shared memory: a phase completes when its one arrival (with
+ * the bytes it expects) has come and those bytes have been stored by
+ * st_async, from any block of the cluster. */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+/* Wait for the phase of parity ph; CLUSTER: acquire at cluster scope (the
+ * senders' earlier memory operations, not just their bytes, are ordered
+ * before what follows). */
+template <bool CLUSTER> __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned ph) {
+    unsigned done;
+    do {
+        if (CLUSTER)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+    } while (!done);
+}
+/* Store v at `local`'s place in the shared memory of cluster block `rank`
+ * and count its 4 bytes on that block's `bar`. */
+__device__ __forceinline__ void st_async(float *local, uint64_t *bar, unsigned rank, float v) {
+    unsigned ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_u32(local)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+                 "r"(__float_as_uint(v)), "r"(rb)
+                 : "memory");
 }
 
 /* Channel c (0 .. 2 dk + cw) of block (j, sl) in the qkv channel order
@@ -64,12 +95,12 @@ __device__ __forceinline__ int gdn_channel(const gdn_args &g, int m, int j, int 
  * 4, 32), or 0 (any, slower). */
 template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS, 1) gdn_step_kernel(gdn_args g) {
     constexpr int KR = KC > 0 ? KC : 1;
-    extern __shared__ float sm[];
+    extern __shared__ __align__(16) float sm[];
     const int dk = g.w.dk, dv = g.w.dv, nv = g.w.nv, K = KC > 0 ? KC : g.w.conv_kernel;
     const int r = nv / g.w.nk, cw = g.cw, nsl = g.nsl, csize = r * nsl;
     const int ks = KS > 0 ? KS : g.ks, sk = SKT > 0 ? SKT : g.sk;
     const int C = 2 * g.w.nk * dk + nv * dv, nch = 2 * dk + cw;
-    const int nwarps = blockDim.x >> 5, np = nsl * nwarps;
+    const int nwarps = blockDim.x >> 5, np = nsl * nwarps, nrs = csize * nwarps;
     const int j = blockIdx.x / nsl, sl = blockIdx.x % nsl, m = j / r;
     const int cr = blockIdx.x % csize;   /* rank in the cluster: (j % r) * nsl + sl */
     const int head0 = (j % r) * nsl;     /* rank of slice 0 of head j */
@@ -77,10 +108,10 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
     const int kp = tid % ks, vl = tid / ks;
     const bool active = vl < cw, writer = active && kp == 0;
     const int v = sl * cw + (active ? vl : 0);
-    float *cq = sm, *ck = cq + dk, *cv = ck + dk;   /* conv outputs: q_m, k_m, the slice's v (contiguous) */
+    uint64_t *bars = (uint64_t *)sm;                /* [2]: token parity */
+    float *cq = sm + 4, *ck = cq + dk, *cv = ck + dk;   /* conv outputs: q_m, k_m, the slice's v (contiguous) */
     float *nrm = cv + cw;                           /* [nwarps][2]: sums of squares of q, k */
-    float *rs = nrm + 2 * nwarps;                   /* [2][nsl][nwarps]: the head's sums of squares of o */
-    float *ob = rs + 2 * np;                        /* [8][cw]: outputs, stored 8 tokens at a time */
+    float *rs = nrm + 2 * nwarps;                   /* [2][csize][nwarps]: sums of squares of o by block, warp */
     const float *kr = ck + kp, *qr = cq + kp;       /* the thread's rows: kr[ks * i] */
 
     float s[SK];
@@ -97,6 +128,11 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
         chn[u] = gdn_channel(g, m, j, sl, c < nch ? c : 0);
 #pragma unroll
         for (int i = 0; i < KR; i++) cwt[u][i] = KC > 0 ? g.w.conv[(size_t)chn[u] * KR + i] : 0.0f;
+    }
+    if (tid == 0) {
+        mbar_init(bars);
+        mbar_init(bars + 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     cluster_arrive_relaxed();   /* "started": waited on before the first store into a peer */
     pdl_trigger();
@@ -143,8 +179,13 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
             }
             x[u] = c < nch ? silu_f(acc) : 0.0f;
         }
-        const float zc = zt, ac = at, bc = bt;
+        /* g and beta */
+        const float sp = at > 20.0f ? at : log1pf(expf(at));
+        const float decay = expf(-expf(A) * sp), beta = sigmoid_f(bt), zc = zt;
         if (t + 1 < g.T) load_inputs(t + 1);
+        uint64_t *bar = bars + (t & 1);
+        float *slot = rs + (t & 1) * nrs;
+        if (tid == 0) mbar_expect(bar, (unsigned)nrs * 4);
         float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
@@ -167,55 +208,50 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
         }
         /* l2norm of q (times dk^-0.5) and k, applied as they are read */
         const float rq = 1.0f / sqrtf(ssq + 1e-6f), rk = 1.0f / sqrtf(ssk + 1e-6f);
-        const float sp = ac > 20.0f ? ac : log1pf(expf(ac));
-        const float decay = expf(-expf(A) * sp), beta = sigmoid_f(bc);
 
-        /* the delta rule on the thread's rows of column v */
-        float mem = 0.0f;
+        /* the delta rule on the thread's rows of column v (sums in 4
+         * interleaved parts: shorter chains) */
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < SK; i++)
             if (SKT > 0 ? i < SKT : i < sk) {
                 s[i] *= decay;
-                mem += s[i] * (kr[ks * i] * rk);
+                part[i & 3] += s[i] * (kr[ks * i] * rk);
             }
-        mem = group_sum(mem, ks);
+        const float mem = group_sum((part[0] + part[1]) + (part[2] + part[3]), ks);
         const float delta = beta * (cv[active ? vl : 0] - mem);
-        float o = 0.0f;
+        part[0] = part[1] = part[2] = part[3] = 0.0f;
 #pragma unroll
         for (int i = 0; i < SK; i++)
             if (SKT > 0 ? i < SKT : i < sk) {
                 s[i] += (kr[ks * i] * rk) * delta;
-                o += s[i] * (qr[ks * i] * rq * qscale);
+                part[i & 3] += s[i] * (qr[ks * i] * rq * qscale);
             }
-        o = group_sum(o, ks);
+        const float o = group_sum((part[0] + part[1]) + (part[2] + part[3]), ks);
 
-        /* gated RMSNorm: the head's sum of squares from its nsl slices */
-        float p = warp_sum(writer ? o * o : 0.0f);
-        float *slot = rs + (t & 1) * np;
+        /* gated RMSNorm: every warp sends its sum of squares to every
+         * block of the cluster (all of them then know that this block is
+         * past the token's conv); a block sums those of its head's nsl
+         * slices. Parity t & 1 double-buffers: a block sends token t + 2
+         * only after every block of its head has sent token t + 1, which
+         * each does after reading token t. */
+        const float p = warp_sum(writer ? o * o : 0.0f);
         if (t == 0) cluster_wait();
-        if (lane < nsl) st_cluster(slot + sl * nwarps + warp, (unsigned)(head0 + lane), p);
-        __syncwarp();
-        cluster_arrive();
-        cluster_wait();
+        if (lane < csize) st_async(slot + cr * nwarps + warp, bar, (unsigned)lane, p);
+        if (t == g.T - 1) mbar_wait<true>(bar, (unsigned)(t >> 1) & 1);   /* then the conv state is written */
+        else mbar_wait<false>(bar, (unsigned)(t >> 1) & 1);
         float ss = 0.0f;
-        for (int i = 0; i < np; i++) ss += slot[i];
+        for (int i = 0; i < np; i++) ss += slot[head0 * nwarps + i];
         const float rn = 1.0f / sqrtf(ss / (float)dv + g.w.eps);
-        /* held back: a global store ahead of the next token's cluster
-         * barrier would wait for its write to complete */
-        if (writer) {
-            ob[(t & 7) * cw + vl] = o * rn * nw * silu_f(zc);
-            if ((t & 7) == 7 || t == g.T - 1)
-                for (int tt = t & ~7; tt <= t; tt++)
-                    g.out[(size_t)tt * nv * dv + (size_t)j * dv + v] = ob[(tt & 7) * cw + vl];
-        }
+        if (writer) g.out[(size_t)t * nv * dv + (size_t)j * dv + v] = o * rn * nw * silu_f(zc);
     }
 #pragma unroll
     for (int i = 0; i < SK; i++)
         if (active && (SKT > 0 ? i < SKT : i < sk)) Sj[(size_t)(kp + ks * i) * dv] = s[i];
     /* the new conv state, the last K - 1 inputs (KC > 0: the last token's
-     * window held in cin): every block of the cluster has passed the last
-     * barrier, so all reads of the old rows are done; q_m and k_m's
-     * channels are split over the cluster */
+     * window held in cin): every block of the cluster has sent its last
+     * token, so all reads of the old rows are done; q_m and k_m's channels
+     * are split over the cluster */
     if (KC > 0) {
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
@@ -296,7 +332,7 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
         return tern_fail(err, "gdn_step: heads %d/%d x %d/%d outside the kernel's shapes", w->nk, w->nv, w->dk, w->dv);
     gdn_args g = {*w, qkv, z, b, a, conv_state, S, out, T, p.cw, p.nsl, p.ks, p.sk};
     int nwarps = p.threads / 32;
-    size_t smem = (size_t)(2 * w->dk + p.cw + 2 * nwarps + 2 * p.nsl * nwarps + 8 * p.cw) * sizeof(float);
+    size_t smem = (size_t)(4 + 2 * w->dk + p.cw + 2 * nwarps + 2 * p.csize * nwarps) * sizeof(float);
     int blocks = w->nv * p.nsl;
     cudaError_t e = w->conv_kernel == 4 && p.ks == 4 && p.sk == 32 ? launch_step<4, 4, 32>(p, blocks, smem, s, g)
                                                                   : launch_step<0, 0, 0>(p, blocks, smem, s, g);
