@@ -1,158 +1,344 @@
-/* The Gated DeltaNet step (recurrent form) in one kernel: one block per key
- * head m, which owns everything that reads or writes m's channels — the
- * conv state of q_m, k_m and of its value heads j = m r .. m r + r - 1
- * (r = nv / nk), and their states S_j — so no two blocks touch the same
- * memory and the conv state needs no second buffer.
+/* The Gated DeltaNet step (recurrent form) in one kernel, spread over one
+ * block per (value head j, slice of cw value columns): Qwen3.6 runs 32 x 4
+ * blocks of 128 threads. The blocks of one key head m (its r = nv / nk
+ * value heads times their nsl slices) form a thread-block cluster, which
+ * settles the two things the slices share:
+ *   - the gated RMSNorm's sum of squares over the dv values of a head:
+ *     each warp stores its share into the shared memory of every block of
+ *     the cluster (st.async, counted on the receiver's mbarrier, one per
+ *     token parity), so no cluster barrier per token;
+ *   - the conv state of q_m and k_m: every block of the cluster computes
+ *     the conv of all of q_m and k_m from the old state (cheap: 2 dk
+ *     channels); once a block has every block's message for the last
+ *     token, all reads of the old state are done, and it writes the new
+ *     state of its share of those channels. The state of the value
+ *     channels belongs to one block.
  *
- * Threads: (value head jl, column v, key part kp), kp fastest; thread holds
- * S_j[kp * SK .. kp * SK + SK)[v] in registers for all T tokens (SK = 32
- * rows of the 128 x 128 state), so S is read and written once per call.
+ * Threads: (column vl, key part kp), kp fastest; the thread holds rows
+ * kp, kp + ks, .. of column vl of S_j (sk = dk / ks <= SK of them) in
+ * registers for all T tokens, so S is read and written once per call.
  * The sums over the key dimension (S^T k, S^T q) are a register loop plus
- * a shuffle across the KS = dk / SK lanes of a column.
- * Qwen3.6: 16 blocks of 2 x 128 x 4 = 1024 threads. */
+ * a shuffle across the ks lanes of a column.
+ *
+ * Programmatic dependent launch: S (written only by this layer's step of
+ * an earlier token) and the weights are loaded before pdl_wait(); the
+ * activations and the conv state after it, and every write. */
 #include "cuda/common.cuh"
 
-#define SK 32
+#define SK 32          /* most rows of S a thread holds */
+#define CPT 3          /* most conv channels a thread computes per token */
+#define MAX_CLUSTER 8  /* portable cluster size */
+#define MAX_THREADS 256
 
 typedef struct {
     tern_cuda_gdn_w w;
     const float *qkv, *z, *b, *a;
     float *conv_state, *S, *out;
-    int T, sk, ks;
+    int T, cw, nsl, ks, sk;
 } gdn_args;
 
-/* Channel c (0 .. 2 dk + r dv) of block m, in the qkv channel order
- * q | k | v (flat over heads). */
-__device__ __forceinline__ int gdn_channel(const gdn_args &g, int m, int c) {
-    int dk = g.w.dk, kd = g.w.nk * dk, r = g.w.nv / g.w.nk;
+/* The cluster barrier, split: arrive (relaxed: it orders nothing but the
+ * mbarrier inits before it) and wait (acquire). Every thread of the
+ * cluster takes part. */
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+/* mbarriers in shared memory: a phase completes when its one arrival (with
+ * the bytes it expects) has come and those bytes have been stored by
+ * st_async, from any block of the cluster. */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+/* Wait for the phase of parity ph; CLUSTER: acquire at cluster scope (the
+ * senders' earlier memory operations, not just their bytes, are ordered
+ * before what follows). */
+template <bool CLUSTER> __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned ph) {
+    unsigned done;
+    do {
+        if (CLUSTER)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+    } while (!done);
+}
+/* Store v at `local`'s place in the shared memory of cluster block `rank`
+ * and count its 4 bytes on that block's `bar`. */
+__device__ __forceinline__ void st_async(float *local, uint64_t *bar, unsigned rank, float v) {
+    unsigned ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_u32(local)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+                 "r"(__float_as_uint(v)), "r"(rb)
+                 : "memory");
+}
+
+/* Channel c (0 .. 2 dk + cw) of block (j, sl) in the qkv channel order
+ * q | k | v (flat over heads): q_m, k_m, then the slice's value columns. */
+__device__ __forceinline__ int gdn_channel(const gdn_args &g, int m, int j, int sl, int c) {
+    int dk = g.w.dk, kd = g.w.nk * dk;
     if (c < dk) return m * dk + c;
     if (c < 2 * dk) return kd + m * dk + (c - dk);
-    return 2 * kd + m * r * g.w.dv + (c - 2 * dk);
+    return 2 * kd + j * g.w.dv + sl * g.cw + (c - 2 * dk);
 }
 
-/* conv1d over the window [state rows, current input] + SiLU for channel
- * ch, then the window slides (the state keeps the last K - 1 inputs). */
-__device__ float conv_step(const gdn_args &g, int ch, float in) {
-    int K = g.w.conv_kernel, C = 2 * g.w.nk * g.w.dk + g.w.nv * g.w.dv;
-    const float *w = g.w.conv + (size_t)ch * K;
-    float acc = 0.0f;
-    for (int j = 0; j < K - 1; j++) acc += w[j] * g.conv_state[(size_t)j * C + ch];
-    acc += w[K - 1] * in;
-    for (int j = 0; j < K - 2; j++) g.conv_state[(size_t)j * C + ch] = g.conv_state[(size_t)(j + 1) * C + ch];
-    if (K >= 2) g.conv_state[(size_t)(K - 2) * C + ch] = in;
-    return silu_f(acc);
-}
+/* KC, KS, SKT: conv_kernel, ks and sk known at compile time (Qwen3.6: 4,
+ * 4, 32), or 0 (any, slower). */
+template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS, 1) gdn_step_kernel(gdn_args g) {
+    constexpr int KR = KC > 0 ? KC : 1;
+    extern __shared__ __align__(16) float sm[];
+    const int dk = g.w.dk, dv = g.w.dv, nv = g.w.nv, K = KC > 0 ? KC : g.w.conv_kernel;
+    const int r = nv / g.w.nk, cw = g.cw, nsl = g.nsl, csize = r * nsl;
+    const int ks = KS > 0 ? KS : g.ks, sk = SKT > 0 ? SKT : g.sk;
+    const int C = 2 * g.w.nk * dk + nv * dv, nch = 2 * dk + cw;
+    const int nwarps = blockDim.x >> 5, np = nsl * nwarps, nrs = csize * nwarps;
+    const int j = blockIdx.x / nsl, sl = blockIdx.x % nsl, m = j / r;
+    const int cr = blockIdx.x % csize;   /* rank in the cluster: (j % r) * nsl + sl */
+    const int head0 = (j % r) * nsl;     /* rank of slice 0 of head j */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kp = tid % ks, vl = tid / ks;
+    const bool active = vl < cw, writer = active && kp == 0;
+    const int v = sl * cw + (active ? vl : 0);
+    uint64_t *bars = (uint64_t *)sm;                /* [2]: token parity */
+    float *cq = sm + 4, *ck = cq + dk, *cv = ck + dk;   /* conv outputs: q_m, k_m, the slice's v (contiguous) */
+    float *nrm = cv + cw;                           /* [nwarps][2]: sums of squares of q, k */
+    float *rs = nrm + 2 * nwarps;                   /* [2][csize][nwarps]: sums of squares of o by block, warp */
+    const float *kr = ck + kp, *qr = cq + kp;       /* the thread's rows: kr[ks * i] */
 
-__global__ void __launch_bounds__(1024, 1) gdn_step_kernel(gdn_args g) {
-    extern __shared__ float sm[];
-    int m = blockIdx.x, dk = g.w.dk, dv = g.w.dv, nv = g.w.nv, r = nv / g.w.nk;
-    int C = 2 * g.w.nk * dk + nv * dv, nch = 2 * dk + r * dv;
-    float *cq = sm, *ck = cq + dk, *cv = ck + dk;       /* conv outputs of this block's channels */
-    float *ob = cv + r * dv;                            /* [r][dv] outputs before the norm */
-    float *gb = ob + r * dv;                            /* [r][2]: g, beta */
-    float *rn = gb + 2 * r;                             /* [r]: 1 / rms */
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int kp = tid % g.ks, v = (tid / g.ks) % dv, jl = tid / (g.ks * dv);
-    bool active = jl < r;
-    int j = m * r + jl;
     float s[SK];
-    float *Sj = g.S + (size_t)j * dk * dv;
+    float *Sj = g.S + (size_t)j * dk * dv + v;
 #pragma unroll
-    for (int i = 0; i < SK; i++) s[i] = active && i < g.sk ? Sj[(size_t)(kp * g.sk + i) * dv + v] : 0.0f;
-    float qscale = 1.0f / sqrtf((float)dk);
+    for (int i = 0; i < SK; i++) s[i] = active && (SKT > 0 ? i < SKT : i < sk) ? Sj[(size_t)(kp + ks * i) * dv] : 0.0f;
+    /* the thread's conv channels c = tid + u * blockDim.x (< nch) and,
+     * KC > 0, their weights */
+    int chn[CPT];
+    float cwt[CPT][KR], cin[CPT][KR];
+#pragma unroll
+    for (int u = 0; u < CPT; u++) {
+        int c = tid + u * blockDim.x;
+        chn[u] = gdn_channel(g, m, j, sl, c < nch ? c : 0);
+#pragma unroll
+        for (int i = 0; i < KR; i++) cwt[u][i] = KC > 0 ? g.w.conv[(size_t)chn[u] * KR + i] : 0.0f;
+    }
+    if (tid == 0) {
+        mbar_init(bars);
+        mbar_init(bars + 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_arrive_relaxed();   /* "started": waited on before the first store into a peer */
+    pdl_trigger();
+    const float nw = g.w.norm[v], A = g.w.A_log[j], dtb = g.w.dt_bias[j];
+    pdl_wait();
+
+    /* token t's inputs, loaded a token ahead: the conv window (inputs t - K
+     * + 1 .. t, those before the first token from the conv state, which
+     * holds the last K - 1 inputs before this call and is left untouched
+     * until the end) when KC > 0, z, a + dt_bias, b */
+    float zt, at, bt;
+    auto load_inputs = [&](int t) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+#pragma unroll
+            for (int i = 0; i < KR; i++) {
+                int ti = t - (KR - 1) + i;
+                const float *row = ti >= 0 ? g.qkv + (size_t)ti * C : g.conv_state + (size_t)(ti + KR - 1) * C;
+                cin[u][i] = KC > 0 ? row[chn[u]] : 0.0f;
+            }
+        }
+        zt = writer ? g.z[(size_t)t * nv * dv + (size_t)j * dv + v] : 0.0f;
+        at = g.a[(size_t)t * nv + j] + dtb;
+        bt = g.b[(size_t)t * nv + j];
+    };
+    load_inputs(0);
+    const float qscale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < g.T; t++) {
-        for (int c = tid; c < nch; c += blockDim.x) {
-            int ch = gdn_channel(g, m, c);
-            cq[c] = conv_step(g, ch, g.qkv[(size_t)t * C + ch]);   /* cq, ck, cv are contiguous */
-        }
-        __syncthreads();
-        if (warp < 2) {                                 /* l2norm of q (warp 0) and k (warp 1) */
-            float *x = warp == 0 ? cq : ck, ss = 0.0f;
-            for (int i = lane; i < dk; i += 32) ss += x[i] * x[i];
-            float rr = 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
-            __syncwarp();
-            for (int i = lane; i < dk; i += 32) x[i] = warp == 0 ? x[i] * rr * qscale : x[i] * rr;
-        } else if (warp == 2 && lane < r) {             /* g and beta of the value heads */
-            int jj = m * r + lane;
-            float av = g.a[(size_t)t * nv + jj] + g.w.dt_bias[jj];
-            float sp = av > 20.0f ? av : log1pf(expf(av));
-            gb[2 * lane] = -expf(g.w.A_log[jj]) * sp;
-            gb[2 * lane + 1] = sigmoid_f(g.b[(size_t)t * nv + jj]);
-        }
-        __syncthreads();
-        if (active) {
-            float decay = expf(gb[2 * jl]), beta = gb[2 * jl + 1];
-            const float *kk = ck + kp * g.sk, *qq = cq + kp * g.sk;
-            float mem = 0.0f;
+        /* conv1d + SiLU */
+        float x[CPT];
 #pragma unroll
-            for (int i = 0; i < SK; i++) {
-                if (i < g.sk) {
-                    s[i] *= decay;
-                    mem += s[i] * kk[i];
+        for (int u = 0; u < CPT; u++) {
+            int c = tid + u * blockDim.x;
+            float acc = 0.0f;
+            if (KC > 0) {
+#pragma unroll
+                for (int i = 0; i < KR; i++) acc += cwt[u][i] * cin[u][i];
+            } else if (c < nch) {
+                for (int i = 0; i < K; i++) {
+                    int ti = t - (K - 1) + i;
+                    const float *row = ti >= 0 ? g.qkv + (size_t)ti * C : g.conv_state + (size_t)(ti + K - 1) * C;
+                    acc += g.w.conv[(size_t)chn[u] * K + i] * row[chn[u]];
                 }
             }
-            mem = group_sum(mem, g.ks);
-            float delta = beta * (cv[jl * dv + v] - mem);
-            float o = 0.0f;
+            x[u] = c < nch ? silu_f(acc) : 0.0f;
+        }
+        /* g and beta */
+        const float sp = at > 20.0f ? at : log1pf(expf(at));
+        const float decay = expf(-expf(A) * sp), beta = sigmoid_f(bt), zc = zt;
+        if (t + 1 < g.T) load_inputs(t + 1);
+        uint64_t *bar = bars + (t & 1);
+        float *slot = rs + (t & 1) * nrs;
+        if (tid == 0) mbar_expect(bar, (unsigned)nrs * 4);
+        float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
-            for (int i = 0; i < SK; i++) {
-                if (i < g.sk) {
-                    s[i] += kk[i] * delta;
-                    o += s[i] * qq[i];
-                }
+        for (int u = 0; u < CPT; u++) {
+            int c = tid + u * blockDim.x;
+            if (c < nch) cq[c] = x[u];
+            if (c < dk) ssq += x[u] * x[u];
+            else if (c < 2 * dk) ssk += x[u] * x[u];
+        }
+        ssq = warp_sum(ssq);
+        ssk = warp_sum(ssk);
+        if (lane == 0) {
+            nrm[2 * warp] = ssq;
+            nrm[2 * warp + 1] = ssk;
+        }
+        __syncthreads();
+        ssq = ssk = 0.0f;
+        for (int w = 0; w < nwarps; w++) {
+            ssq += nrm[2 * w];
+            ssk += nrm[2 * w + 1];
+        }
+        /* l2norm of q (times dk^-0.5) and k, applied as they are read */
+        const float rq = 1.0f / sqrtf(ssq + 1e-6f), rk = 1.0f / sqrtf(ssk + 1e-6f);
+
+        /* the delta rule on the thread's rows of column v (sums in 4
+         * interleaved parts: shorter chains) */
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < SK; i++)
+            if (SKT > 0 ? i < SKT : i < sk) {
+                s[i] *= decay;
+                part[i & 3] += s[i] * (kr[ks * i] * rk);
             }
-            o = group_sum(o, g.ks);
-            if (kp == 0) ob[jl * dv + v] = o;
-        }
-        __syncthreads();
-        if (warp < r) {                                 /* gated RMSNorm: 1 / rms per value head */
-            float ss = 0.0f;
-            for (int i = lane; i < dv; i += 32) ss += ob[warp * dv + i] * ob[warp * dv + i];
-            ss = warp_sum(ss);
-            if (lane == 0) rn[warp] = 1.0f / sqrtf(ss / (float)dv + g.w.eps);
-        }
-        __syncthreads();
-        for (int i = tid; i < r * dv; i += blockDim.x) {
-            int hj = i / dv, vv = i % dv;
-            size_t at = (size_t)t * nv * dv + (size_t)(m * r + hj) * dv + vv;
-            g.out[at] = ob[i] * rn[hj] * g.w.norm[vv] * silu_f(g.z[at]);
-        }
-        __syncthreads();
+        const float mem = group_sum((part[0] + part[1]) + (part[2] + part[3]), ks);
+        const float delta = beta * (cv[active ? vl : 0] - mem);
+        part[0] = part[1] = part[2] = part[3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < SK; i++)
+            if (SKT > 0 ? i < SKT : i < sk) {
+                s[i] += (kr[ks * i] * rk) * delta;
+                part[i & 3] += s[i] * (qr[ks * i] * rq * qscale);
+            }
+        const float o = group_sum((part[0] + part[1]) + (part[2] + part[3]), ks);
+
+        /* gated RMSNorm: every warp sends its sum of squares to every
+         * block of the cluster (all of them then know that this block is
+         * past the token's conv); a block sums those of its head's nsl
+         * slices. Parity t & 1 double-buffers: a block sends token t + 2
+         * only after every block of its head has sent token t + 1, which
+         * each does after reading token t. */
+        const float p = warp_sum(writer ? o * o : 0.0f);
+        if (t == 0) cluster_wait();
+        if (lane < csize) st_async(slot + cr * nwarps + warp, bar, (unsigned)lane, p);
+        if (t == g.T - 1) mbar_wait<true>(bar, (unsigned)(t >> 1) & 1);   /* then the conv state is written */
+        else mbar_wait<false>(bar, (unsigned)(t >> 1) & 1);
+        float ss = 0.0f;
+        for (int i = 0; i < np; i++) ss += slot[head0 * nwarps + i];
+        const float rn = 1.0f / sqrtf(ss / (float)dv + g.w.eps);
+        if (writer) g.out[(size_t)t * nv * dv + (size_t)j * dv + v] = o * rn * nw * silu_f(zc);
     }
 #pragma unroll
     for (int i = 0; i < SK; i++)
-        if (active && i < g.sk) Sj[(size_t)(kp * g.sk + i) * dv + v] = s[i];
+        if (active && (SKT > 0 ? i < SKT : i < sk)) Sj[(size_t)(kp + ks * i) * dv] = s[i];
+    /* the new conv state, the last K - 1 inputs (KC > 0: the last token's
+     * window held in cin): every block of the cluster has sent its last
+     * token, so all reads of the old rows are done; q_m and k_m's channels
+     * are split over the cluster */
+    if (KC > 0) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            int c = tid + u * blockDim.x;
+            if (c < nch && (c >= 2 * dk || c % csize == cr))
+#pragma unroll
+                for (int i = 1; i < KR; i++) g.conv_state[(size_t)(i - 1) * C + chn[u]] = cin[u][i];
+        }
+    } else {
+        for (int c = tid; c < nch; c += blockDim.x) {
+            if (c < 2 * dk && c % csize != cr) continue;
+            int ch = gdn_channel(g, m, j, sl, c);
+            for (int i = 0; i < K - 1; i++) {   /* row i read before the rows below it are written */
+                int ti = g.T - (K - 1) + i;
+                g.conv_state[(size_t)i * C + ch] =
+                    ti >= 0 ? g.qkv[(size_t)ti * C + ch] : g.conv_state[(size_t)(ti + K - 1) * C + ch];
+            }
+        }
+    }
 }
 
-/* The step kernel's block: whole warps of (head, column, part) threads, and
- * at least 3 warps (q norm, k norm, gates) and r warps (one per value
- * head's norm). 0 when the shapes do not fit one block. */
-static int step_threads(const tern_cuda_gdn_w *w, int *sk_out, int *ks_out) {
-    int r = w->nk > 0 ? w->nv / w->nk : 0;
-    int sk = w->dk < SK ? w->dk : SK, ks = sk ? w->dk / sk : 0;
-    int threads = r * w->dv * ks;
-    int min_threads = r * 32 > 96 ? r * 32 : 96;
-    bool ok = w->nk >= 1 && w->nv % w->nk == 0 && sk > 0 && w->dk % sk == 0 && (ks & (ks - 1)) == 0 && ks <= 32 &&
-              threads % 32 == 0 && threads <= 1024 && r <= 32 && w->conv_kernel >= 1;
-    if (threads < min_threads) threads = min_threads;
-    *sk_out = sk;
-    *ks_out = ks;
-    return ok && threads <= 1024 ? threads : 0;
+/* The launch shape: slices per value head (the most that keep a cluster
+ * within MAX_CLUSTER blocks and slices at least 32 columns wide), lanes per
+ * column (the fewest that keep sk <= SK rows a thread), and whole warps
+ * enough for the columns and the conv channels. 0 when the shapes do not
+ * fit. */
+typedef struct {
+    int cw, nsl, ks, sk, csize, threads;
+} step_plan;
+
+static int plan_step(const tern_cuda_gdn_w *w, step_plan *p) {
+    if (w->nk < 1 || w->nv < w->nk || w->nv % w->nk || w->dk < 1 || w->dv < 1 || w->conv_kernel < 1) return 0;
+    int r = w->nv / w->nk;
+    if (r > MAX_CLUSTER) return 0;
+    int ks = 1;
+    while (ks <= 32 && (w->dk % ks || w->dk / ks > SK)) ks *= 2;
+    if (ks > 32) return 0;
+    int nsl = 1;
+    for (int n = 2; n * r <= MAX_CLUSTER; n++)
+        if (w->dv % n == 0 && w->dv / n >= 32) nsl = n;
+    int cw = w->dv / nsl, nch = 2 * w->dk + cw;
+    int threads = (cw * ks + 31) / 32 * 32, need = ((nch + CPT - 1) / CPT + 31) / 32 * 32;
+    if (threads < need) threads = need;
+    if (threads > MAX_THREADS) return 0;
+    *p = step_plan{cw, nsl, ks, w->dk / ks, r * nsl, threads};
+    return 1;
 }
 
 int tern_cuda_gdn_supported(const tern_cuda_gdn_w *w) {
-    int sk, ks;
-    return step_threads(w, &sk, &ks) > 0;
+    step_plan p;
+    return plan_step(w, &p);
+}
+
+/* launch_pdl with the cluster dimension as well. */
+template <int KC, int KS, int SKT>
+static cudaError_t launch_step(const step_plan &p, int blocks, size_t smem, cudaStream_t s, gdn_args g) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(p.threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = p.csize;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
+    cfg.attrs = at;
+    cfg.numAttrs = 2;
+    return cudaLaunchKernelEx(&cfg, gdn_step_kernel<KC, KS, SKT>, g);
 }
 
 int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b, const float *a,
                        int T, float *conv_state, float *S, float *out, tern_stream s, tern_error *err) {
-    int r = w->nk > 0 ? w->nv / w->nk : 0, sk, ks;
-    int threads = step_threads(w, &sk, &ks);
-    if (!threads || T < 1)
+    step_plan p;
+    if (!plan_step(w, &p) || T < 1)
         return tern_fail(err, "gdn_step: heads %d/%d x %d/%d outside the kernel's shapes", w->nk, w->nv, w->dk, w->dv);
-    gdn_args g = {*w, qkv, z, b, a, conv_state, S, out, T, sk, ks};
-    size_t smem = (size_t)(2 * w->dk + 2 * r * w->dv + 3 * r) * sizeof(float);
-    gdn_step_kernel<<<w->nk, threads, smem, s>>>(g);
+    gdn_args g = {*w, qkv, z, b, a, conv_state, S, out, T, p.cw, p.nsl, p.ks, p.sk};
+    int nwarps = p.threads / 32;
+    size_t smem = (size_t)(4 + 2 * w->dk + p.cw + 2 * nwarps + 2 * p.csize * nwarps) * sizeof(float);
+    int blocks = w->nv * p.nsl;
+    cudaError_t e = w->conv_kernel == 4 && p.ks == 4 && p.sk == 32 ? launch_step<4, 4, 32>(p, blocks, smem, s, g)
+                                                                  : launch_step<0, 0, 0>(p, blocks, smem, s, g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tern_fail(err, "gdn_step: %s", cudaGetErrorString(e));
+    }
     return launch_check("gdn_step", err);
 }

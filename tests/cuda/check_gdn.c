@@ -181,6 +181,8 @@ static void gdn_case(checker *ck, gdn_dims g, int timed) {
 void check_gdn(checker *ck) {
     gdn_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 1);
     gdn_case(ck, (gdn_dims){16, 32, 128, 128, 4, 4}, 0);
+    gdn_case(ck, (gdn_dims){16, 32, 128, 128, 4, 8}, 1); /* the most tokens a decode step takes */
+    gdn_case(ck, (gdn_dims){4, 8, 64, 96, 4, 5}, 0);     /* clusters of 2 heads x 3 slices */
     gdn_case(ck, (gdn_dims){2, 4, 16, 16, 4, 3}, 0);     /* the tiny test models */
     gdn_case(ck, (gdn_dims){4, 4, 64, 32, 2, 2}, 0);     /* one value head per key head, kernel 2 */
 }
