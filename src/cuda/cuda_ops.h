@@ -268,8 +268,9 @@ typedef struct tern_cuda_gdn_w {
 } tern_cuda_gdn_w;
 
 /* The recurrent (token by token) Gated DeltaNet step for T tokens, from the
- * projections to the gated norm, in one kernel (one block per key head and
- * its value heads):
+ * projections to the gated norm, in one kernel (a block per value head and
+ * 32 of its columns; the blocks of a key head form a thread-block cluster
+ * that shares the conv state and the norm's sums; gdn.cu says more):
  *   conv1d (state: conv_state [conv_kernel - 1, conv_dim]) + SiLU,
  *   l2norm of q and k (q also * dk^-0.5), g = -exp(A_log) softplus(a +
  *   dt_bias), beta = sigmoid(b), the delta rule on S [nv, dk, dv] (fp32,
