@@ -713,11 +713,17 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
                  kind_traits<KIND_Q4>::QUANT && (kind == KIND_Q4 || kind == KIND_Q8) ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), *in, y};
     cudaStream_t st = (cudaStream_t)s;
-    /* TERN_GEMV1=regs or staged: that CUDA-core kernel instead of the
-     * tensor-core one (for comparisons) */
+    /* Which kernel (measured on the H200, docs/CUDA.md): below ~32 MB of
+     * weights the register tiles (all of a lane's loads issued at once, one
+     * wave) are as fast as any; above, q4 takes the tensor cores (the
+     * CUDA-core kernels are issue-bound at 4 bits) and q8 / 16-bit the
+     * staged CUDA-core kernel. TERN_GEMV1=regs|staged|mma forces one where
+     * it fits (for comparisons). */
     const char *v = getenv("TERN_GEMV1");
-    int regs = v && !strcmp(v, "regs"), staged = v && !strcmp(v, "staged");
-    if (!regs && !staged && gm_fits(kind, W)) {
+    size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
+    int big = bytes >= ((size_t)32 << 20);
+    int regs = v ? !strcmp(v, "regs") : !big, mma = v ? !strcmp(v, "mma") : big && kind == KIND_Q4;
+    if (!regs && mma && gm_fits(kind, W)) {
         cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
         if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
         return launch_check("gemv1", err);

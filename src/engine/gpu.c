@@ -44,9 +44,14 @@ int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature,
 #include "cpu/ops.h"
 #include "cuda/cuda_ops.h"
 
-/* Tokens per GPU forward piece: bounds every scratch buffer and the
- * prefill ops' workspaces (chunked DeltaNet, grouped experts). */
-#define PIECE 512
+/* Tokens per GPU forward piece (default; TERN_GPU_PIECE=N overrides, and
+ * a session's context caps it): bounds every scratch buffer and the
+ * prefill ops' workspaces (chunked DeltaNet, grouped experts). Longer
+ * pieces pay off twice: the dense weights are dequantized to f16 once per
+ * piece, and each expert's rows are read once per 64 of its tokens, which
+ * a short piece leaves mostly empty (512 tokens x 8 of 256 experts: 16
+ * rows an expert on average). Measured in docs/PERFORMANCE.md. */
+#define PIECE_DEFAULT 2048
 /* Rows of logits computed and copied back at a time (all_logits callers). */
 #define LOGIT_ROWS 64
 /* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
@@ -337,6 +342,7 @@ typedef struct gpu_session {
     int decode_ops;               /* NO_* bits */
     tern_graph graph;             /* the decode step, re-captured and updated each token */
     int use_graph;
+    int piece;                    /* tokens per forward piece */
     struct { int T, rows, n_plan; uintptr_t kv; } key;   /* what g->graph was captured for */
     const int *pos_dev;           /* during a capture: the step's position, read on the device */
     int n_plan;                   /* and the context the attention's splits are planned for */
@@ -366,10 +372,10 @@ static tern_cuda_attn_dims attn_dims(const tern_config *c) {
     return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
 }
 
-/* Activations and op outputs for pieces of up to PIECE tokens. */
+/* Activations and op outputs for pieces of up to g->piece tokens. */
 static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
-    size_t H = (size_t)c->hidden, P = PIECE, vd = (size_t)tern_cfg_gdn_value_dim(c);
+    size_t H = (size_t)c->hidden, P = (size_t)g->piece, vd = (size_t)tern_cfg_gdn_value_dim(c);
     size_t qrows = (size_t)c->n_heads * c->head_dim * 2, kvrow = (size_t)c->n_kv_heads * c->head_dim;
     g->x = dalloc(P * H + 4, &ok, err);
     g->xn = dalloc(P * H, &ok, err);
@@ -400,15 +406,15 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
 }
 
 /* The ops' workspaces: decode experts, split-K attention up to max_ctx,
- * the prefill ops for a PIECE, sampling over the vocabulary. */
+ * the prefill ops for a piece, sampling over the vocabulary. */
 static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, tern_error *err) {
     size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
     tern_cuda_attn_dims d = attn_dims(c);
     tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
                           NULL, NULL, NULL, NULL, c->norm_eps};
     g->att_bytes = tern_cuda_attention_workspace(&d, SUB, max_ctx);
-    g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, PIECE);
-    g->grouped_bytes = tern_cuda_moe_grouped_workspace(PIECE, c->top_k, c->n_experts, (int64_t)c->hidden,
+    g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, g->piece);
+    g->grouped_bytes = tern_cuda_moe_grouped_workspace(g->piece, c->top_k, c->n_experts, (int64_t)c->hidden,
                                                        c->expert_inter, c->shared_inter);
     if (!(g->moe_work = tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err)) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
@@ -419,11 +425,20 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
 }
 
 /* The switches read from the environment (gpu.h, docs/CUDA.md). */
-static int read_switches(gpu_session *g, tern_error *err) {
+static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
     const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
+    const char *pc = getenv("TERN_GPU_PIECE");
     g->use_graph = !(gr && !strcmp(gr, "0"));
-    g->sampling = gs && !strcmp(gs, "1");
+    g->sampling = !(gs && !strcmp(gs, "0"));
+    g->piece = PIECE_DEFAULT;
+    if (pc) {
+        char *end;
+        long v = strtol(pc, &end, 10);
+        if (*end || v < 16 || v > 65536) return tern_fail(err, "TERN_GPU_PIECE must be 16..65536 tokens (got '%s')", pc);
+        g->piece = (int)v;
+    }
+    if (max_ctx > 0 && g->piece > max_ctx) g->piece = max_ctx < 16 ? 16 : max_ctx;
     if (dop)
         g->decode_ops = (strstr(dop, "gemm") ? NO_GEMM : 0) | (strstr(dop, "attn") ? NO_ATTN : 0) |
                         (strstr(dop, "gdn") ? NO_GDN : 0) | (strstr(dop, "moe") ? NO_MOE : 0);
@@ -456,7 +471,7 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     gpu_session *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
     s->gpu = g;   /* tern_gpu_session_free releases whatever was allocated */
-    if (alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) || read_switches(g, err) ||
+    if (read_switches(g, s->max_ctx, err) || alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) ||
         !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
         return -1;
     return 0;
@@ -1015,8 +1030,9 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      tern_error *err) {
     size_t V = (size_t)s->m->cfg.vocab;
-    for (int done = 0; done < T; done += PIECE) {
-        int n = T - done < PIECE ? T - done : PIECE;
+    int P = ((gpu_session *)s->gpu)->piece;
+    for (int done = 0; done < T; done += P) {
+        int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
         if (piece(s, tokens + done, n, out, all_logits, 0, err) != 0) {
@@ -1033,8 +1049,9 @@ int tern_gpu_sampling_enabled(const tern_session *s) {
 }
 
 int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    for (int done = 0; done < T; done += PIECE) {
-        int n = T - done < PIECE ? T - done : PIECE;
+    int P = ((gpu_session *)s->gpu)->piece;
+    for (int done = 0; done < T; done += P) {
+        int n = T - done < P ? T - done : P;
         if (piece(s, tokens + done, n, NULL, 0, done + n == T, err) != 0) {
             s->broken = 1;
             return -1;
