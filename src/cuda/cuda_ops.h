@@ -136,6 +136,20 @@ int tern_cuda_gemv1_supported(const tern_mat *W);
  * previous kernel ends. */
 int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err);
 
+/* The router of the one-token path: logits = W xin as tern_cuda_gemv1,
+ * then, in the kernel's last block, tern_cuda_route's softmax / top-k /
+ * renormalisation of them into ids and wts (one launch instead of two).
+ * counter: a device unsigned int, zero before the first call (the kernel
+ * leaves it zero); n_experts = W.rows <= W.cols. */
+typedef struct tern_cuda_route_out {
+    int n_experts, top_k, renorm;
+    int32_t *ids;
+    float *wts;
+    unsigned *counter;
+} tern_cuda_route_out;
+int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
+                          const tern_cuda_route_out *route, tern_stream s, tern_error *err);
+
 /* ---- decode: the routed experts and the shared expert ------------------ */
 
 /* One part (gate, up or down) of an expert blob: byte offsets of q, scales

@@ -25,6 +25,7 @@
  *     the grid is at most the resident blocks, each warp walking row
  *     groups warp, warp + all warps, ...
  * cols <= 8192: the input lives in registers during the norm. */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +43,58 @@ typedef struct {
     size_t row_bytes;
     tern_cuda_vec_in in;
     float *y;
+    tern_cuda_route_out route;   /* counter NULL: no routing epilogue */
 } g1_args;
+
+/* The router's epilogue (one-token path): the block that finishes last
+ * (a counter, reset by that block for the next call) routes the logits
+ * y[0..E) as tern_cuda_route does: softmax, top-k (ties to the lower
+ * index), renormalised when asked. One warp; p: E floats of shared memory. */
+__device__ void g1_route(const g1_args &a, float *p) {
+    __shared__ int last;
+    __threadfence();   /* this block's rows are visible before it counts */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.route.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    int lane = threadIdx.x, E = a.route.n_experts, K = a.route.top_k;
+    float m = -FLT_MAX;
+    for (int e = lane; e < E; e += 32) {
+        p[e] = __ldcg(a.y + e);   /* other blocks' rows: from L2 */
+        m = fmaxf(m, p[e]);
+    }
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        p[e] = expf(p[e] - m);
+        sum += p[e];
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) p[e] /= sum;
+    __syncwarp();
+    float mine = 0.0f, total = 0.0f;
+    for (int r = 0; r < K; r++) {
+        float bv = -2.0f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > bv) { bv = p[e]; bi = e; }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == r) mine = bv;
+        if (lane == 0) a.route.ids[r] = bi;
+        total += bv;
+        __syncwarp();
+        if (lane == (bi & 31)) p[bi] = -1.0f;
+        __syncwarp();
+    }
+    if (lane < K) a.route.wts[lane] = a.route.renorm ? mine / total : mine;
+    if (lane == 0) *a.route.counter = 0;
+}
 
 template <int R, int U> struct g1_tile {
     uint4 raw[R][U];
@@ -225,6 +277,10 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
             }
         }
         if (more) cur = nxt;
+    }
+    if (a.route.counter) {
+        __syncthreads();   /* the input's shared memory becomes the epilogue's */
+        g1_route(a, (float *)g1_smem);
     }
 }
 
@@ -700,7 +756,8 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
     return g1_launch<KIND, 1, 1>(a, s);
 }
 
-int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err) {
+static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
+                 tern_stream s, tern_error *err) {
     if (!tern_cuda_gemv1_supported(W))
         return tern_fail(err, "gemv1: unsupported matrix (bits %d, dtype %d, %lldx%lld, group %d)", W->bits, W->dtype,
                          (long long)W->rows, (long long)W->cols, W->group);
@@ -711,7 +768,8 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind_traits<KIND_Q4>::QUANT && (kind == KIND_Q4 || kind == KIND_Q8) ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y};
+                 kind_row_bytes(kind, W->cols), *in, y, {}};
+    if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md): below ~32 MB of
      * weights the register tiles (all of a lane's loads issued at once, one
@@ -722,7 +780,7 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
     const char *v = getenv("TERN_GEMV1");
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
     int big = bytes >= ((size_t)32 << 20);
-    int regs = v ? !strcmp(v, "regs") : !big, mma = v ? !strcmp(v, "mma") : big && kind == KIND_Q4;
+    int regs = route || (v ? !strcmp(v, "regs") : !big), mma = v ? !strcmp(v, "mma") : big && kind == KIND_Q4;
     if (!regs && mma && gm_fits(kind, W)) {
         cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
         if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
@@ -739,4 +797,19 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
                                         : g1_pick<KIND_F16>(a, st);
     if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
     return launch_check("gemv1", err);
+}
+
+int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err) {
+    return gemv1(W, in, NULL, y, s, err);
+}
+
+int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
+                          const tern_cuda_route_out *route, tern_stream s, tern_error *err) {
+    if (!route || !route->counter || !route->ids || !route->wts)
+        return tern_fail(err, "gemv1_route: no counter or outputs");
+    if (route->n_experts != W->rows || route->n_experts > W->cols || route->top_k < 1 || route->top_k > 32 ||
+        route->top_k > route->n_experts)
+        return tern_fail(err, "gemv1_route: %d experts, top %d for a %lldx%lld router", route->n_experts,
+                         route->top_k, (long long)W->rows, (long long)W->cols);
+    return gemv1(W, in, route, logits, s, err);
 }

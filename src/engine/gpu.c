@@ -235,7 +235,8 @@ static int fuse_inputs(gpu_model *g, int n_layers, tern_error *err) {
 /* The one-token path takes each layer's stacked input projections, the
  * routers and the lm_head through tern_cuda_gemv1 (their inputs are norms). */
 static int one_token_fits(const gpu_model *g, const tern_config *c) {
-    if (!tern_cuda_gemv1_supported(&g->w.lm_head) || c->hidden % 4) return 0;
+    if (!tern_cuda_gemv1_supported(&g->w.lm_head) || c->hidden % 4 || c->n_experts > c->hidden || c->top_k > 32)
+        return 0;   /* (the fused router's epilogue routes in the input's shared memory) */
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &g->w.layers[l];
         if (!g->fused_in[l].m.data || !tern_cuda_gemv1_supported(&g->fused_in[l].m) ||
@@ -351,6 +352,7 @@ typedef struct gpu_session {
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
+    unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
     int sampling;                 /* TERN_GPU_SAMPLING=1 */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
@@ -399,6 +401,8 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
     g->d_id = (int32_t *)dalloc(1, &ok, err);
+    g->route_counters = (unsigned *)dalloc((size_t)c->n_layers, &ok, err);
+    if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
     g->host_x = malloc((P * H + 4) * sizeof(float));   /* + the position (see piece) */
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
     if (ok && (!g->host_x || !g->host_ids)) return tern_fail(err, "out of memory");
@@ -503,6 +507,7 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->d_id);
+    tern_cuda_free(g->route_counters);
     tern_cuda_free(g->gdn_work);
     tern_cuda_free(g->grouped_work);
     tern_cuda_graph_destroy(g->graph);
@@ -874,9 +879,8 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     gpu_session *g = s->gpu;
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
-    if (tern_cuda_gemv1(&w->router, &in, g->rlog, g->stream, err) ||
-        tern_cuda_route(g->rlog, 1, c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->stream, err))
-        return -1;
+    tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
+    if (tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err)) return -1;
     resid_taken(r);
     stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, 1, err)) return -1;

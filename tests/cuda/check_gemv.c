@@ -142,6 +142,58 @@ static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dt
     free_mat(&m);
 }
 
+/* tern_cuda_gemv1_route against tern_cuda_gemv1 + tern_cuda_route (each
+ * checked against its CPU twin above and in check_moe.c): the same logits,
+ * ids and weights, bit for bit (the same arithmetic in the same order);
+ * three calls in a row, so the counter's reset is exercised. */
+static void gemv1_route_case(checker *ck, int E, int64_t cols, int bits, int K, int renorm) {
+    test_mat m;
+    make_mat(ck, &m, E, cols, bits, 0, 64);
+    size_t n = (size_t)cols;
+    float *x = xmalloc(n * sizeof(float)), *w = xmalloc(n * sizeof(float));
+    rnd_floats(ck, x, n, 3.0f);
+    rnd_floats(ck, w, n, 0.2f);
+    float *dx = dev_upload(x, n * sizeof(float)), *dw = dev_upload(w, n * sizeof(float));
+    float *l1 = dev_poison((size_t)E), *l2 = dev_poison((size_t)E), *w1 = dev_poison((size_t)K), *w2 = dev_poison((size_t)K);
+    int32_t *i1 = dev_alloc((size_t)K * 4), *i2 = dev_alloc((size_t)K * 4);
+    unsigned zero = 0, *counter = dev_upload(&zero, sizeof zero);
+    tern_cuda_vec_in in = {dx, NULL, NULL, dw, 1, 1e-6f, NULL};
+    tern_cuda_route_out ro = {E, K, renorm, i2, w2, counter};
+    tern_error err;
+    if (tern_cuda_gemv1(&m.d, &in, l1, ck->stream, &err) ||
+        tern_cuda_route(l1, 1, E, K, renorm, i1, w1, ck->stream, &err))
+        die_err("gemv1 + route", &err);
+    long bad = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        if (tern_cuda_gemv1_route(&m.d, &in, l2, &ro, ck->stream, &err)) die_err("gemv1_route", &err);
+        dev_sync(ck, "gemv1_route");
+        float a[4096], b[4096], wa[32], wb[32];
+        int32_t ia[32], ib[32];
+        dev_download(a, l1, (size_t)E * 4);
+        dev_download(b, l2, (size_t)E * 4);
+        dev_download(wa, w1, (size_t)K * 4);
+        dev_download(wb, w2, (size_t)K * 4);
+        dev_download(ia, i1, (size_t)K * 4);
+        dev_download(ib, i2, (size_t)K * 4);
+        bad += memcmp(a, b, (size_t)E * 4) != 0;
+        bad += memcmp(wa, wb, (size_t)K * 4) != 0;
+        bad += memcmp(ia, ib, (size_t)K * 4) != 0;
+        /* poison the outputs between calls: each call must write them again */
+        if (tern_cuda_fill(i2, 0xff, (size_t)K * 4, ck->stream, &err) || tern_cuda_fill(w2, 0xff, (size_t)K * 4, ck->stream, &err))
+            die_err("fill", &err);
+    }
+    unsigned left;
+    dev_download(&left, counter, sizeof left);
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s %dx%lld top%d%s, 3 calls (logits, ids, weights, counter)", enc_name(bits, 0), E,
+             (long long)cols, K, renorm ? " renorm" : "");
+    report_exact(ck, "gemv1_route", shape, bad + (left != 0), 10);
+    tern_cuda_free(dx); tern_cuda_free(dw); tern_cuda_free(l1); tern_cuda_free(l2); tern_cuda_free(w1);
+    tern_cuda_free(w2); tern_cuda_free(i1); tern_cuda_free(i2); tern_cuda_free(counter);
+    free(x); free(w);
+    free_mat(&m);
+}
+
 void check_gemv(checker *ck) {
     /* the decode matrices: GDN in_proj_qkv / attention q_proj, out_proj /
      * o_proj, an expert's gate and down, k/v_proj, the lm_head */
@@ -183,4 +235,7 @@ void check_gemv(checker *ck) {
     gemv1_case(ck, 8064, 256, 4, 0, 64, 2, 0);   /* tern-tiny: 8 chunks a row */
     gemv1_case(ck, 256, 512, 8, 0, 32, 0, 0);
     gemv1_case(ck, 19, 96, 8, 0, 32, 2, 0);
+    gemv1_route_case(ck, 256, 2048, 4, 8, 1);
+    gemv1_route_case(ck, 256, 2048, 8, 8, 0);
+    gemv1_route_case(ck, 16, 256, 4, 4, 1);
 }
