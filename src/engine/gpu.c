@@ -46,12 +46,11 @@ int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature,
 
 /* Tokens per GPU forward piece (default; TERN_GPU_PIECE=N overrides, and
  * a session's context caps it): bounds every scratch buffer and the
- * prefill ops' workspaces (chunked DeltaNet, grouped experts). Longer
- * pieces pay off twice: the dense weights are dequantized to f16 once per
- * piece, and each expert's rows are read once per 64 of its tokens, which
- * a short piece leaves mostly empty (512 tokens x 8 of 256 experts: 16
- * rows an expert on average). Measured in docs/PERFORMANCE.md. */
-#define PIECE_DEFAULT 2048
+ * prefill ops' workspaces (chunked DeltaNet, grouped experts). Pieces of
+ * 2048 were expected to pay (the dense weights dequantized once per piece,
+ * fuller expert tiles) but measured the same as 512 (docs/PERFORMANCE.md),
+ * so the smaller buffers stay. */
+#define PIECE_DEFAULT 512
 /* Rows of logits computed and copied back at a time (all_logits callers). */
 #define LOGIT_ROWS 64
 /* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
