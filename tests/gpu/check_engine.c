@@ -310,9 +310,9 @@ int main(void) {
     }
     char *t8 = pack("models/tern-tiny", tmp, "tern-tiny", 8), *t4 = pack("models/tern-tiny", tmp, "tern-tiny", 4);
     compare("tern-tiny q8", t8, 16);
-    /* the pieces' boundaries: a 600-token prefill in pieces of 512 + 88 */
-    setenv("TERN_GPU_PIECE", "512", 1);
-    compare("tern-tiny q8 (pieces of 512)", t8, 16);
+    /* more pieces' boundaries: the 600-token prefill in six pieces of 100 */
+    setenv("TERN_GPU_PIECE", "100", 1);
+    compare("tern-tiny q8 (pieces of 100)", t8, 16);
     unsetenv("TERN_GPU_PIECE");
     /* 4-bit KV rows: CPU and GPU K/V agree to fp32 rounding, but a value on
      * a 4-bit rounding boundary then differs by a whole step (1/15 of its
