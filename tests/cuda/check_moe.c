@@ -77,7 +77,8 @@ typedef struct {
     int64_t H, I;
     int E, K, T, bits, group;
     int use_table;        /* experts through a device pointer table (else base + stride) */
-    int shared_kind;      /* 0 none, 8 q8, 16 bf16 */
+    int shared_kind;      /* 0 none, 4 q4, 8 q8, 16 bf16 */
+    int64_t Is;           /* the shared expert's intermediate size (0: I) */
 } moe_case;
 
 typedef struct {
@@ -142,11 +143,12 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     }
     test_mat sg_m, sh[3];
     tern_expert_w shd;
+    int64_t Is = c->Is ? c->Is : c->I;
     if (c->shared_kind) {
-        int bits = c->shared_kind == 8 ? 8 : 0;
-        make_mat(ck, &sh[0], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[1], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[2], c->H, c->I, bits, TERN_DTYPE_BF16, c->group);
+        int bits = c->shared_kind == 16 ? 0 : c->shared_kind;
+        make_mat(ck, &sh[0], Is, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[1], Is, c->H, bits, TERN_DTYPE_BF16, c->group);
+        make_mat(ck, &sh[2], c->H, Is, bits, TERN_DTYPE_BF16, c->group);
         make_mat(ck, &sg_m, 1, c->H, 8, 0, c->group);
         shd.gate = sh[0].d;
         shd.up = sh[1].d;
@@ -175,7 +177,7 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     }
     int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, (size_t)T * c->H * sizeof(float));
-    void *work = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
+    void *work = dev_alloc(tern_cuda_moe_workspace(T, K, Is > c->I ? Is : c->I));
     float *dout = dev_poison((size_t)T * c->H);
     tern_error err;
     const tern_expert_w *shp = c->shared_kind ? &shd : NULL;
@@ -183,10 +185,12 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     if (tern_cuda_moe(&ex, shp, sgp, dx, T, K, dids, dw, work, dout, ck->stream, &err)) die_err("moe", &err);
     dev_sync(ck, "moe");
     dev_download(got, dout, (size_t)T * c->H * sizeof(float));
-    char shape[96];
-    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d T=%d %s%s", c->bits, c->group, c->E, (long long)c->I,
-             (long long)c->H, K, T, c->use_table ? "table" : "base",
-             c->shared_kind == 8 ? "+sh q8" : c->shared_kind == 16 ? "+sh bf16" : "");
+    char shape[96], sis[24] = "";
+    if (Is != c->I) snprintf(sis, sizeof sis, " I=%lld", (long long)Is);
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d T=%d %s%s%s", c->bits, c->group, c->E,
+             (long long)c->I, (long long)c->H, K, T, c->use_table ? "table" : "base",
+             c->shared_kind == 4 ? "+sh q4" : c->shared_kind == 8 ? "+sh q8" : c->shared_kind == 16 ? "+sh bf16" : "",
+             sis);
     report(ck, "moe", shape, got, ref, (size_t)T * c->H, 1e-5);
     if (timed && ck->time) {
         /* 32 id sets: each rep reads other experts, like successive layers */
@@ -224,14 +228,30 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
 }
 
 void check_moe(checker *ck) {
-    moe_case real = {2048, 512, 256, 8, 1, 4, 64, 0, 8};
+    /* Qwen3.6 shapes, timed: the default pack (q4 experts, q8 shared), all
+     * q4 at T = 1 and T = 8 (an MTP verification), all q8 */
+    moe_case real = {2048, 512, 256, 8, 1, 4, 64, 0, 8, 0};
     moe_check(ck, &real, 1);
-    moe_case two = {2048, 512, 64, 8, 3, 4, 64, 1, 16};
+    moe_case q4 = {2048, 512, 256, 8, 1, 4, 64, 0, 4, 0};
+    moe_check(ck, &q4, 1);
+    moe_case q4t8 = {2048, 512, 256, 8, 8, 4, 64, 0, 4, 0};
+    moe_check(ck, &q4t8, 1);
+    moe_case q8g64 = {2048, 512, 128, 8, 1, 8, 64, 0, 8, 0};
+    moe_check(ck, &q8g64, 1);
+    moe_case two = {2048, 512, 64, 8, 3, 4, 64, 1, 16, 0};
     moe_check(ck, &two, 0);
-    moe_case q8 = {2048, 512, 16, 8, 2, 8, 32, 0, 0};
+    moe_case q8 = {2048, 512, 16, 8, 2, 8, 32, 0, 0, 0};
     moe_check(ck, &q8, 0);
-    moe_case odd = {256, 96, 12, 3, 2, 4, 32, 1, 8};
+    moe_case odd = {256, 96, 12, 3, 2, 4, 32, 1, 8, 0};
     moe_check(ck, &odd, 0);
+    /* beyond the down kernel's one-pass shapes: routed rows of 33 pieces of
+     * 32 (8 x 33 > 128 lanes), one row per block, a bf16 shared expert of
+     * 4200 (not a multiple of 32, over 128 pieces), and a wide hidden size */
+    moe_case big = {4160, 1056, 16, 8, 2, 8, 32, 1, 16, 4200};
+    moe_check(ck, &big, 0);
+    /* top 10 (more than 8 segments per token), groups of 128 */
+    moe_case wide = {512, 128, 20, 10, 3, 4, 128, 0, 4, 0};
+    moe_check(ck, &wide, 0);
 }
 
 /* ---- router ------------------------------------------------------------------ */
@@ -256,7 +276,22 @@ static void route_ref(float *probs, int E, int K, int renorm, int *idx, float *w
         for (int r = 0; r < K; r++) wt[r] /= sum;
 }
 
-static void route_case(checker *ck, int T, int E, int K) {
+typedef struct {
+    const float *logits;
+    int T, E, K;
+    int32_t *ids;
+    float *wts;
+    tern_stream s;
+} route_run;
+
+static void run_route(void *arg, int rep) {
+    route_run *r = arg;
+    tern_error err;
+    (void)rep;
+    if (tern_cuda_route(r->logits, r->T, r->E, r->K, 1, r->ids, r->wts, r->s, &err)) die_err("route", &err);
+}
+
+static void route_case(checker *ck, int T, int E, int K, int timed) {
     float *l = xmalloc((size_t)T * E * sizeof(float)), *p = xmalloc((size_t)T * E * sizeof(float));
     rnd_floats(ck, l, (size_t)T * E, 2.0f);
     memcpy(p, l, (size_t)T * E * sizeof(float));
@@ -278,6 +313,11 @@ static void route_case(checker *ck, int T, int E, int K) {
     report_exact(ck, "route", shape, bad, (long)T * K);
     snprintf(shape, sizeof shape, "%d experts top%d T=%d weights", E, K, T);
     report(ck, "route", shape, gw, wt, (size_t)T * K, 1e-5);
+    if (timed && ck->time) {
+        route_run r = {dl, T, E, K, di, dw, ck->stream};
+        snprintf(shape, sizeof shape, "%d experts top%d T=%d", E, K, T);
+        report_time(ck, "route", shape, time_op(ck, run_route, &r), (double)T * E * 4 + (double)T * K * 8);
+    }
     tern_cuda_free(dl);
     tern_cuda_free(dw);
     tern_cuda_free(di);
@@ -290,10 +330,13 @@ static void route_case(checker *ck, int T, int E, int K) {
 }
 
 void check_route(checker *ck) {
-    route_case(ck, 1, 256, 8);
-    route_case(ck, 7, 256, 8);
-    route_case(ck, 3, 16, 4);
-    route_case(ck, 2, 1000, 10);
+    route_case(ck, 1, 256, 8, 1);
+    route_case(ck, 8, 256, 8, 1);
+    route_case(ck, 7, 256, 8, 0);
+    route_case(ck, 3, 16, 4, 0);
+    route_case(ck, 2, 1000, 10, 0);
+    route_case(ck, 2, 4096, 32, 0);
+    route_case(ck, 1, 3, 3, 0);
 }
 
 /* ---- grouped by expert (prefill) ----------------------------------------------
