@@ -329,6 +329,9 @@ typedef struct stats {
     int n_marks, role[MAX_MARKS / 2];
     double ms[R_COUNT], busy_ms, span_ms, wall_ms;
     long tokens;
+    int graph;                    /* TERN_KERNEL_STATS=graph: whole captured steps, timed as one */
+    double graph_ms, graph_wall_ms;
+    long graph_steps;
 } stats;
 
 /* TERN_GPU_DECODE_OPS=gemm,attn,gdn,moe (any subset): prefill pieces run
@@ -449,6 +452,7 @@ static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     if (!(g->st = calloc(1, sizeof *g->st))) return tern_fail(err, "out of memory");
     if (!(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) return -1;
     g->st->n_marks = -1;
+    g->st->graph = !strcmp(ks, "graph");
     return 0;
 }
 
@@ -543,6 +547,11 @@ int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err)
 /* ---- kernel statistics ---------------------------------------------------- */
 
 static void print_stats(const stats *st) {
+    if (st->graph_steps)
+        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld one-token graph replays: GPU %.3f ms per token, host wall %.3f ms "
+                        "per token (the GPU busy %.0f %% of it)\n", st->graph_steps, st->graph_ms / st->graph_steps,
+                st->graph_wall_ms / st->graph_steps,
+                st->graph_wall_ms > 0 ? 100 * st->graph_ms / st->graph_wall_ms : 0.0);
     if (!st->tokens) return;
     double n = (double)st->tokens;
     fprintf(stderr, "\nTERN_KERNEL_STATS: %ld decode steps; GPU time per token by role:\n", st->tokens);
@@ -977,7 +986,11 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
         g->key.n_plan = n_plan;
         g->key.kv = kv;
     }
-    return tern_cuda_graph_launch(g->graph, g->stream, err);
+    stats *st = g->st && g->st->graph && T == 1 ? g->st : NULL;
+    if (st) tern_cuda_mark(st->marks, 0, g->stream);
+    int rc = tern_cuda_graph_launch(g->graph, g->stream, err);
+    if (st) tern_cuda_mark(st->marks, 1, g->stream);
+    return rc;
 }
 
 static double now_ms(void) {
@@ -1003,10 +1016,10 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     if (tern_cuda_sync(g->stream, err) ||
         tern_cuda_upload(g->x, g->host_x, ((size_t)T * H + 1) * sizeof(float), err))
         return -1;
-    if (g->st) g->st->n_marks = T == 1 ? 0 : -1;
+    if (g->st) g->st->n_marks = T == 1 && !g->st->graph ? 0 : -1;
     int rows = keep ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
-    int graph = small && g->use_graph && !g->st && !s->route_fn;
+    int graph = small && g->use_graph && (!g->st || g->st->graph) && !s->route_fn;
     int rc;
     if (graph) rc = replay_step(s, T, rows, err);
     else rc = small ? enqueue_step(s, T, rows, err) : layers(s, T, err);
@@ -1025,6 +1038,11 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err))
         return -1;
     if (g->st && g->st->n_marks > 0) collect(g->st, now_ms() - t0);
+    if (g->st && g->st->graph && graph && T == 1) {
+        g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
+        g->st->graph_wall_ms += now_ms() - t0;
+        g->st->graph_steps++;
+    }
     s->has_hidden = 1;
     s->pos += T;
     return 0;
