@@ -1,152 +1,395 @@
 /* Attention of the query heads over the quantized KV cache, split-K
  * ("flash-decoding"): decode has one query per head, so parallelism comes
- * from the positions. The context is cut into splits; block (split, KV
- * head, token) scores its positions for up to 8 query heads that share the
- * KV head (GQA: each K/V row is read once for all of them), keeps the
- * split's max and exp-sum, and writes its unnormalised output; a second
- * kernel merges the splits (log-sum-exp) and applies the output gate.
+ * from the positions. The context is cut into splits; block (split, query
+ * group, token) runs its split for up to Q query heads that share a KV
+ * head (GQA: each K/V row is read once for all of them) and writes the
+ * split's max, exp-sum and unnormalised output; a second kernel merges the
+ * splits (log-sum-exp) and applies the output gate.
  *
- * Layout of the work area: [T][n_heads][n_splits] records of head_dim + 2
- * floats: max, sum, output.
+ * The split kernel (v2). v1 scored the split into shared memory, then a
+ * thread per dimension walked the rows serially for V: a chain of
+ * dependent row loads, ~0.7 TB/s at 32 K. Now each warp streams its own
+ * chunks of R rows (chunk c of the split goes to warp c % W) through a
+ * pipeline of S stages in shared memory filled by cp.async (K, V and their
+ * scales; 2-3 chunks in flight per warp, no registers held by them), with
+ * an online softmax per warp:
+ *   - a lane owns 8 dimensions of a row (CPL = 2 pieces of 8 at head_dim
+ *     > 256), keeps the Q queries' values of them in registers and
+ *     accumulates the Q outputs of them in registers;
+ *   - scores: each lane computes partial dots for R x Q = 32 (row, query)
+ *     pairs, then a reduce-scatter over the warp (16 + 8 + 4 + 2 + 1
+ *     shuffles, no selects: lane l's register slot k holds pair k ^ l,
+ *     which it gets by loading query (i ^ l % Q) and row (r ^ l / Q)
+ *     into slot (r, i)) leaves lane l with the full score of pair l;
+ *   - the chunk's probabilities and the queries' rescale factors go
+ *     through shared memory to every lane for the weighted sum of V.
+ * At the end the warps' (max, sum, output) are merged in a fixed order in
+ * shared memory (no atomics: results do not depend on timing).
+ * H200, 16 query / 2 KV heads x 256, T = 1, split + combine per call:
+ * 16-bit KV 94 -> 37 us at 32 K (1.8 TB/s), 18 -> 8 us at 1000; 8/4-bit
+ * 100 -> 55 us at 32 K, 17 -> 11 us at 1000 (not DRAM-bound: apparently
+ * the FP32 work of 8 queries per K/V value and the dequantization). Six
+ * stages, or four planned blocks per SM, measured slower.
+ *
+ * Splits: their count ns is planned on the host from n_plan (about two
+ * blocks per SM, at least 32 positions a split); their length sl is
+ * computed on the device from the actual context (pos_dev), so a step
+ * captured for a longer plan still spreads its positions over all the
+ * blocks; splits past the context exit at once and are not merged.
+ *
+ * Layout of the work area: outputs [T][n_heads][ns][head_dim] floats, then
+ * stats [T][n_heads][ns][2] (max, sum).
  *
  * With T > 1 (a chunk of prefill tokens already in the cache) token t sees
- * positions < pos0 + t + 1: correct but re-reads K and V per token (v1). */
+ * positions < pos0 + t + 1: correct but re-reads K and V per token.
+ *
+ * Both kernels are launched with programmatic dependent launch: they wait
+ * (pdl_wait) before their first read and let the next kernel launch
+ * (pdl_trigger) right after it. */
 #include <float.h>
 
 #include "cuda/common.cuh"
 
-#define MAXQ 8            /* query heads per block */
-#define ATT_THREADS 256
+#define ATT_W 4           /* warps per split block */
+#define ATT_GRAN 32       /* split lengths: multiples of this, at least this */
+#define ATT_BLOCKS_PER_SM 2   /* resident (~220 registers a thread) */
+#ifndef ATT_PLAN_PER_SM
+#define ATT_PLAN_PER_SM 2     /* blocks planned per SM */
+#endif
+#ifndef ATT_STAGES
+#define ATT_STAGES 4          /* pipeline stages per warp up to head_dim 256 */
+#endif
 
-/* Split policy: at least 32 positions a split, at most 256 splits until the
- * splits reach 1024 positions (their scores live in shared memory). */
-static int split_len(int n) {
-    int sl = (n + 255) / 256;
-    sl = (sl + 31) / 32 * 32;
-    if (sl < 32) sl = 32;
-    if (sl > 1024) sl = 1024;
-    return sl;
+template <int CPL> struct att_cfg {
+    enum {
+        Q = 8 / CPL,                  /* query heads per block */
+        R = 32 / Q,                   /* rows per chunk: R x Q = 32 pairs, one per lane */
+        S = CPL == 1 ? ATT_STAGES : 2, /* pipeline stages per warp */
+    };
+};
+
+/* Split length for a context of n positions cut into at most ns splits;
+ * the host plans ns, both kernels derive sl and the splits used. */
+__host__ __device__ static inline int att_split_len(int n, int ns) {
+    int sl = (n + ns - 1) / ns;
+    sl = (sl + ATT_GRAN - 1) / ATT_GRAN * ATT_GRAN;
+    return sl < ATT_GRAN ? ATT_GRAN : sl;
 }
 
+/* ---- cp.async -------------------------------------------------------------- */
+/* N bytes (4, 8 or 16, both addresses N-aligned) global -> shared; !ok
+ * writes zeros and reads nothing. */
+template <int N> __device__ __forceinline__ void cp_async(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    int sz = ok ? N : 0;
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(sz) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(N), "r"(sz) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
+/* ---- the split kernel ------------------------------------------------------ */
 
-template <int BITS, bool ALIGNED>
-__global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg,
-                                                                 const uint8_t *kc, const uint8_t *vc, int pos0,
-                                                                 const int *pos_dev, int sl, int ns, int tpp,
-                                                                 float scale, float *part) {
-    extern __shared__ float sm[];
-    int hd = dm.head_dim, G = dm.n_heads / dm.n_kv, ngq = (G + MAXQ - 1) / MAXQ;
-    int split = blockIdx.x, kvh = blockIdx.y / ngq, t = blockIdx.z;
-    int h0 = kvh * G + (blockIdx.y % ngq) * MAXQ, nq = min(MAXQ, kvh * G + G - h0);
-    if (pos_dev) pos0 = *pos_dev;
-    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));   /* splits past n are empty */
-    float *qs = sm, *sc = sm + MAXQ * hd;
-    float *stat = sc + MAXQ * sl;                        /* [MAXQ][2]: max, sum */
-    for (int i = threadIdx.x; i < nq * hd; i += blockDim.x)
-        qs[i] = qg[((size_t)t * dm.n_heads + h0 + i / hd) * 2 * hd + i % hd];
-    __syncthreads();
-    int first = kvh * hd;                                /* the head's first value in a row */
-    /* scores: tpp threads per position, thread `sub` taking the 8-value
-     * pieces sub, sub + tpp, ... (interleaved: the tpp threads read 8 * tpp
-     * consecutive values of the row and of each query; contiguous slices
-     * 32 values apart put all eight on the same shared-memory banks and ran
-     * 1.8x slower than v1 at 32 K), then a shuffle sum. v1 had a thread per
-     * position: a 32-position split ran in one warp. */
-    int sub = threadIdx.x % tpp, per_pass = blockDim.x / tpp;
-    for (int jb = 0; jb < len; jb += per_pass) {
-        int jj = jb + threadIdx.x / tpp;
-        float acc[MAXQ];
+/* Shared memory of a stage row: K values, V values (vb bytes each: the
+ * head's slice), K and V scale/bias regions (sbb bytes each: the row's
+ * whole region, 8/4 bits), padded to 128 bytes so the lanes reading
+ * different rows (the score slots) hit different banks. */
+struct att_geom {
+    int vb, sbb, rowst;
+};
+__host__ __device__ static inline att_geom att_geom_of(int hd, int bits, int n_groups) {
+    att_geom g;
+    g.vb = (hd * bits / 8 + 15) / 16 * 16;
+    g.sbb = bits == 16 ? 0 : (4 * n_groups + 15) / 16 * 16;
+    g.rowst = (2 * g.vb + 2 * g.sbb + 127) / 128 * 128;
+    return g;
+}
+
+/* Copies chunk c of the split (rows j0 + c R ..; rows at or past len as
+ * zeros) into a stage: each lane its 8-value pieces of the head slice of
+ * K and V, the lanes together the rows' scale/bias regions. ALIGNED: by
+ * cp.async (one commit group per stage, committed by the caller); else by
+ * plain loads (tiny test rows whose pieces are not aligned). */
+template <int BITS, bool ALIGNED, int CPL>
+__device__ __forceinline__ void att_issue(uint8_t *st, const att_geom &gm, const kv_layout &L, const uint8_t *kc,
+                                          const uint8_t *vc, int j0, int c, int len, int first, int C, int lane) {
+    constexpr int R = att_cfg<CPL>::R;
 #pragma unroll
-        for (int i = 0; i < MAXQ; i++) acc[i] = 0.0f;
-        if (jj < len) {
-            const uint8_t *row = kc + (size_t)(j0 + jj) * L.row_bytes;
-            const uint8_t *vals = row + (size_t)first * BITS / 8;
-            const uint16_t *sb = (const uint16_t *)(row + L.q_bytes);
-#pragma unroll 4
-            for (int d = sub * 8; d < hd; d += tpp * 8) {
-                float kv[8];
-                kv_load8<BITS>(vals, d, ALIGNED, kv);
-                if (BITS != 16) {
-                    int g = (first + d) / L.group;
-                    float ks = h2f(sb[g]), b = h2f(sb[L.n_groups + g]);
+    for (int r = 0; r < R; r++) {
+        int jj = c * R + r;
+        bool ok = jj < len;
+        size_t ro = (size_t)(j0 + (ok ? jj : 0)) * L.row_bytes;
+        const uint8_t *kr = kc + ro, *vr = vc + ro;
+        uint8_t *dst = st + (size_t)r * gm.rowst;
 #pragma unroll
-                    for (int e = 0; e < 8; e++) kv[e] = fmaf(kv[e], ks, b);
-                }
+        for (int cc = 0; cc < CPL; cc++) {
+            int ch = lane + 32 * cc;
+            if (ch < C) {
+                size_t off = (size_t)(first + 8 * ch) * BITS / 8;   /* BITS bytes a piece */
+                if (ALIGNED) {
+                    cp_async<BITS>(dst + ch * BITS, kr + off, ok);
+                    cp_async<BITS>(dst + gm.vb + ch * BITS, vr + off, ok);
+                } else {
 #pragma unroll
-                for (int i = 0; i < MAXQ; i++) {
-                    if (i < nq) {
-                        float4 a = *(const float4 *)(qs + i * hd + d), c = *(const float4 *)(qs + i * hd + d + 4);
-                        acc[i] += a.x * kv[0] + a.y * kv[1] + a.z * kv[2] + a.w * kv[3] + c.x * kv[4] + c.y * kv[5] +
-                                  c.z * kv[6] + c.w * kv[7];
+                    for (int b = 0; b < BITS; b++) {
+                        dst[ch * BITS + b] = ok ? kr[off + b] : 0;
+                        dst[gm.vb + ch * BITS + b] = ok ? vr[off + b] : 0;
                     }
                 }
             }
         }
-#pragma unroll
-        for (int i = 0; i < MAXQ; i++) acc[i] = group_sum(acc[i], tpp);
-        if (jj < len && sub == 0)
-#pragma unroll
-            for (int i = 0; i < MAXQ; i++)
-                if (i < nq) sc[i * sl + jj] = acc[i] * scale;
-    }
-    __syncthreads();
-    /* per query (one warp each): the split's max, exp and sum */
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < nq) {
-        float m = -FLT_MAX;
-        for (int jj = lane; jj < len; jj += 32) m = fmaxf(m, sc[warp * sl + jj]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int jj = lane; jj < len; jj += 32) {
-            float p = expf(sc[warp * sl + jj] - m);
-            sc[warp * sl + jj] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) { stat[2 * warp] = len ? m : -INFINITY; stat[2 * warp + 1] = l; }
-    }
-    __syncthreads();
-    /* weighted sum of V: a thread per dimension; its byte offset, nibble
-     * and group are the same in every row */
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        int e = first + d, g = BITS == 16 ? 0 : e / L.group, sh = BITS == 4 ? 4 * (e & 1) : 0;
-        size_t off = BITS == 16 ? 2 * (size_t)e : BITS == 8 ? (size_t)e : (size_t)e / 2;
-        const uint8_t *vrow = vc + (size_t)j0 * L.row_bytes;
-        float o[MAXQ];
-#pragma unroll
-        for (int i = 0; i < MAXQ; i++) o[i] = 0.0f;
-#pragma unroll 4
-        for (int jj = 0; jj < len; jj++) {
-            const uint8_t *rp = vrow + (size_t)jj * L.row_bytes;
-            float v;
-            if (BITS == 16) {
-                v = h2f(*(const uint16_t *)(rp + off));
+        if (BITS != 16) {
+            uint8_t *ks = dst + 2 * gm.vb, *vs = ks + gm.sbb;
+            if (ALIGNED) {   /* the region: n_groups 4-byte pieces, 4-aligned with the rows */
+                for (int p = lane; p < L.n_groups; p += 32) {
+                    cp_async<4>(ks + 4 * p, kr + L.q_bytes + 4 * p, ok);
+                    cp_async<4>(vs + 4 * p, vr + L.q_bytes + 4 * p, ok);
+                }
             } else {
-                const uint16_t *sb = (const uint16_t *)(rp + L.q_bytes);
-                float q = (float)((rp[off] >> sh) & (BITS == 8 ? 255 : 15));
-                v = fmaf(q, h2f(sb[g]), h2f(sb[L.n_groups + g]));
+                for (int p = lane; p < 2 * L.n_groups; p += 32) {
+                    ((uint16_t *)ks)[p] = ok ? ((const uint16_t *)(kr + L.q_bytes))[p] : 0;
+                    ((uint16_t *)vs)[p] = ok ? ((const uint16_t *)(vr + L.q_bytes))[p] : 0;
+                }
             }
-#pragma unroll
-            for (int i = 0; i < MAXQ; i++)
-                if (i < nq) o[i] = fmaf(sc[i * sl + jj], v, o[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < MAXQ; i++) {
-            if (i >= nq) continue;
-            float *rec = part + (((size_t)t * dm.n_heads + h0 + i) * ns + split) * (hd + 2);
-            rec[2 + d] = o[i];
-            if (d == 0) { rec[0] = stat[2 * i]; rec[1] = stat[2 * i + 1]; }
         }
     }
 }
 
-/* Merges the splits of head h, token t: o = sum_s e^{m_s - M} o_s / sum_s
- * e^{m_s - M} l_s, times sigmoid(gate). Block (h, t, dims/64): the split
- * weights e^{m_s - M} are computed once into shared memory (v1 recomputed
- * them per dimension, serially per thread: 16 blocks, most of the 131 us
- * at 32 K context), then each thread sums one dimension over the splits. */
+/* Values 8 ch .. 8 ch + 7 of a staged row slice (vals), dequantized with
+ * the staged scale/bias region sb (8/4 bits); zeros for ch >= C. */
+template <int BITS>
+__device__ __forceinline__ void att_piece(const uint8_t *vals, const uint8_t *sb, const kv_layout &L, int first,
+                                          int ch, int C, float (&v)[8]) {
+    if (ch < C) {
+        kv_load8<BITS>(vals, 8 * ch, true, v);
+        if (BITS != 16) {
+            int g = (first + 8 * ch) / L.group;
+            float s = h2f(((const uint16_t *)sb)[g]), b = h2f(((const uint16_t *)sb)[L.n_groups + g]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = fmaf(v[e], s, b);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = 0.0f;
+    }
+}
+
+/* One reduce-scatter step: slots [0, H) += the partner's (lane ^ H) slots
+ * [H, 2H). */
+template <int H> __device__ __forceinline__ void rs_step(float (&v)[32]) {
+#pragma unroll
+    for (int j = 0; j < H; j++) v[j] += __shfl_xor_sync(0xffffffffu, v[j + H], H);
+}
+
+template <int BITS, bool ALIGNED, int CPL>
+__global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
+    attn_split_kernel(tern_cuda_attn_dims dm, kv_layout L, att_geom gm, const float *qg, const uint8_t *kc,
+                      const uint8_t *vc, int pos0, const int *pos_dev, int T, int ns, float scale, float *part) {
+    constexpr int Q = att_cfg<CPL>::Q, R = att_cfg<CPL>::R, S = att_cfg<CPL>::S;
+    extern __shared__ __align__(16) uint8_t smem[];
+    pdl_wait();      /* q and the current rows come from attn_prep */
+    pdl_trigger();
+    if (pos_dev) pos0 = *pos_dev;
+    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
+    int split = blockIdx.x;
+    if (split >= used) return;   /* past the context: not merged */
+    int hd = dm.head_dim, nh = dm.n_heads, G = nh / dm.n_kv, ngq = (G + Q - 1) / Q;
+    int kvh = blockIdx.y / ngq, t = blockIdx.z;
+    int h0 = kvh * G + (blockIdx.y % ngq) * Q, nq = min(Q, kvh * G + G - h0);
+    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int first = kvh * hd, C = hd / 8;   /* the head's first value in a row; 8-value pieces */
+    int stage_bytes = R * gm.rowst;
+    uint8_t *wst = smem + (size_t)warp * S * stage_bytes;
+    size_t stage_all = (size_t)ATT_W * S * stage_bytes, merge_all = (size_t)ATT_W * Q * hd * sizeof(float);
+    float *xb = (float *)(smem + (stage_all > merge_all ? stage_all : merge_all)) + warp * (32 + Q);
+    int nchunks = (len + R - 1) / R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
+
+    /* the first S - 1 chunks in flight before anything else */
+#pragma unroll
+    for (int k = 0; k < S - 1; k++) {
+        if (k < mine) att_issue<BITS, ALIGNED, CPL>(wst + k * stage_bytes, gm, L, kc, vc, j0, warp + k * ATT_W, len,
+                                                    first, C, lane);
+        cp_async_commit();
+    }
+
+    /* the queries: slot i holds query i ^ ix (see the top) */
+    int ix = lane & (Q - 1), rx = lane / Q;
+    float qr[Q][CPL * 8];
+#pragma unroll
+    for (int i = 0; i < Q; i++) {
+        int qi = i ^ ix;
+#pragma unroll
+        for (int cc = 0; cc < CPL; cc++) {
+            int ch = lane + 32 * cc;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+            if (qi < nq && ch < C) {
+                const float4 *qp = (const float4 *)(qg + ((size_t)t * nh + h0 + qi) * 2 * hd + 8 * ch);
+                a = qp[0];
+                b = qp[1];
+            }
+            qr[i][cc * 8 + 0] = a.x; qr[i][cc * 8 + 1] = a.y; qr[i][cc * 8 + 2] = a.z; qr[i][cc * 8 + 3] = a.w;
+            qr[i][cc * 8 + 4] = b.x; qr[i][cc * 8 + 5] = b.y; qr[i][cc * 8 + 6] = b.z; qr[i][cc * 8 + 7] = b.w;
+        }
+    }
+    float o[Q][CPL * 8];
+#pragma unroll
+    for (int i = 0; i < Q; i++)
+#pragma unroll
+        for (int e = 0; e < CPL * 8; e++) o[i][e] = 0.0f;
+    float m = -INFINITY, lsum = 0.0f;   /* this lane's query ix: running max, its rows' exp-sum */
+
+    for (int k = 0; k < mine; k++) {
+        if (k + S - 1 < mine)
+            att_issue<BITS, ALIGNED, CPL>(wst + ((k + S - 1) % S) * stage_bytes, gm, L, kc, vc, j0,
+                                          warp + (k + S - 1) * ATT_W, len, first, C, lane);
+        cp_async_commit();
+        cp_async_wait<S - 1>();   /* this lane's copies of chunk k */
+        __syncwarp();             /* and everyone's */
+        const uint8_t *st = wst + (k % S) * stage_bytes;
+        int nr = min(R, len - (warp + k * ATT_W) * R);   /* rows of the chunk in the context, >= 1 */
+
+        /* partial scores of slot (r, i) = pair ((r ^ rx), (i ^ ix)) */
+        float v[32];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = st + (size_t)(r ^ rx) * gm.rowst;
+            float kf[CPL][8];
+#pragma unroll
+            for (int cc = 0; cc < CPL; cc++) att_piece<BITS>(row, row + 2 * gm.vb, L, first, lane + 32 * cc, C, kf[cc]);
+#pragma unroll
+            for (int i = 0; i < Q; i++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int cc = 0; cc < CPL; cc++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) a = fmaf(qr[i][cc * 8 + e], kf[cc][e], a);
+                v[r * Q + i] = a;
+            }
+        }
+        /* reduce-scatter: slot k of lane l holds pair k ^ l; at each step
+         * keep the lower half, add the partner's copy of it */
+        rs_step<16>(v);
+        rs_step<8>(v);
+        rs_step<4>(v);
+        rs_step<2>(v);
+        rs_step<1>(v);
+        /* lane l: row rx, query ix */
+        float s = rx < nr ? v[0] * scale : -INFINITY;
+        float cm = s;
+#pragma unroll
+        for (int off = Q; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+        float mn = fmaxf(m, cm);   /* finite: row 0 is in the context */
+        float alpha = expf(m - mn), p = expf(s - mn);
+        lsum = fmaf(lsum, alpha, p);
+        m = mn;
+        bool rescale = __any_sync(0xffffffffu, alpha != 1.0f);
+        xb[lane] = p;                       /* [R][Q] */
+        if (lane < Q) xb[32 + lane] = alpha;
+        __syncwarp();
+        if (rescale) {
+#pragma unroll
+            for (int i = 0; i < Q; i++) {
+                float a = xb[32 + i];
+#pragma unroll
+                for (int e = 0; e < CPL * 8; e++) o[i][e] *= a;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < nr) {
+                const uint8_t *row = st + (size_t)r * gm.rowst;
+                float vf[CPL][8];
+#pragma unroll
+                for (int cc = 0; cc < CPL; cc++)
+                    att_piece<BITS>(row + gm.vb, row + 2 * gm.vb + gm.sbb, L, first, lane + 32 * cc, C, vf[cc]);
+                float pr[Q];
+#pragma unroll
+                for (int i = 0; i < Q; i += 4) {
+                    float4 a = *(const float4 *)(xb + r * Q + i);
+                    pr[i] = a.x; pr[i + 1] = a.y; pr[i + 2] = a.z; pr[i + 3] = a.w;
+                }
+#pragma unroll
+                for (int i = 0; i < Q; i++)
+#pragma unroll
+                    for (int cc = 0; cc < CPL; cc++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) o[i][cc * 8 + e] = fmaf(pr[i], vf[cc][e], o[i][cc * 8 + e]);
+            }
+        }
+        __syncwarp();   /* the stage and xb are rewritten next */
+    }
+#pragma unroll
+    for (int off = Q; off < 32; off <<= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
+
+    /* merge the warps in shared memory (the stages are free now) */
+    cp_async_wait<0>();
+    __syncthreads();
+    float *mo = (float *)smem;   /* [W][Q][hd] */
+    float *wm = (float *)(smem + (stage_all > merge_all ? stage_all : merge_all)) + ATT_W * (32 + Q);
+    float *wl = wm + ATT_W * Q, *wgt = wl + ATT_W * Q, *tot = wgt + ATT_W * Q;   /* [W][Q] x3, [Q][2] */
+#pragma unroll
+    for (int i = 0; i < Q; i++)
+#pragma unroll
+        for (int cc = 0; cc < CPL; cc++) {
+            int ch = lane + 32 * cc;
+            if (ch < C) {
+                float4 *dst = (float4 *)(mo + ((size_t)warp * Q + i) * hd + 8 * ch);
+                dst[0] = make_float4(o[i][cc * 8 + 0], o[i][cc * 8 + 1], o[i][cc * 8 + 2], o[i][cc * 8 + 3]);
+                dst[1] = make_float4(o[i][cc * 8 + 4], o[i][cc * 8 + 5], o[i][cc * 8 + 6], o[i][cc * 8 + 7]);
+            }
+        }
+    if (lane < Q) {   /* lanes 0 .. Q-1: row 0, query lane */
+        wm[warp * Q + lane] = m;
+        wl[warp * Q + lane] = lsum;
+    }
+    __syncthreads();
+    if (threadIdx.x < Q) {
+        int i = threadIdx.x;
+        float M = -INFINITY, l = 0.0f;
+        for (int w = 0; w < ATT_W; w++) M = fmaxf(M, wm[w * Q + i]);
+        for (int w = 0; w < ATT_W; w++) {
+            float mw = wm[w * Q + i], a = mw > -INFINITY ? expf(mw - M) : 0.0f;
+            wgt[w * Q + i] = a;
+            l = fmaf(a, wl[w * Q + i], l);
+        }
+        tot[2 * i] = M;
+        tot[2 * i + 1] = l;
+    }
+    __syncthreads();
+    size_t rec0 = ((size_t)t * nh + h0) * ns + split;   /* record of query 0; query i: + i * ns */
+    float *po = part, *pml = part + (size_t)T * nh * ns * hd;
+    int hd4 = hd / 4;
+    for (int it = threadIdx.x; it < nq * hd4; it += blockDim.x) {
+        int i = it / hd4, d = (it - i * hd4) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < ATT_W; w++) {
+            float a = wgt[w * Q + i];
+            float4 x = *(const float4 *)(mo + ((size_t)w * Q + i) * hd + d);
+            acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
+            acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
+        }
+        size_t rec = rec0 + (size_t)i * ns;
+        *(float4 *)(po + rec * hd + d) = acc;
+        if (d == 0) {
+            pml[2 * rec] = tot[2 * i];
+            pml[2 * rec + 1] = tot[2 * i + 1];
+        }
+    }
+}
+
+/* ---- the merge of the splits ----------------------------------------------- */
+/* o = sum_s e^{m_s - M} o_s / sum_s e^{m_s - M} l_s, times sigmoid(gate),
+ * for head h, token t, dims z * 64 ..: the weights e^{m_s - M} once into
+ * shared memory, then warp w sums splits w, w + 8, ... (a lane 2 dims) and
+ * the warps' sums are added in order. */
 #define COMBINE_DIMS 64
+#define COMBINE_THREADS 256
 
 __device__ float block_reduce(float v, float *red, bool is_max) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -159,97 +402,153 @@ __device__ float block_reduce(float v, float *red, bool is_max) {
     return r;
 }
 
-__global__ void attn_combine_kernel(tern_cuda_attn_dims dm, const float *qg, const float *part, int ns, float *o) {
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    attn_combine_kernel(tern_cuda_attn_dims dm, const float *qg, const float *part, int pos0, const int *pos_dev, int T,
+                        int ns, float *o) {
     extern __shared__ float w[];   /* [ns] */
     __shared__ float red[32];
-    int h = blockIdx.x, t = blockIdx.y, hd = dm.head_dim;
-    const float *rec = part + ((size_t)t * dm.n_heads + h) * ns * (hd + 2);
+    __shared__ float2 sum[COMBINE_THREADS / 32][32];
+    pdl_wait();   /* the splits' records */
+    pdl_trigger();
+    if (pos_dev) pos0 = *pos_dev;
+    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
+    int h = blockIdx.x, t = blockIdx.y, hd = dm.head_dim, nh = dm.n_heads;
+    size_t rec0 = ((size_t)t * nh + h) * ns;
+    const float *ml = part + (size_t)T * nh * ns * hd + 2 * rec0;
     float M = -INFINITY;
-    for (int s = threadIdx.x; s < ns; s += blockDim.x) M = fmaxf(M, rec[(size_t)s * (hd + 2)]);
+    for (int s = threadIdx.x; s < used; s += blockDim.x) M = fmaxf(M, ml[2 * s]);
     M = block_reduce(M, red, true);
     float L = 0.0f;
-    for (int s = threadIdx.x; s < ns; s += blockDim.x) {
-        float m = rec[(size_t)s * (hd + 2)];
+    for (int s = threadIdx.x; s < used; s += blockDim.x) {
+        float m = ml[2 * s];
         w[s] = m > -INFINITY ? expf(m - M) : 0.0f;
-        L += w[s] * rec[(size_t)s * (hd + 2) + 1];
+        L += w[s] * ml[2 * s + 1];
     }
     L = block_reduce(L, red, false);   /* its barriers also publish w[] */
-    int d = blockIdx.z * COMBINE_DIMS + threadIdx.x;
-    if (d >= hd) return;
-    const float *gate = qg + ((size_t)t * dm.n_heads + h) * 2 * hd + hd;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < ns; s++) acc += w[s] * rec[(size_t)s * (hd + 2) + 2 + d];
-    o[((size_t)t * dm.n_heads + h) * hd + d] = acc / L * sigmoid_f(gate[d]);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, d = blockIdx.z * COMBINE_DIMS + 2 * lane;
+    float2 acc = make_float2(0.f, 0.f);
+    if (d < hd) {
+        const float *po = part + rec0 * hd + d;
+#pragma unroll 4
+        for (int s = warp; s < used; s += COMBINE_THREADS / 32) {
+            float2 x = *(const float2 *)(po + (size_t)s * hd);
+            acc.x = fmaf(w[s], x.x, acc.x);
+            acc.y = fmaf(w[s], x.y, acc.y);
+        }
+    }
+    sum[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && d < hd) {
+        for (int i = 1; i < COMBINE_THREADS / 32; i++) {
+            acc.x += sum[i][lane].x;
+            acc.y += sum[i][lane].y;
+        }
+        const float *gate = qg + ((size_t)t * nh + h) * 2 * hd + hd + d;
+        float2 r = make_float2(acc.x / L * sigmoid_f(gate[0]), acc.y / L * sigmoid_f(gate[1]));
+        *(float2 *)(o + ((size_t)t * nh + h) * hd + d) = r;
+    }
 }
 
-static int n_splits(int n) {
-    int sl = split_len(n);
-    return (n + sl - 1) / sl;
+/* ---- planning and launch --------------------------------------------------- */
+
+static int att_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+        n = v > 0 ? v : 1;
+    }
+    return n;
 }
 
-/* The most splits any context up to n takes: split_len keeps a context of
- * n <= 256 * 1024 within 256 splits (and n / 32), longer ones need n / 1024
- * (the count is not monotonic in n, hence the bound). */
-static int max_splits(int n) {
-    if (n > 256 * 1024) return (n + 1023) / 1024;
-    int by32 = (n + 31) / 32;
-    return by32 < 256 ? by32 : 256;
+/* 8-value pieces per lane: 1 up to head_dim 256, 2 up to 512 */
+static int att_cpl(int hd) { return hd <= 256 ? 1 : 2; }
+
+/* Splits of a launch for T tokens planned for contexts up to n: about
+ * ATT_PLAN_PER_SM blocks per SM, none shorter than ATT_GRAN. */
+static int att_splits(const tern_cuda_attn_dims *d, int T, int n) {
+    int Q = 8 / att_cpl(d->head_dim), G = d->n_heads / d->n_kv;
+    int groups = d->n_kv * ((G + Q - 1) / Q) * T;
+    int want = (ATT_PLAN_PER_SM * att_sms() + groups - 1) / groups, cap = (n + ATT_GRAN - 1) / ATT_GRAN;
+    int ns = want < cap ? want : cap;
+    return ns < 1 ? 1 : ns;
 }
 
+/* Any T' <= T may use the workspace sized for T (the engine sizes it for
+ * its largest step), and T' * ns(T') is not monotonic in T'. */
 size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_ctx_max) {
-    return (size_t)T * d->n_heads * max_splits(n_ctx_max) * (d->head_dim + 2) * sizeof(float);
+    size_t most = 0;
+    for (int t = 1; t <= T; t++) {
+        size_t r = (size_t)t * att_splits(d, t, n_ctx_max);
+        if (r > most) most = r;
+    }
+    return most * d->n_heads * (d->head_dim + 2) * sizeof(float);
 }
 
-template <int BITS, bool ALIGNED>
-static void launch_split(dim3 grid, size_t smem, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
-                         const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev, int sl,
-                         int ns, float scale, float *part) {
-    /* threads per position: up to 8, a power of two that keeps whole
-     * 8-value loads per thread (head_dim 256: 8 threads x 32 dims) */
-    int tpp = 8;
-    while (tpp > 1 && (d.head_dim / 8) % tpp) tpp /= 2;
-    cudaFuncSetAttribute(attn_split_kernel<BITS, ALIGNED>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    attn_split_kernel<BITS, ALIGNED><<<grid, ATT_THREADS, smem, s>>>(d, L, qg, kc, vc, pos0, pos_dev, sl, ns, tpp, scale,
-                                                                       part);
+template <int BITS, bool ALIGNED, int CPL>
+static cudaError_t launch_split(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                                const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev,
+                                float scale, float *part) {
+    constexpr int Q = att_cfg<CPL>::Q, R = att_cfg<CPL>::R, S = att_cfg<CPL>::S;
+    att_geom gm = att_geom_of(d.head_dim, BITS, L.n_groups);
+    size_t stage_all = (size_t)ATT_W * S * R * gm.rowst, merge_all = (size_t)ATT_W * Q * d.head_dim * sizeof(float);
+    size_t smem = (stage_all > merge_all ? stage_all : merge_all) +
+                  ((size_t)ATT_W * (32 + Q) + 3 * ATT_W * Q + 2 * Q) * sizeof(float);
+    int G = d.n_heads / d.n_kv, ngq = (G + Q - 1) / Q;
+    cudaFuncSetAttribute(attn_split_kernel<BITS, ALIGNED, CPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return launch_pdl(attn_split_kernel<BITS, ALIGNED, CPL>, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, s, d,
+                      L, gm, qg, kc, vc, pos0, pos_dev, T, ns, scale, part);
 }
 
-/* n_plan >= pos0 + T sizes the splits (the kernel reads pos0 from pos_dev
+template <int BITS>
+static cudaError_t launch_split_bits(bool al, int cpl, int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d,
+                                     const kv_layout &L, const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
+                                     const int *pos_dev, float scale, float *part) {
+    if (cpl == 1)
+        return al ? launch_split<BITS, true, 1>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part)
+                  : launch_split<BITS, false, 1>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+    return al ? launch_split<BITS, true, 2>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part)
+              : launch_split<BITS, false, 2>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+}
+
+/* n_plan >= pos0 + T plans the splits (the kernels read pos0 from pos_dev
  * when given, so one plan serves every position up to n_plan). */
 static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                      const uint8_t *vcache, int T, int pos0, const int *pos_dev, int n_plan, float scale, void *work,
                      size_t work_bytes, float *o, tern_stream s, tern_error *err) {
     int hd = d->head_dim;
-    if (T < 1 || pos0 < 0 || hd % 8 || L->head_dim != hd || L->n_heads != d->n_kv || d->n_heads % d->n_kv ||
-        (L->bits != 16 && L->group % 8))
+    if (T < 1 || pos0 < 0 || hd % 8 || hd > 512 || L->head_dim != hd || L->n_heads != d->n_kv ||
+        d->n_heads % d->n_kv || (L->bits != 16 && L->group % 8))
         return tern_fail(err, "attention: dims do not match the KV layout (head_dim %d)", hd);
-    int n = n_plan, sl = split_len(n), ns = n_splits(n);
+    if ((uintptr_t)qg % 16 || (uintptr_t)o % 16 || (uintptr_t)work % 16)
+        return tern_fail(err, "attention: q, output and workspace must be 16-byte aligned");
+    int ns = att_splits(d, T, n_plan), cpl = att_cpl(hd);
     size_t need = (size_t)T * d->n_heads * ns * (hd + 2) * sizeof(float);
     if (need > work_bytes) return tern_fail(err, "attention: workspace %zu bytes, %zu needed", work_bytes, need);
-    int G = d->n_heads / d->n_kv, ngq = (G + MAXQ - 1) / MAXQ;
-    dim3 grid(ns, d->n_kv * ngq, T);
-    size_t smem = ((size_t)MAXQ * hd + (size_t)MAXQ * sl + 2 * MAXQ) * sizeof(float);
-    /* 16-byte loads of a 16-bit head slice need 16-byte rows and offsets;
-     * 8-byte loads (8 bits) 8; 4-byte loads (4 bits) 4 */
+    /* cp.async of the pieces: 16/8/4 bytes at 16/8/4 bits need rows and
+     * bases aligned to as much (and 8/4 bits then keep the scale regions
+     * 4-aligned) */
     size_t need_al = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4;
-    size_t first = (size_t)hd * L->bits / 8;
-    bool al = L->row_bytes % need_al == 0 && first % need_al == 0 && ((uintptr_t)kcache % need_al) == 0;
+    bool al = L->row_bytes % need_al == 0 && ((uintptr_t)kcache % need_al) == 0 && ((uintptr_t)vcache % need_al) == 0;
     kv_layout kl = kv_of(L);
     float *part = (float *)work;
-    if (L->bits == 16) {
-        if (al) launch_split<16, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
-        else launch_split<16, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
-    } else if (L->bits == 8) {
-        if (al) launch_split<8, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
-        else launch_split<8, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
-    } else {
-        if (al) launch_split<4, true>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
-        else launch_split<4, false>(grid, smem, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, sl, ns, scale, part);
+    cudaError_t e;
+    if (L->bits == 16) e = launch_split_bits<16>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    else if (L->bits == 8) e = launch_split_bits<8>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    else e = launch_split_bits<4>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    if (e != cudaSuccess) {
+        cudaGetLastError();   /* not left behind for the next check */
+        return tern_fail(err, "attention split: %s", cudaGetErrorString(e));
     }
-    if (launch_check("attention split", err)) return -1;
     dim3 cgrid(d->n_heads, T, (hd + COMBINE_DIMS - 1) / COMBINE_DIMS);
-    attn_combine_kernel<<<cgrid, COMBINE_DIMS, (size_t)ns * sizeof(float), s>>>(*d, qg, part, ns, o);
-    return launch_check("attention combine", err);
+    e = launch_pdl(attn_combine_kernel, cgrid, dim3(COMBINE_THREADS), (size_t)ns * sizeof(float), s, *d, qg, part,
+                   pos0, pos_dev, T, ns, o);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tern_fail(err, "attention combine: %s", cudaGetErrorString(e));
+    }
+    return 0;
 }
 
 int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,

@@ -19,6 +19,8 @@ typedef struct {
     uint8_t **kc, **vc;
     int n;
     int T, pos0;
+    const int *pos_dev;   /* the device-position form, splits planned for n_plan */
+    int n_plan;
     float scale;
     void *work;
     size_t work_bytes;
@@ -30,9 +32,11 @@ static void run_att(void *arg, int rep) {
     att_run *r = arg;
     tern_error err;
     int i = rep % r->n;
-    if (tern_cuda_attention(r->d, r->L, r->qg, r->kc[i], r->vc[i], r->T, r->pos0, r->scale, r->work, r->work_bytes,
-                            r->o, r->s, &err))
-        die_err("attention", &err);
+    int rc = r->pos_dev ? tern_cuda_attention_at(r->d, r->L, r->qg, r->kc[i], r->vc[i], r->T, r->pos_dev, r->n_plan,
+                                                 r->scale, r->work, r->work_bytes, r->o, r->s, &err)
+                        : tern_cuda_attention(r->d, r->L, r->qg, r->kc[i], r->vc[i], r->T, r->pos0, r->scale, r->work,
+                                              r->work_bytes, r->o, r->s, &err);
+    if (rc) die_err("attention", &err);
 }
 
 static void time_attention(checker *ck, att_run *r, size_t cache, const char *shape) {
@@ -60,6 +64,9 @@ static void time_attention(checker *ck, att_run *r, size_t cache, const char *sh
     free(vc);
 }
 
+/* timed: 1 times tern_cuda_attention, 2 also the device-position form
+ * planned for about twice the context (a captured decode step just past a
+ * power of two) */
 static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed) {
     tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f};
     tern_kvq L;
@@ -111,10 +118,16 @@ static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int 
         dev_sync(ck, "attention_at");
         dev_download(got, dout2, no * 4);
         report(ck, "attention (device pos)", shape, got, ref, no, 1e-5);
+        if (timed > 1 && ck->time) {
+            att_run r = {&d, &L, dq, &dK, &dV, 1, T, pos0, dpos, n_plan, scale, work2, wb2, dout2, ck->stream};
+            char sh2[128];
+            snprintf(sh2, sizeof sh2, "%s at, plan %d", shape, n_plan);
+            time_attention(ck, &r, cache, sh2);
+        }
         tern_cuda_free(work2); tern_cuda_free(dpos); tern_cuda_free(dout2);
     }
     if (timed && ck->time) {
-        att_run r = {&d, &L, dq, &dK, &dV, 1, T, pos0, scale, work, wb, dout, ck->stream};
+        att_run r = {&d, &L, dq, &dK, &dV, 1, T, pos0, NULL, 0, scale, work, wb, dout, ck->stream};
         time_attention(ck, &r, cache, shape);
     }
     tern_cuda_free(dK); tern_cuda_free(dV); tern_cuda_free(dq); tern_cuda_free(dout); tern_cuda_free(work);
@@ -124,9 +137,14 @@ static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int 
 void check_attention(checker *ck) {
     for (int bits = 16; bits >= 4; bits /= 2) {
         att_case(ck, 16, 2, 256, bits, 1, 0, 0);
+        att_case(ck, 16, 2, 256, bits, 1, 511, bits == 16);
         att_case(ck, 16, 2, 256, bits, 1, 999, 1);
-        att_case(ck, 16, 2, 256, bits, 1, 32767, 1);
+        att_case(ck, 16, 2, 256, bits, 1, 32767, bits == 16 ? 2 : 1);
     }
+    att_case(ck, 16, 2, 256, 16, 8, 2000, 0);      /* the largest decode step */
+    att_case(ck, 8, 2, 512, 16, 2, 700, 0);        /* head_dim 512: two 8-value pieces a lane, 4 queries a block */
+    att_case(ck, 8, 2, 512, 8, 1, 300, 0);
+    att_case(ck, 4, 2, 16, 4, 2, 50, 0);           /* head_dim 16: groups of 16, two lanes a row */
     att_case(ck, 16, 2, 256, 8, 5, 300, 0);        /* a prefill chunk against the cache */
     att_case(ck, 16, 2, 256, 16, 3, 9000, 0);      /* splits past some tokens' ends */
     att_case(ck, 8, 1, 32, 8, 3, 40, 0);           /* tiny rows (36 bytes): the unaligned loads */
