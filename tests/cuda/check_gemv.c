@@ -160,9 +160,16 @@ static void gemv1_route_case(checker *ck, int E, int64_t cols, int bits, int K, 
     tern_cuda_vec_in in = {dx, NULL, NULL, dw, 1, 1e-6f, NULL};
     tern_cuda_route_out ro = {E, K, renorm, i2, w2, counter};
     tern_error err;
-    if (tern_cuda_gemv1(&m.d, &in, l1, ck->stream, &err) ||
-        tern_cuda_route(l1, 1, E, K, renorm, i1, w1, ck->stream, &err))
-        die_err("gemv1 + route", &err);
+    /* the fused router always takes the register-tile kernel: the reference
+     * must too (TERN_GEMV1 may force another for the rest of the run) */
+    const char *forced = getenv("TERN_GEMV1");
+    char *saved = forced ? strdup(forced) : NULL;
+    setenv("TERN_GEMV1", "regs", 1);
+    int rc = tern_cuda_gemv1(&m.d, &in, l1, ck->stream, &err);
+    if (saved) setenv("TERN_GEMV1", saved, 1);
+    else unsetenv("TERN_GEMV1");
+    free(saved);
+    if (rc || tern_cuda_route(l1, 1, E, K, renorm, i1, w1, ck->stream, &err)) die_err("gemv1 + route", &err);
     long bad = 0;
     for (int rep = 0; rep < 3; rep++) {
         if (tern_cuda_gemv1_route(&m.d, &in, l2, &ro, ck->stream, &err)) die_err("gemv1_route", &err);
