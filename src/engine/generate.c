@@ -19,7 +19,7 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Sampling on the GPU (a GPU session with TERN_GPU_SAMPLING=1 and a rule
+/* Sampling on the GPU (a GPU session, unless TERN_GPU_SAMPLING=0, and a rule
  * the kernels take): logits stay on the device and only the id comes back. */
 typedef struct {
     int on;

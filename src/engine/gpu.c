@@ -355,7 +355,7 @@ typedef struct gpu_session {
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
-    int sampling;                 /* TERN_GPU_SAMPLING=1 */
+    int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;

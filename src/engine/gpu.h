@@ -34,7 +34,7 @@ int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err)
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      tern_error *err);
 
-/* Sampling on the GPU (TERN_GPU_SAMPLING=1): tern_gpu_forward_keep runs T
+/* Sampling on the GPU (default; TERN_GPU_SAMPLING=0 turns it off): tern_gpu_forward_keep runs T
  * tokens and leaves the last one's logits on the device; tern_gpu_sample
  * draws from them with the sampler's rule (tern_sampler_gpu_rule) and u, and
  * copies back only the id. */

@@ -230,7 +230,7 @@ static int same_prefix(const id_list *a, const id_list *b) {
     return k;
 }
 
-/* TERN_GPU_SAMPLING=1: greedy ids identical for 32 steps, and a top-k
+/* GPU sampling (the default; set explicitly here): greedy ids identical for 32 steps, and a top-k
  * draw (same seed, so the same random numbers) identical for 8. */
 static void gpu_sampling(const char *dir) {
     tern_model *cpu = load(dir, NULL);
