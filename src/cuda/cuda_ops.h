@@ -140,7 +140,7 @@ int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, ter
  * then, in the kernel's last block, tern_cuda_route's softmax / top-k /
  * renormalisation of them into ids and wts (one launch instead of two).
  * counter: a device unsigned int, zero before the first call (the kernel
- * leaves it zero); n_experts = W.rows <= W.cols. */
+ * leaves it zero); n_experts = W.rows <= 256, top_k <= 32. */
 typedef struct tern_cuda_route_out {
     int n_experts, top_k, renorm;
     int32_t *ids;

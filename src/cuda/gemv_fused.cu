@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/route.cuh"
 
 #define G1_THREADS 256
 #define G1_WARPS (G1_THREADS / 32)
@@ -48,9 +49,9 @@ typedef struct {
 
 /* The router's epilogue (one-token path): the block that finishes last
  * (a counter, reset by that block for the next call) routes the logits
- * y[0..E) as tern_cuda_route does: softmax, top-k (ties to the lower
- * index), renormalised when asked. One warp; p: E floats of shared memory. */
-__device__ void g1_route(const g1_args &a, float *p) {
+ * y[0..E) with tern_cuda_route's code (route.cuh), E <= 256 (8 logits a
+ * lane: more would cost every GEMV variant registers). */
+__device__ __forceinline__ void g1_route(const g1_args &a) {
     __shared__ int last;
     __threadfence();   /* this block's rows are visible before it counts */
     __syncthreads();
@@ -58,42 +59,8 @@ __device__ void g1_route(const g1_args &a, float *p) {
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
     __threadfence();
-    int lane = threadIdx.x, E = a.route.n_experts, K = a.route.top_k;
-    float m = -FLT_MAX;
-    for (int e = lane; e < E; e += 32) {
-        p[e] = __ldcg(a.y + e);   /* other blocks' rows: from L2 */
-        m = fmaxf(m, p[e]);
-    }
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) {
-        p[e] = expf(p[e] - m);
-        sum += p[e];
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < E; e += 32) p[e] /= sum;
-    __syncwarp();
-    float mine = 0.0f, total = 0.0f;
-    for (int r = 0; r < K; r++) {
-        float bv = -2.0f;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > bv) { bv = p[e]; bi = e; }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        if (lane == r) mine = bv;
-        if (lane == 0) a.route.ids[r] = bi;
-        total += bv;
-        __syncwarp();
-        if (lane == (bi & 31)) p[bi] = -1.0f;
-        __syncwarp();
-    }
-    if (lane < K) a.route.wts[lane] = a.route.renorm ? mine / total : mine;
-    if (lane == 0) *a.route.counter = 0;
+    route_row<8>(a.y, a.route.n_experts, a.route.top_k, a.route.renorm, a.route.ids, a.route.wts);
+    if (threadIdx.x == 0) *a.route.counter = 0;
 }
 
 template <int R, int U> struct g1_tile {
@@ -171,15 +138,14 @@ __device__ float g1_block_sum(float v, float *red) {
     return s;
 }
 
-/* The input into shared memory (permuted, see the header) and, for
- * quantized kinds, each chunk's sum. */
-template <int KIND>
-__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red) {
-    constexpr int E = kind_traits<KIND>::E, F = E / 4;
+/* The input, made by every block in registers (float4 k of a thread is
+ * element tid + k * G1_THREADS): x (+ delta, which block 0 writes to
+ * x_out), then the RMSNorm when asked (block 0 keeps the result in
+ * xn_out). Shared by the three kernels, which then lay it out their way. */
+__device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV]) {
     const tern_cuda_vec_in &in = a.in;
-    int n4 = a.cols / 4, nch = a.cols / E, tid = threadIdx.x;
+    int n4 = a.cols / 4, tid = threadIdx.x;
     bool first = blockIdx.x == 0;
-    float4 v[G1_MAXV];
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
@@ -200,15 +166,28 @@ __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red)
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
         if (i < n4) {
-            float4 o = v[k];
             if (in.norm_w) {
                 float4 w = ((const float4 *)in.norm_w)[i];
                 if (in.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
-                o.x = o.x * r * w.x; o.y = o.y * r * w.y; o.z = o.z * r * w.z; o.w = o.w * r * w.w;
+                v[k].x = v[k].x * r * w.x; v[k].y = v[k].y * r * w.y; v[k].z = v[k].z * r * w.z; v[k].w = v[k].w * r * w.w;
             }
-            if (first && in.xn_out) ((float4 *)in.xn_out)[i] = o;
-            xs4[(i % F) * nch + i / F] = o;
+            if (first && in.xn_out) ((float4 *)in.xn_out)[i] = v[k];
         }
+    }
+}
+
+/* The input into shared memory (permuted, see the header) and, for
+ * quantized kinds, each chunk's sum. */
+template <int KIND>
+__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red) {
+    constexpr int E = kind_traits<KIND>::E, F = E / 4;
+    int n4 = a.cols / 4, nch = a.cols / E, tid = threadIdx.x;
+    float4 v[G1_MAXV];
+    g1_input(a, red, v);
+#pragma unroll
+    for (int k = 0; k < G1_MAXV; k++) {
+        int i = tid + k * G1_THREADS;
+        if (i < n4) xs4[(i % F) * nch + i / F] = v[k];
     }
     __syncthreads();
     if (kind_traits<KIND>::QUANT) {
@@ -278,13 +257,36 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         }
         if (more) cur = nxt;
     }
-    if (a.route.counter) {
-        __syncthreads();   /* the input's shared memory becomes the epilogue's */
-        g1_route(a, (float *)g1_smem);
-    }
+    if (a.route.counter) g1_route(a);
 }
 
 static int g1_sms(void);
+
+/* Resident blocks per SM of a kernel at `smem` bytes of dynamic shared
+ * memory, cached per kernel and size (the CUDA queries cost microseconds,
+ * and a step launched outside a graph would pay them every call); the
+ * kernel's shared-memory limit is raised to the largest size asked. A pure
+ * function of the kernel and the device, so the cache is safe to share. */
+typedef struct {
+    size_t smem[8], limit;
+    int occ[8], n;
+} occ_cache;
+
+template <typename Kernel>
+static int blocks_per_sm(occ_cache &c, Kernel kernel, size_t smem) {
+    for (int i = 0; i < c.n; i++)
+        if (c.smem[i] == smem) return c.occ[i];
+    if (smem > c.limit && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
+                              cudaSuccess)
+        c.limit = smem;
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, G1_THREADS, smem) != cudaSuccess || occ < 1) occ = 1;
+    if (c.n < 8) {
+        c.smem[c.n] = smem;
+        c.occ[c.n++] = occ;
+    }
+    return occ;
+}
 
 /* ---- the staged variant: weights through shared memory -------------------
  * The register tiles above keep at most two tiles per lane in flight, and
@@ -422,12 +424,8 @@ static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
     size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(gemv1s_kernel<KIND, RW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv1s_kernel<KIND, RW>, G1_THREADS, smem) != cudaSuccess ||
-        occ < 1)
-        occ = 1;
+    static occ_cache cache;
+    int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW>, smem);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
     int64_t blocks = tiles < cap ? tiles : cap;
     return launch_pdl(gemv1s_kernel<KIND, RW>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
@@ -490,39 +488,13 @@ __device__ __forceinline__ int gm_digit_at(int sp, int p, int d) {
  * digits. */
 template <int KIND>
 __device__ void gm_stage(const g1_args &a, float *xf, int8_t *xd, float *dxs, float *sums, float *red) {
-    const tern_cuda_vec_in &in = a.in;
     int n4 = a.cols / 4, tid = threadIdx.x;
-    bool first = blockIdx.x == 0;
     float4 v[G1_MAXV];
-    float ss = 0.0f;
+    g1_input(a, red, v);
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
-        if (i < n4) {
-            v[k] = ((const float4 *)in.x)[i];
-            if (in.delta) {
-                float4 d = ((const float4 *)in.delta)[i];
-                v[k].x += d.x; v[k].y += d.y; v[k].z += d.z; v[k].w += d.w;
-                if (first && in.x_out) ((float4 *)in.x_out)[i] = v[k];
-            }
-            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        }
-    }
-    float r = 1.0f;
-    if (in.norm_w) r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
-#pragma unroll
-    for (int k = 0; k < G1_MAXV; k++) {
-        int i = tid + k * G1_THREADS;
-        if (i < n4) {
-            float4 o = v[k];
-            if (in.norm_w) {
-                float4 w = ((const float4 *)in.norm_w)[i];
-                if (in.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
-                o.x = o.x * r * w.x; o.y = o.y * r * w.y; o.z = o.z * r * w.z; o.w = o.w * r * w.w;
-            }
-            if (first && in.xn_out) ((float4 *)in.xn_out)[i] = o;
-            ((float4 *)xf)[i] = o;
-        }
+        if (i < n4) ((float4 *)xf)[i] = v[k];
     }
     __syncthreads();
     int lane = tid & 31, nsp = a.cols / GM_SPAN;
@@ -700,12 +672,8 @@ static int gm_fits(int kind, const tern_mat *W) {
 template <int KIND>
 static cudaError_t gm_launch(const g1_args &a, cudaStream_t s) {
     size_t smem = gm_smem(a.cols, a.gsh, a.row_bytes);
-    cudaError_t e = cudaFuncSetAttribute(gemv1m_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv1m_kernel<KIND>, G1_THREADS, smem) != cudaSuccess ||
-        occ < 1)
-        occ = 1;
+    static occ_cache cache;
+    int occ = blocks_per_sm(cache, gemv1m_kernel<KIND>, smem);
     int64_t ntile = (a.rows + 15) / 16, cap = (int64_t)g1_sms() * occ;
     int64_t blocks = ntile < cap ? ntile : cap;
     return launch_pdl(gemv1m_kernel<KIND>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
@@ -732,18 +700,12 @@ static int g1_sms(void) {
 
 template <int KIND, int R, int U>
 static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
-    /* resident blocks per SM at the largest input (a pure function of the
-     * kernel, computed once) */
-    static int occ = 0;
-    size_t smem_max = 8192 * sizeof(float) + 8192 / 8 * sizeof(float);
-    if (!occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv1_kernel<KIND, R, U>, G1_THREADS, smem_max) !=
-                     cudaSuccess || occ < 1))
-        occ = 1;
     constexpr int E = kind_traits<KIND>::E;
-    int64_t ngrp = (a.rows + R - 1) / R, cap = (int64_t)g1_sms() * occ;
+    size_t smem = (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
+    static occ_cache cache;
+    int64_t ngrp = (a.rows + R - 1) / R, cap = (int64_t)g1_sms() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U>, smem);
     int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
     if (blocks > cap) blocks = cap;
-    size_t smem = (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
     return launch_pdl(gemv1_kernel<KIND, R, U>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
 }
 
@@ -754,6 +716,21 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
     if (cpl == 2) return g1_launch<KIND, 2, 2>(a, s);
     if (cpl % 4 == 0) return g1_launch<KIND, 1, 4>(a, s);
     return g1_launch<KIND, 1, 1>(a, s);
+}
+
+/* TERN_GEMV1, read once per process like the other debugging switches. */
+enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_MMA };
+static int gemv1_forced(void) {
+    static int f = -1;
+    if (f < 0) {
+        const char *v = getenv("TERN_GEMV1");
+        f = !v                         ? FORCE_NONE
+            : !strcmp(v, "regs")       ? FORCE_REGS
+            : !strcmp(v, "staged")     ? FORCE_STAGED
+            : !strcmp(v, "mma")        ? FORCE_MMA
+                                       : FORCE_NONE;
+    }
+    return f;
 }
 
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
@@ -767,7 +744,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
         return tern_fail(err, "gemv1: x_out must not be an input (other blocks still read it)");
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
-                 kind_traits<KIND_Q4>::QUANT && (kind == KIND_Q4 || kind == KIND_Q8) ? log2i(W->group) : 0,
+                 kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), *in, y, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
@@ -776,11 +753,13 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
      * wave) are as fast as any; above, q4 takes the tensor cores (the
      * CUDA-core kernels are issue-bound at 4 bits) and q8 / 16-bit the
      * staged CUDA-core kernel. TERN_GEMV1=regs|staged|mma forces one where
-     * it fits (for comparisons). */
-    const char *v = getenv("TERN_GEMV1");
+     * it fits (for comparisons); the fused router always takes the register
+     * tiles. */
+    int forced = gemv1_forced();
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
     int big = bytes >= ((size_t)32 << 20);
-    int regs = route || (v ? !strcmp(v, "regs") : !big), mma = v ? !strcmp(v, "mma") : big && kind == KIND_Q4;
+    int regs = route || (forced ? forced == FORCE_REGS : !big);
+    int mma = forced ? forced == FORCE_MMA : big && kind == KIND_Q4;
     if (!regs && mma && gm_fits(kind, W)) {
         cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
         if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
@@ -807,7 +786,7 @@ int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *
                           const tern_cuda_route_out *route, tern_stream s, tern_error *err) {
     if (!route || !route->counter || !route->ids || !route->wts)
         return tern_fail(err, "gemv1_route: no counter or outputs");
-    if (route->n_experts != W->rows || route->n_experts > W->cols || route->top_k < 1 || route->top_k > 32 ||
+    if (route->n_experts != W->rows || route->n_experts > 256 || route->top_k < 1 || route->top_k > 32 ||
         route->top_k > route->n_experts)
         return tern_fail(err, "gemv1_route: %d experts, top %d for a %lldx%lld router", route->n_experts,
                          route->top_k, (long long)W->rows, (long long)W->cols);

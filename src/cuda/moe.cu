@@ -32,6 +32,7 @@
 #include <float.h>
 
 #include "cuda/common.cuh"
+#include "cuda/route.cuh"
 
 typedef struct {
     const uint8_t *q;
@@ -515,76 +516,14 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
 
 /* ---- router ---------------------------------------------------------------- */
 
-/* One warp per token, V = ceil(E / 32) logits per lane (lane + 32 i):
- * softmax, then top_k rounds of a warp argmax over each lane's best. Keys
- * are the probabilities' bits + 1 (probabilities are >= 0, so their bits
- * order as the values; 0 marks a taken or absent entry); a round takes the
- * largest key (__reduce_max_sync), then the lowest index holding it
- * (__reduce_min_sync): larger first, ties to the lower index. */
+/* One warp per token (route.cuh). */
 template <int V>
 __global__ void __launch_bounds__(32) route_kernel(const float *logits, int E, int K, int renorm, int32_t *ids,
                                                    float *wts) {
     pdl_trigger();
-    const int t = blockIdx.x, lane = threadIdx.x;
+    const int t = blockIdx.x;
     pdl_wait();
-    const float *l = logits + (size_t)t * E;
-    float v[V];
-    float m = -FLT_MAX;
-#pragma unroll
-    for (int i = 0; i < V; i++) {
-        int e = lane + 32 * i;
-        v[i] = e < E ? l[e] : -FLT_MAX;
-        m = fmaxf(m, v[i]);
-    }
-    m = warp_max(m);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; i++)
-        if (lane + 32 * i < E) {
-            v[i] = expf(v[i] - m);
-            sum += v[i];
-        }
-    sum = warp_sum(sum);
-    uint32_t key[V];
-#pragma unroll
-    for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? __float_as_uint(v[i] / sum) + 1u : 0u;
-    uint32_t bk = 0;
-    int bi = 0;
-#pragma unroll
-    for (int i = 0; i < V; i++)
-        if (key[i] > bk) {
-            bk = key[i];
-            bi = i;
-        }
-    float mine = 0.0f, total = 0.0f;
-    int my_id = 0;
-#pragma unroll 1
-    for (int r = 0; r < K; r++) {
-        const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
-        const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
-        const float p = __uint_as_float(top - 1u);
-        total += p;
-        if (lane == r) {
-            mine = p;
-            my_id = (int)e;
-        }
-        if ((int)(e & 31) == lane) {   /* the owner drops it and finds its next best */
-            bk = 0;
-            bi = 0;
-#pragma unroll
-            for (int i = 0; i < V; i++) {
-                if (i == (int)(e >> 5)) key[i] = 0;
-                if (key[i] > bk) {
-                    bk = key[i];
-                    bi = i;
-                }
-            }
-        }
-    }
-    if (lane < K) {
-        ids[(size_t)t * K + lane] = my_id;
-        wts[(size_t)t * K + lane] = renorm ? mine / total : mine;
-    }
+    route_row<V>(logits + (size_t)t * E, E, K, renorm, ids + (size_t)t * K, wts + (size_t)t * K);
 }
 
 int tern_cuda_route(const float *logits, int T, int n_experts, int top_k, int renorm, int32_t *ids, float *wts,

@@ -231,11 +231,19 @@ static int fuse_inputs(gpu_model *g, int n_layers, tern_error *err) {
     return 0;
 }
 
+/* The DeltaNet shapes of the config, with a layer's weights (w NULL: the
+ * shapes alone, for checks and workspace sizes). */
+static tern_cuda_gdn_w gdn_w_of(const tern_config *c, const tern_gdn_w *w) {
+    return (tern_cuda_gdn_w){c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
+                             w ? w->conv : NULL, w ? w->A_log : NULL, w ? w->dt_bias : NULL, w ? w->norm : NULL,
+                             c->norm_eps};
+}
+
 /* The one-token path takes each layer's stacked input projections, the
  * routers and the lm_head through tern_cuda_gemv1 (their inputs are norms). */
 static int one_token_fits(const gpu_model *g, const tern_config *c) {
-    if (!tern_cuda_gemv1_supported(&g->w.lm_head) || c->hidden % 4 || c->n_experts > c->hidden || c->top_k > 32)
-        return 0;   /* (the fused router's epilogue routes in the input's shared memory) */
+    if (!tern_cuda_gemv1_supported(&g->w.lm_head) || c->hidden % 4 || c->n_experts > 256 || c->top_k > 32)
+        return 0;   /* (the fused router's limits) */
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &g->w.layers[l];
         if (!g->fused_in[l].m.data || !tern_cuda_gemv1_supported(&g->fused_in[l].m) ||
@@ -262,8 +270,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     snprintf(g->name, sizeof g->name, "cuda:%d (%s)", g->device, name);
     if (!m->packed) return tern_fail(err, "%s: the GPU path runs packed models: tern pack it first", m->dir);
     if (m->experts) return tern_fail(err, "GPU: streaming experts (--expert-budget) is not on the GPU yet");
-    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
-                          NULL, NULL, NULL, NULL, c->norm_eps};
+    tern_cuda_gdn_w gw = gdn_w_of(c, NULL);
     if (!tern_cuda_gdn_supported(&gw))
         return tern_fail(err, "%s: GPU: DeltaNet heads %d/%d x %d/%d are outside the GPU kernels' shapes", m->dir,
                          c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim);
@@ -416,8 +423,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
 static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, tern_error *err) {
     size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
     tern_cuda_attn_dims d = attn_dims(c);
-    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
-                          NULL, NULL, NULL, NULL, c->norm_eps};
+    tern_cuda_gdn_w gw = gdn_w_of(c, NULL);
     g->att_bytes = tern_cuda_attention_workspace(&d, SUB, max_ctx);
     g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, g->piece);
     g->grouped_bytes = tern_cuda_moe_grouped_workspace(g->piece, c->top_k, c->n_experts, (int64_t)c->hidden,
@@ -628,6 +634,16 @@ static int attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg
                ? -1 : 0;
 }
 
+/* The end of the attention role and the output projection of g->o. */
+static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *err) {
+    gpu_session *g = s->gpu;
+    stage(g, R_ATTN, 1);
+    stage(g, R_ATTN_PROJ, 0);
+    int rc = mm(s->m->gpu, g, g->out, g->o, T, &w->o, err);
+    stage(g, R_ATTN_PROJ, 1);
+    return rc;
+}
+
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
@@ -648,14 +664,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     }
     stage(g, R_ATTN_PROJ, 1);
     stage(g, R_ATTN, 0);
-    if (T <= SUB) {
-        if (attend_small(s, &d, qg, k, v, w, l, T, err)) return -1;
-        stage(g, R_ATTN, 1);
-        stage(g, R_ATTN_PROJ, 0);
-        int rc = mm(gm, g, g->out, g->o, T, &w->o, err);
-        stage(g, R_ATTN_PROJ, 1);
-        return rc;
-    }
+    if (T <= SUB) return attend_small(s, &d, qg, k, v, w, l, T, err) ? -1 : attn_out(s, w, T, err);
     if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
                             s->kv[l].v, g->stream, err))
         return -1;
@@ -676,19 +685,14 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
                                 g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
             return -1;
     }
-    stage(g, R_ATTN, 1);
-    stage(g, R_ATTN_PROJ, 0);
-    int rc = mm(gm, g, g->out, g->o, T, &w->o, err);
-    stage(g, R_ATTN_PROJ, 1);
-    return rc;
+    return attn_out(s, w, T, err);
 }
 
 static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
-                          w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
+    tern_cuda_gdn_w gw = gdn_w_of(c, w);
     stage(g, R_GDN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
     float *qkv = g->qkv, *z = g->z, *b = g->b, *a = g->a;
@@ -722,6 +726,13 @@ static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
                                    t->encoding == TERN_ENC_Q4 ? 4 : 8, t->group};
 }
 
+/* Layer l's routed experts on the device (base + e * stride). */
+static tern_cuda_experts experts_of(const tern_model *m, int l) {
+    const gpu_model *gm = m->gpu;
+    return (tern_cuda_experts){NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]),
+                               part_of(&m->man.parts[1]), part_of(&m->man.parts[2])};
+}
+
 static int observe(tern_session *s, int l, int T, tern_error *err) {
     gpu_session *g = s->gpu;
     int K = s->m->cfg.top_k;
@@ -743,8 +754,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
         return -1;
     stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, T, err)) return -1;
-    tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
-                            part_of(&m->man.parts[2])};
+    tern_cuda_experts ex = experts_of(m, l);
     size_t H = (size_t)c->hidden;
     const tern_pk_tensor *pt = m->man.parts;
     int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
@@ -838,52 +848,56 @@ static int gemv_plain(const gpu_model *gm, const gpu_session *g, const tern_mat 
     return tern_cuda_gemv1(W, &in, y, g->stream, err);
 }
 
+/* A layer's stacked input projections of x (+ the pending output), normed
+ * with in_norm, into g->fused_out: one launch. */
+static int in_proj1(gpu_session *g, const gpu_model *gm, int l, const float *in_norm, float eps, int role, resid *r,
+                    tern_error *err) {
+    stage(g, role, 0);
+    tern_cuda_vec_in in = resid_in(r, in_norm, eps, NULL);
+    if (tern_cuda_gemv1(&gm->fused_in[l].m, &in, g->fused_out, g->stream, err)) return -1;
+    resid_taken(r);
+    stage(g, role, 1);
+    return 0;
+}
+
+/* The block's output projection into g->out, pending for the next norm. */
+static int out_proj1(gpu_session *g, const gpu_model *gm, const tern_mat *W, const float *x, int role, resid *r,
+                     tern_error *err) {
+    stage(g, role, 0);
+    int rc = gemv_plain(gm, g, W, x, g->out, err);
+    stage(g, role, 1);
+    r->delta = g->out;
+    return rc;
+}
+
 static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
     tern_cuda_attn_dims d = attn_dims(c);
-    stage(g, R_ATTN_PROJ, 0);
-    tern_cuda_vec_in in = resid_in(r, in_norm, c->norm_eps, NULL);
-    if (tern_cuda_gemv1(&gm->fused_in[l].m, &in, g->fused_out, g->stream, err)) return -1;
-    resid_taken(r);
-    stage(g, R_ATTN_PROJ, 1);
+    if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_ATTN_PROJ, r, err)) return -1;
     float *qg = g->fused_out, *k = qg + w->q.rows, *v = k + w->k.rows;
     stage(g, R_ATTN, 0);
     if (attend_small(s, &d, qg, k, v, w, l, 1, err)) return -1;
     stage(g, R_ATTN, 1);
-    stage(g, R_ATTN_PROJ, 0);
-    int rc = gemv_plain(gm, g, &w->o, g->o, g->out, err);
-    stage(g, R_ATTN_PROJ, 1);
-    r->delta = g->out;
-    return rc;
+    return out_proj1(g, gm, &w->o, g->o, R_ATTN_PROJ, r, err);
 }
 
 static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    tern_cuda_gdn_w gw = {c->gdn_k_heads, c->gdn_v_heads, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_kernel,
-                          w->conv, w->A_log, w->dt_bias, w->norm, c->norm_eps};
-    stage(g, R_GDN_PROJ, 0);
-    tern_cuda_vec_in in = resid_in(r, in_norm, c->norm_eps, NULL);
-    if (tern_cuda_gemv1(&gm->fused_in[l].m, &in, g->fused_out, g->stream, err)) return -1;
-    resid_taken(r);
-    stage(g, R_GDN_PROJ, 1);
+    tern_cuda_gdn_w gw = gdn_w_of(c, w);
+    if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_GDN_PROJ, r, err)) return -1;
     float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
     stage(g, R_GDN, 0);
     if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
     stage(g, R_GDN, 1);
-    stage(g, R_GDN_PROJ, 0);
-    int rc = gemv_plain(gm, g, &w->out, g->g_out, g->out, err);
-    stage(g, R_GDN_PROJ, 1);
-    r->delta = g->out;
-    return rc;
+    return out_proj1(g, gm, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
-    const tern_model *m = s->m;
     gpu_session *g = s->gpu;
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
@@ -892,9 +906,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     resid_taken(r);
     stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, 1, err)) return -1;
-    const gpu_model *gm = m->gpu;
-    tern_cuda_experts ex = {NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]), part_of(&m->man.parts[1]),
-                            part_of(&m->man.parts[2])};
+    tern_cuda_experts ex = experts_of(s->m, l);
     stage(g, R_MOE, 0);
     int rc = tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work, g->out2,
                            g->stream, err);

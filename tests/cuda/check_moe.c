@@ -73,6 +73,86 @@ static void swiglu_ref(checker *ck, const tern_mat *g, const tern_mat *u, const 
     free(y);
 }
 
+/* Random experts for a check: E blobs (a host copy for the CPU twin and a
+ * device copy), found through a table that lists them in reverse order (to
+ * show it is used) or at base + e * stride; and, when shared_kind is set
+ * (4 or 8 bits, 16 for bf16), a shared expert [Is, H] with its gate. */
+typedef struct {
+    tern_cuda_experts ex;
+    size_t stride;
+    int E, use_table, has_shared;
+    uint8_t *blobs, *dblobs;
+    void *table;
+    test_mat sh[3], sg;
+    tern_expert_w shd;
+} expert_fixture;
+
+static void fixture_make(checker *ck, expert_fixture *f, int64_t H, int64_t I, int64_t Is, int E, int bits, int group,
+                         int use_table, int shared_kind) {
+    memset(f, 0, sizeof *f);
+    f->stride = layout_parts(&f->ex, H, I, bits, group);
+    f->ex.stride = f->stride;
+    f->E = E;
+    f->use_table = use_table;
+    f->blobs = xmalloc(f->stride * (size_t)E);
+    memset(f->blobs, 0, f->stride * (size_t)E);
+    for (int e = 0; e < E; e++) fill_blob(ck, f->blobs + (size_t)e * f->stride, &f->ex);
+    f->dblobs = dev_upload(f->blobs, f->stride * (size_t)E);
+    if (use_table) {
+        const uint8_t **tab = xmalloc((size_t)E * sizeof(*tab));
+        for (int e = 0; e < E; e++) tab[e] = f->dblobs + (size_t)(E - 1 - e) * f->stride;
+        f->table = dev_upload(tab, (size_t)E * sizeof(*tab));
+        free(tab);
+        f->ex.blobs = f->table;
+    } else {
+        f->ex.base = f->dblobs;
+    }
+    if (!(f->has_shared = shared_kind != 0)) return;
+    int sbits = shared_kind == 16 ? 0 : shared_kind;
+    make_mat(ck, &f->sh[0], Is, H, sbits, TERN_DTYPE_BF16, group);
+    make_mat(ck, &f->sh[1], Is, H, sbits, TERN_DTYPE_BF16, group);
+    make_mat(ck, &f->sh[2], H, Is, sbits, TERN_DTYPE_BF16, group);
+    make_mat(ck, &f->sg, 1, H, 8, 0, group);
+    f->shd = (tern_expert_w){f->sh[0].d, f->sh[1].d, f->sh[2].d};
+}
+
+/* The host copy of expert e's blob (the table reverses the order). */
+static const uint8_t *fixture_blob(const expert_fixture *f, int e) {
+    return f->blobs + (size_t)(f->use_table ? f->E - 1 - e : e) * f->stride;
+}
+
+static const tern_expert_w *fixture_shared(const expert_fixture *f) { return f->has_shared ? &f->shd : NULL; }
+static const tern_mat *fixture_gate(const expert_fixture *f) { return f->has_shared ? &f->sg.d : NULL; }
+
+/* out += wts * routed expert e (x), CPU twin. */
+static void fixture_ref(checker *ck, const expert_fixture *f, int e, const float *x, float w, float *out) {
+    const uint8_t *blob = fixture_blob(f, e);
+    tern_mat g = host_part(blob, &f->ex.gate), u = host_part(blob, &f->ex.up), d = host_part(blob, &f->ex.down);
+    swiglu_ref(ck, &g, &u, &d, x, w, out);
+}
+
+/* out += sigmoid(x . w_sg) * shared(x), CPU twin. */
+static void fixture_ref_shared(checker *ck, const expert_fixture *f, const float *x, float *out) {
+    float sgv;
+    tern_matmul(ck->pool, &sgv, x, 1, &f->sg.h);
+    swiglu_ref(ck, &f->sh[0].h, &f->sh[1].h, &f->sh[2].h, x, tern_sigmoid(sgv), out);
+}
+
+/* Bytes of the shared expert and its gate (for timings). */
+static double fixture_shared_bytes(const expert_fixture *f) {
+    return f->has_shared ? (double)(mat_bytes(&f->sh[0].h) * 3 + mat_bytes(&f->sg.h)) : 0.0;
+}
+
+static void fixture_free(expert_fixture *f) {
+    if (f->has_shared) {
+        for (int i = 0; i < 3; i++) free_mat(&f->sh[i]);
+        free_mat(&f->sg);
+    }
+    tern_cuda_free(f->table);
+    tern_cuda_free(f->dblobs);
+    free(f->blobs);
+}
+
 typedef struct {
     int64_t H, I;
     int E, K, T, bits, group;
@@ -123,37 +203,10 @@ static void random_routing(checker *ck, int T, int K, int E, int32_t *ids, float
 }
 
 static void moe_check(checker *ck, const moe_case *c, int timed) {
-    tern_cuda_experts ex = {0};
-    size_t stride = layout_parts(&ex, c->H, c->I, c->bits, c->group);
-    ex.stride = stride;
-    uint8_t *blobs = xmalloc(stride * (size_t)c->E);
-    memset(blobs, 0, stride * (size_t)c->E);
-    for (int e = 0; e < c->E; e++) fill_blob(ck, blobs + (size_t)e * stride, &ex);
-    uint8_t *dblobs = dev_upload(blobs, stride * (size_t)c->E);
-    void *table = NULL;
-    if (c->use_table) {
-        /* the table points at the blobs in reverse order, to show it is used */
-        const uint8_t **tab = xmalloc((size_t)c->E * sizeof(*tab));
-        for (int e = 0; e < c->E; e++) tab[e] = dblobs + (size_t)(c->E - 1 - e) * stride;
-        table = dev_upload(tab, (size_t)c->E * sizeof(*tab));
-        free(tab);
-        ex.blobs = table;
-    } else {
-        ex.base = dblobs;
-    }
-    test_mat sg_m, sh[3];
-    tern_expert_w shd;
     int64_t Is = c->Is ? c->Is : c->I;
-    if (c->shared_kind) {
-        int bits = c->shared_kind == 16 ? 0 : c->shared_kind;
-        make_mat(ck, &sh[0], Is, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[1], Is, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[2], c->H, Is, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sg_m, 1, c->H, 8, 0, c->group);
-        shd.gate = sh[0].d;
-        shd.up = sh[1].d;
-        shd.down = sh[2].d;
-    }
+    expert_fixture f;
+    fixture_make(ck, &f, c->H, c->I, Is, c->E, c->bits, c->group, c->use_table, c->shared_kind);
+    const tern_cuda_experts *ex = &f.ex;
     int T = c->T, K = c->K;
     int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t));
     float *wts = xmalloc((size_t)T * K * sizeof(float)), *x = xmalloc((size_t)T * c->H * sizeof(float));
@@ -163,26 +216,17 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     memset(ref, 0, (size_t)T * c->H * sizeof(float));
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * c->H;
-        for (int k = 0; k < K; k++) {
-            int e = ids[t * K + k], slot = c->use_table ? c->E - 1 - e : e;
-            const uint8_t *blob = blobs + (size_t)slot * stride;
-            tern_mat g = host_part(blob, &ex.gate), u = host_part(blob, &ex.up), d = host_part(blob, &ex.down);
-            swiglu_ref(ck, &g, &u, &d, xt, wts[t * K + k], ref + (size_t)t * c->H);
-        }
-        if (c->shared_kind) {
-            float sgv;
-            tern_matmul(ck->pool, &sgv, xt, 1, &sg_m.h);
-            swiglu_ref(ck, &sh[0].h, &sh[1].h, &sh[2].h, xt, tern_sigmoid(sgv), ref + (size_t)t * c->H);
-        }
+        for (int k = 0; k < K; k++) fixture_ref(ck, &f, ids[t * K + k], xt, wts[t * K + k], ref + (size_t)t * c->H);
+        if (f.has_shared) fixture_ref_shared(ck, &f, xt, ref + (size_t)t * c->H);
     }
     int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, (size_t)T * c->H * sizeof(float));
     void *work = dev_alloc(tern_cuda_moe_workspace(T, K, Is > c->I ? Is : c->I));
     float *dout = dev_poison((size_t)T * c->H);
     tern_error err;
-    const tern_expert_w *shp = c->shared_kind ? &shd : NULL;
-    const tern_mat *sgp = c->shared_kind ? &sg_m.d : NULL;
-    if (tern_cuda_moe(&ex, shp, sgp, dx, T, K, dids, dw, work, dout, ck->stream, &err)) die_err("moe", &err);
+    const tern_expert_w *shp = fixture_shared(&f);
+    const tern_mat *sgp = fixture_gate(&f);
+    if (tern_cuda_moe(ex, shp, sgp, dx, T, K, dids, dw, work, dout, ck->stream, &err)) die_err("moe", &err);
     dev_sync(ck, "moe");
     dev_download(got, dout, (size_t)T * c->H * sizeof(float));
     char shape[96], sis[24] = "";
@@ -199,27 +243,20 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
         float *tmpw = xmalloc((size_t)T * K * sizeof(float));
         for (int i = 0; i < n_sets; i++) random_routing(ck, T, K, c->E, sets + (size_t)i * T * K, tmpw);
         int32_t *dsets = dev_upload(sets, (size_t)n_sets * T * K * sizeof(int32_t));
-        moe_run r = {&ex, shp, sgp, dx, T, K, dsets, n_sets, dw, work, dout, ck->stream};
+        moe_run r = {ex, shp, sgp, dx, T, K, dsets, n_sets, dw, work, dout, ck->stream};
         double ms = time_op(ck, run_moe, &r);
-        double bytes = (double)T * K * (double)stride;
-        if (c->shared_kind) bytes += (double)(mat_bytes(&sh[0].h) * 3 + mat_bytes(&sg_m.h));
+        double bytes = (double)T * K * (double)f.stride + fixture_shared_bytes(&f);
         report_time(ck, "moe", shape, ms, bytes);
         tern_cuda_free(dsets);
         free(sets);
         free(tmpw);
     }
-    if (c->shared_kind) {
-        for (int i = 0; i < 3; i++) free_mat(&sh[i]);
-        free_mat(&sg_m);
-    }
+    fixture_free(&f);
     tern_cuda_free(dids);
     tern_cuda_free(dw);
     tern_cuda_free(dx);
     tern_cuda_free(work);
     tern_cuda_free(dout);
-    tern_cuda_free(table);
-    tern_cuda_free(dblobs);
-    free(blobs);
     free(ids);
     free(wts);
     free(x);
@@ -389,9 +426,8 @@ static void run_moeg(void *arg, int rep) {
 
 /* out (H) = sum over the token's experts in ascending id of w * E(x), then
  * + sigmoid(x . w_sg) * shared(x). */
-static void moeg_ref_token(checker *ck, const moeg_case *c, const tern_cuda_experts *ex, const uint8_t *blobs,
-                           size_t stride, const int32_t *ids, const float *wts, const float *xt, const test_mat *sh,
-                           const test_mat *sg_m, float *out) {
+static void moeg_ref_token(checker *ck, const moeg_case *c, const expert_fixture *f, const int32_t *ids,
+                           const float *wts, const float *xt, float *out) {
     int K = c->K, ord[64];
     for (int k = 0; k < K; k++) {
         int j = k;
@@ -399,49 +435,13 @@ static void moeg_ref_token(checker *ck, const moeg_case *c, const tern_cuda_expe
         ord[j] = k;
     }
     memset(out, 0, (size_t)c->H * sizeof(float));
-    for (int i = 0; i < K; i++) {
-        int k = ord[i], e = ids[k], slot = c->use_table ? c->E - 1 - e : e;
-        const uint8_t *blob = blobs + (size_t)slot * stride;
-        tern_mat g = host_part(blob, &ex->gate), u = host_part(blob, &ex->up), d = host_part(blob, &ex->down);
-        swiglu_ref(ck, &g, &u, &d, xt, wts[k], out);
-    }
-    if (c->shared_kind) {
-        float sgv;
-        tern_matmul(ck->pool, &sgv, xt, 1, &sg_m->h);
-        swiglu_ref(ck, &sh[0].h, &sh[1].h, &sh[2].h, xt, tern_sigmoid(sgv), out);
-    }
+    for (int i = 0; i < K; i++) fixture_ref(ck, f, ids[ord[i]], xt, wts[ord[i]], out);
+    if (f->has_shared) fixture_ref_shared(ck, f, xt, out);
 }
 
 static void moeg_check(checker *ck, const moeg_case *c, int timed) {
-    tern_cuda_experts ex = {0};
-    size_t stride = layout_parts(&ex, c->H, c->I, c->bits, c->group);
-    ex.stride = stride;
-    uint8_t *blobs = xmalloc(stride * (size_t)c->E);
-    memset(blobs, 0, stride * (size_t)c->E);
-    for (int e = 0; e < c->E; e++) fill_blob(ck, blobs + (size_t)e * stride, &ex);
-    uint8_t *dblobs = dev_upload(blobs, stride * (size_t)c->E);
-    void *table = NULL;
-    if (c->use_table) {
-        const uint8_t **tab = xmalloc((size_t)c->E * sizeof(*tab));
-        for (int e = 0; e < c->E; e++) tab[e] = dblobs + (size_t)(c->E - 1 - e) * stride;
-        table = dev_upload(tab, (size_t)c->E * sizeof(*tab));
-        free(tab);
-        ex.blobs = table;
-    } else {
-        ex.base = dblobs;
-    }
-    test_mat sg_m, sh[3];
-    tern_expert_w shd;
-    if (c->shared_kind) {
-        int bits = c->shared_kind == 8 ? 8 : 0;
-        make_mat(ck, &sh[0], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[1], c->I, c->H, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sh[2], c->H, c->I, bits, TERN_DTYPE_BF16, c->group);
-        make_mat(ck, &sg_m, 1, c->H, 8, 0, c->group);
-        shd.gate = sh[0].d;
-        shd.up = sh[1].d;
-        shd.down = sh[2].d;
-    }
+    expert_fixture f;
+    fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
     int T = c->T, K = c->K;
     size_t TH = (size_t)T * c->H;
     int32_t *ids = xmalloc((size_t)T * K * sizeof(int32_t));
@@ -461,10 +461,10 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
     size_t wb = tern_cuda_moe_grouped_workspace(T, K, c->E, c->H, c->I, Is);
     void *work = dev_alloc(wb), *pwork = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
     float *dout = dev_poison(TH), *dpt = dev_poison(TH);
-    const tern_expert_w *shp = c->shared_kind ? &shd : NULL;
-    const tern_mat *sgp = c->shared_kind ? &sg_m.d : NULL;
-    moeg_run r = {&ex, c->E, shp, sgp, dx, T, K, dids, dw, work, wb, dout, 0, ck->stream};
-    moeg_run p = {&ex, c->E, shp, sgp, dx, T, K, dids, dw, pwork, 0, dpt, 1, ck->stream};
+    const tern_expert_w *shp = fixture_shared(&f);
+    const tern_mat *sgp = fixture_gate(&f);
+    moeg_run r = {&f.ex, c->E, shp, sgp, dx, T, K, dids, dw, work, wb, dout, 0, ck->stream};
+    moeg_run p = {&f.ex, c->E, shp, sgp, dx, T, K, dids, dw, pwork, 0, dpt, 1, ck->stream};
     run_moeg(&r, 0);
     run_moeg(&p, 0);
     dev_sync(ck, "moe_grouped");
@@ -475,8 +475,8 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
     float *sub = xmalloc((size_t)n_chk * c->H * sizeof(float));
     for (int i = 0; i < n_chk; i++) {
         int t = i * every;
-        moeg_ref_token(ck, c, &ex, blobs, stride, ids + (size_t)t * K, wts + (size_t)t * K, x + (size_t)t * c->H, sh,
-                       &sg_m, ref + (size_t)i * c->H);
+        moeg_ref_token(ck, c, &f, ids + (size_t)t * K, wts + (size_t)t * K, x + (size_t)t * c->H,
+                       ref + (size_t)i * c->H);
         memcpy(sub + (size_t)i * c->H, got + (size_t)t * c->H, (size_t)c->H * sizeof(float));
     }
     char shape[128], sh2[160];
@@ -489,18 +489,14 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
     report(ck, "moe_grouped~", sh2, got, pt, TH, 1e-2);
     if (timed && ck->time) {
         double flops = 2.0 * T * K * 3.0 * (double)c->I * c->H + (c->shared_kind ? 2.0 * T * 3.0 * Is * c->H : 0);
-        double bytes = (double)c->E * stride + 2.0 * TH * 4;
-        if (c->shared_kind) bytes += (double)(mat_bytes(&sh[0].h) * 3 + mat_bytes(&sg_m.h));
+        double bytes = (double)c->E * f.stride + 2.0 * TH * 4 + fixture_shared_bytes(&f);
         report_rate(ck, "moe_grouped", shape, time_eager(ck, run_moeg, &r, 10), flops, bytes);
         report_rate(ck, "moe (per token)", shape, time_eager(ck, run_moeg, &p, 3), flops, bytes);
     }
-    if (c->shared_kind) {
-        for (int i = 0; i < 3; i++) free_mat(&sh[i]);
-        free_mat(&sg_m);
-    }
-    void *dbufs[] = {dids, dw, dx, work, pwork, dout, dpt, table, dblobs};
+    fixture_free(&f);
+    void *dbufs[] = {dids, dw, dx, work, pwork, dout, dpt};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) tern_cuda_free(dbufs[i]);
-    free(blobs); free(ids); free(wts); free(x); free(ref); free(got); free(pt); free(sub);
+    free(ids); free(wts); free(x); free(ref); free(got); free(pt); free(sub);
 }
 
 void check_moe_grouped(checker *ck) {
