@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/idot.cuh"
 #include "cuda/route.cuh"
 
 #define G1_THREADS 256
@@ -345,7 +346,8 @@ __device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, i
     }
 }
 
-template <int KIND, int RW>
+/* ID: q4 through integer dots (idot.cuh), the input as digits. */
+template <int KIND, int RW, bool ID>
 __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     constexpr bool Q = kind_traits<KIND>::QUANT;
@@ -356,6 +358,8 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     uint8_t *stages = (uint8_t *)g1_smem;
     float4 *xs4 = (float4 *)(stages + GS_STAGES * L.stage);
     float *csum = (float *)(xs4 + a.cols / 4);
+    uint4 *xd = (uint4 *)(xs4 + a.cols / 4);
+    xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * nch);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt;
 
     pdl_trigger();
@@ -366,7 +370,20 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         cp_commit();
     }
     pdl_wait();
-    g1_stage<KIND>(a, xs4, csum, red);
+    if (ID) {
+        float4 v[G1_MAXV];
+        g1_input(a, red, v);
+#pragma unroll
+        for (int k = 0; k < G1_MAXV; k++) {
+            int i = threadIdx.x + k * G1_THREADS;
+            if (i < a.cols / 4) xs4[i] = v[k];
+        }
+        __syncthreads();
+        xd_build((const float *)xs4, a.cols, xd, cx, G1_WARPS);
+        __syncthreads();
+    } else {
+        g1_stage<KIND>(a, xs4, csum, red);
+    }
 
     for (int k = 0;; k++) {
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
@@ -383,17 +400,31 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
 #pragma unroll
         for (int r = 0; r < RW; r++) acc[r] = 0.0f;
         for (int ci = lane; ci < nch; ci += 32) {
-            float4 xv[F];
+            if (ID) {
+                uint4 d[XD_VEC4];
+                xd_load(xd, nch, ci, d);
+                xd_chunk c = cx[ci];
+                int g = (ci * 32) >> a.gsh;
 #pragma unroll
-            for (int q = 0; q < F; q++) xv[q] = xs4[q * nch + ci];
-            float cs = Q ? csum[ci] : 0.0f;
-            int g = Q ? (ci * E) >> a.gsh : 0;
+                for (int r = 0; r < RW; r++) {
+                    int row = warp * RW + r;
+                    uint4 raw = *(const uint4 *)(st + (size_t)row * a.row_bytes + (size_t)ci * 16);
+                    float p = (float)q4_idot(raw, d) * c.dx;
+                    acc[r] += fmaf(bf16f(ssc[row * L.ng + g]), p, bf16f(sbi[row * L.ng + g]) * c.sum);
+                }
+            } else {
+                float4 xv[F];
 #pragma unroll
-            for (int r = 0; r < RW; r++) {
-                int row = warp * RW + r;
-                uint4 raw = *(const uint4 *)(st + (size_t)row * a.row_bytes + (size_t)ci * 16);
-                float p = g1_chunk_dot<KIND>(raw, xv);
-                acc[r] += Q ? fmaf(bf16f(ssc[row * L.ng + g]), p, bf16f(sbi[row * L.ng + g]) * cs) : p;
+                for (int q = 0; q < F; q++) xv[q] = xs4[q * nch + ci];
+                float cs = Q ? csum[ci] : 0.0f;
+                int g = Q ? (ci * E) >> a.gsh : 0;
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    int row = warp * RW + r;
+                    uint4 raw = *(const uint4 *)(st + (size_t)row * a.row_bytes + (size_t)ci * 16);
+                    float p = g1_chunk_dot<KIND>(raw, xv);
+                    acc[r] += Q ? fmaf(bf16f(ssc[row * L.ng + g]), p, bf16f(sbi[row * L.ng + g]) * cs) : p;
+                }
             }
         }
 #pragma unroll
@@ -419,25 +450,26 @@ static int gs_rows_per_warp(int kind, const tern_mat *W) {
     return rw;
 }
 
-template <int KIND, int RW>
+template <int KIND, int RW, bool ID>
 static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
-    size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
+    size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) +
+                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));
     static occ_cache cache;
-    int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW>, smem);
+    int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, smem);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
     int64_t blocks = tiles < cap ? tiles : cap;
-    return launch_pdl(gemv1s_kernel<KIND, RW>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+    return launch_pdl(gemv1s_kernel<KIND, RW, ID>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
 }
 
-template <int KIND>
+template <int KIND, bool ID = false>
 static cudaError_t gs_pick(const g1_args &a, int rw, cudaStream_t s) {
     switch (rw) {
-    case 1: return gs_launch<KIND, 1>(a, s);
-    case 2: return gs_launch<KIND, 2>(a, s);
-    case 4: return gs_launch<KIND, 4>(a, s);
-    default: return gs_launch<KIND, 8>(a, s);
+    case 1: return gs_launch<KIND, 1, ID>(a, s);
+    case 2: return gs_launch<KIND, 2, ID>(a, s);
+    case 4: return gs_launch<KIND, 4, ID>(a, s);
+    default: return gs_launch<KIND, 8, ID>(a, s);
     }
 }
 
@@ -719,7 +751,7 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
 }
 
 /* TERN_GEMV1, read once per process like the other debugging switches. */
-enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_MMA };
+enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_MMA, FORCE_INT };
 static int gemv1_forced(void) {
     static int f = -1;
     if (f < 0) {
@@ -728,6 +760,7 @@ static int gemv1_forced(void) {
             : !strcmp(v, "regs")       ? FORCE_REGS
             : !strcmp(v, "staged")     ? FORCE_STAGED
             : !strcmp(v, "mma")        ? FORCE_MMA
+            : !strcmp(v, "int")        ? FORCE_INT
                                        : FORCE_NONE;
     }
     return f;
@@ -748,25 +781,26 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
                  kind_row_bytes(kind, W->cols), *in, y, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
-    /* Which kernel (measured on the H200, docs/CUDA.md): below ~32 MB of
-     * weights the register tiles (all of a lane's loads issued at once, one
-     * wave) are as fast as any; above, q4 takes the tensor cores (the
-     * CUDA-core kernels are issue-bound at 4 bits) and q8 / 16-bit the
-     * staged CUDA-core kernel. TERN_GEMV1=regs|staged|mma forces one where
-     * it fits (for comparisons); the fused router always takes the register
-     * tiles. */
+    /* Which kernel (measured on the H200, docs/CUDA.md "third round"):
+     * below ~8 MB of weights the register tiles (all of a lane's loads
+     * issued at once, one wave); above, the staged kernel (weights through
+     * shared memory, cp.async), at 4 bits with the input as digits and
+     * integer dots (idot.cuh). TERN_GEMV1=regs|staged|int|mma forces one
+     * where it fits (for comparisons; mma: the tensor-core kernel); the
+     * fused router takes the register tiles. */
     int forced = gemv1_forced();
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
-    int big = bytes >= ((size_t)32 << 20);
+    int big = bytes >= ((size_t)8 << 20);
     int regs = route || (forced ? forced == FORCE_REGS : !big);
-    int mma = forced ? forced == FORCE_MMA : big && kind == KIND_Q4;
-    if (!regs && mma && gm_fits(kind, W)) {
+    if (!regs && forced == FORCE_MMA && gm_fits(kind, W)) {
         cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
         if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
         return launch_check("gemv1", err);
     }
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
-    cudaError_t e = rw ? (kind == KIND_Q4   ? gs_pick<KIND_Q4>(a, rw, st)
+    int ints = rw && kind == KIND_Q4 && W->cols % XD_SPAN == 0 && forced != FORCE_STAGED;
+    cudaError_t e = ints ? gs_pick<KIND_Q4, true>(a, rw, st)
+                  : rw ? (kind == KIND_Q4   ? gs_pick<KIND_Q4>(a, rw, st)
                           : kind == KIND_Q8 ? gs_pick<KIND_Q8>(a, rw, st)
                           : kind == KIND_BF16 ? gs_pick<KIND_BF16>(a, rw, st)
                                               : gs_pick<KIND_F16>(a, rw, st))

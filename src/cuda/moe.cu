@@ -32,6 +32,7 @@
 #include <float.h>
 
 #include "cuda/common.cuh"
+#include "cuda/idot.cuh"
 #include "cuda/route.cuh"
 
 typedef struct {
@@ -154,6 +155,96 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(moe_args a) {
     if (i0 < a.s_inter) gate_up_any(a.s_kind, a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     if (blockIdx.x == 0 && warp == 0) {
         float v = dot_any(a.sg_kind, a.sg_p, a.H, x);
+        if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
+    }
+}
+
+/* ---- launch 1 at 4 bits: gate and up through integer dots ----------------
+ * The same rows per warp, with x turned into digits once per block
+ * (idot.cuh): a q4 chunk costs 24 dp4a per row instead of 32 float
+ * dequantize-and-multiply steps. A block of 8 warps takes 16 rows of gate
+ * and of up of one segment; a warp's 4 rows x 2 chunks per lane (H = 2048)
+ * are loaded before any is used. */
+#define GUD_WARPS 8
+
+__device__ void gate_up_rows_d(const part_ptr &g, const part_ptr &u, int i0, int n, int H, const uint4 *xd,
+                               const xd_chunk *cx, float *h) {
+    const int lane = threadIdx.x & 31, nch = H / 32;
+    const int i1 = i0 + 1 < n ? i0 + 1 : i0;
+    const uint8_t *q[4];
+    const uint16_t *sc[4], *bi[4];
+    const int gs[4] = {g.gsh, u.gsh, g.gsh, u.gsh};
+    part_row(g, KIND_Q4, i0, H, q[0], sc[0], bi[0]);
+    part_row(u, KIND_Q4, i0, H, q[1], sc[1], bi[1]);
+    part_row(g, KIND_Q4, i1, H, q[2], sc[2], bi[2]);
+    part_row(u, KIND_Q4, i1, H, q[3], sc[3], bi[3]);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = lane; c0 < nch; c0 += 64) {
+        uint4 raw[2][4];
+        float s[2][4], b[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int ci = c0 + 32 * j < nch ? c0 + 32 * j : c0;
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                raw[j][r] = ld_stream(q[r] + (size_t)ci * 16);
+                const int gi = (ci * 32) >> gs[r];
+                s[j][r] = bf16f(__ldg(sc[r] + gi));
+                b[j][r] = bf16f(__ldg(bi[r] + gi));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int ci = c0 + 32 * j;
+            if (ci >= nch) break;
+            uint4 d[XD_VEC4];
+            xd_load(xd, nch, ci, d);
+            const xd_chunk c = cx[ci];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float p = (float)q4_idot(raw[j][r], d) * c.dx;
+                acc[r] += fmaf(s[j][r], p, b[j][r] * c.sum);
+            }
+        }
+    }
+    float g0 = warp_sum(acc[0]), u0 = warp_sum(acc[1]), g1 = warp_sum(acc[2]), u1 = warp_sum(acc[3]);
+    if (lane == 0) {
+        h[i0] = silu_f(g0) * u0;
+        if (i0 + 1 < n) h[i0 + 1] = silu_f(g1) * u1;
+    }
+}
+
+/* SK: the shared expert's kind (-1: none), a template argument so the
+ * kernel holds only the code it runs (a block runs for a few microseconds:
+ * instruction-cache misses of a kernel carrying every kind's loop measured
+ * 30 % of its stalls). */
+template <int SK>
+__global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args a) {
+    extern __shared__ float4 gud_smem[];
+    const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
+    const int i0 = (blockIdx.x * GUD_WARPS + warp) * 2;
+    const float *x = a.x + (size_t)t * a.H;
+    float *h = a.h + (size_t)seg * a.Imax;
+    const bool routed = k < a.K;
+    if (routed || SK == KIND_Q4) {   /* x as digits (every thread of the block takes part) */
+        float *xf = (float *)gud_smem;
+        uint4 *xd = (uint4 *)(xf + a.H);
+        xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
+        for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) ((float4 *)xf)[i] = ((const float4 *)x)[i];
+        __syncthreads();
+        xd_build(xf, a.H, xd, cx, GUD_WARPS);
+        __syncthreads();
+        if (routed && i0 < a.I) {
+            const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
+            gate_up_rows_d(blob_part(blob, a.gate), blob_part(blob, a.up), i0, a.I, a.H, xd, cx, h);
+        } else if (!routed && i0 < a.s_inter) {
+            gate_up_rows_d(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, xd, cx, h);
+        }
+    } else if (SK >= 0 && i0 < a.s_inter) {
+        gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
+    }
+    if (SK >= 0 && !routed && blockIdx.x == 0 && warp == 0) {
+        float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, x) : dot_any(a.sg_kind, a.sg_p, a.H, x);
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
 }
@@ -506,7 +597,19 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     void (*k2)(moe_args, float *) = down[a.r_kind == KIND_Q8][a.s_kind + 1];
     if (smem_attr((const void *)k2, smem2, err)) return -1;
 
-    moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
+    if (a.r_kind == KIND_Q4 && a.H % XD_SPAN == 0) {
+        /* integer dots; the digits of x in shared memory */
+        size_t smem1 = (size_t)a.H * sizeof(float) + (size_t)(a.H / 32) * (XD_VEC4 * 16 + sizeof(xd_chunk));
+        static void (*const gud[5])(moe_args) = {moe_gate_up_d_kernel<-1>, moe_gate_up_d_kernel<KIND_Q4>,
+                                                  moe_gate_up_d_kernel<KIND_Q8>, moe_gate_up_d_kernel<KIND_BF16>,
+                                                  moe_gate_up_d_kernel<KIND_F16>};
+        void (*k1)(moe_args) = gud[a.s_kind + 1];
+        if (smem_attr((const void *)k1, smem1, err)) return -1;
+        dim3 gd(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S);
+        k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
+    } else {
+        moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
+    }
     if (launch_check("moe gate/up", err)) return -1;
     void *args[] = {&a, &out};
     cudaError_t e = cudaLaunchKernel((const void *)k2, g2, dim3(a.nt), args, smem2, s);

@@ -1,0 +1,96 @@
+/* Exact integer row dots for 4-bit weights at one token (the one-token GEMV
+ * and the experts' gate/up).
+ *
+ * Why: dequantizing a q4 weight to fp32 costs a PRMT, an FADD and an FFMA,
+ * and with addressing and loads a 16-byte chunk (32 weights) took ~265
+ * instructions per row (measured, Nsight Compute: 6.6 M for a 12352 x 2048
+ * product), so the kernels were issue-bound at a third of the bandwidth.
+ * Here the weights stay integers and dp4a (four 8-bit products summed into
+ * an int32) takes them four at a time: a chunk is 12 masks/shifts and 24
+ * dp4a per row.
+ *
+ * The input becomes integers too, as the tensor-core GEMV does
+ * (gemv_fused.cu): per span of 64 values x ~ dx * xi with dx = max|x| / 2^20
+ * (|x - dx xi| <= dx / 2, ~5e-7 of the span's largest value), and xi is cut
+ * into three 7-bit digits xi = d2 2^14 + d1 2^7 + d0 (d0, d1 in 0..127, d2
+ * in -64..64). A chunk's sum q x = dx (c0 + 2^7 c1 + 2^14 c2) with c_i the
+ * digit dots: all int32 and exact (|2^14 c2| <= 2^14 * 32 * 15 * 64 < 2^29).
+ * Then scale * that + bias * sum(x), as the float kernels do.
+ *
+ * Layout (shared memory): a q4 word holds elements 0..7 of its 8, the low
+ * nibbles of its bytes are elements 0, 2, 4, 6 and the high ones 1, 3, 5, 7.
+ * So a chunk's digits are 24 int32 words f = (word * 2 + half) * 3 + digit,
+ * byte b of word f the digit of element 8 word + 2 b + half; word f of chunk
+ * c sits in uint4 (f / 4) * n_chunks + c, component f % 4, so the 32 lanes
+ * of a warp reading 32 consecutive chunks read 512 contiguous bytes. */
+#ifndef TERN_CUDA_IDOT_CUH
+#define TERN_CUDA_IDOT_CUH
+
+#include "cuda/common.cuh"
+
+#define XD_SPAN 64
+#define XD_VEC4 6   /* uint4 of digits per chunk */
+
+/* Per chunk: the span's dx and the chunk's sum of x. */
+typedef struct {
+    float dx, sum;
+} xd_chunk;
+
+/* Digits of xf[0..cols) (shared memory, cols a multiple of 64) into xd
+ * (XD_VEC4 * cols / 32 uint4) and cx (cols / 32): warp w takes spans w,
+ * w + nwarps, ...; lane l holds values 2l and 2l + 1 of a span. The caller
+ * synchronises before (xf complete) and after. */
+__device__ __forceinline__ void xd_build(const float *xf, int cols, uint4 *xd, xd_chunk *cx, int nwarps) {
+    const int lane = threadIdx.x & 31, nsp = cols / XD_SPAN, nch = cols / 32;
+    uint8_t *xb = (uint8_t *)xd;
+    for (int sp = threadIdx.x >> 5; sp < nsp; sp += nwarps) {
+        float x0 = xf[sp * XD_SPAN + 2 * lane], x1 = xf[sp * XD_SPAN + 2 * lane + 1];
+        float m = warp_max(fmaxf(fabsf(x0), fabsf(x1)));
+        float s = x0 + x1;   /* sums of the two chunks: lanes 0..15 and 16..31 */
+#pragma unroll
+        for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        float inv = m > 0.0f ? 1048576.0f / m : 0.0f, dx = m > 0.0f ? m * (1.0f / 1048576.0f) : 0.0f;
+        int ci = 2 * sp + (lane >> 4), e = (2 * lane) & 31, w = e >> 3, b = (e & 7) >> 1;
+        int xi[2] = {__float2int_rn(x0 * inv), __float2int_rn(x1 * inv)};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int dg[3] = {xi[h] & 127, (xi[h] >> 7) & 127, xi[h] >> 14};
+#pragma unroll
+            for (int d = 0; d < 3; d++) {
+                int f = (w * 2 + h) * 3 + d;
+                xb[((size_t)(f >> 2) * nch + ci) * 16 + (f & 3) * 4 + b] = (uint8_t)(int8_t)dg[d];
+            }
+        }
+        if ((lane & 15) == 0) cx[ci] = xd_chunk{dx, s};
+    }
+}
+
+/* The digits of chunk c (n_chunks chunks) from shared memory. */
+__device__ __forceinline__ void xd_load(const uint4 *xd, int nch, int c, uint4 (&d)[XD_VEC4]) {
+#pragma unroll
+    for (int i = 0; i < XD_VEC4; i++) d[i] = xd[i * nch + c];
+}
+
+__device__ __forceinline__ int xd_word(const uint4 (&d)[XD_VEC4], int f) {
+    const uint4 &v = d[f >> 2];
+    return (f & 3) == 0 ? (int)v.x : (f & 3) == 1 ? (int)v.y : (f & 3) == 2 ? (int)v.z : (int)v.w;
+}
+
+/* sum q x of a q4 chunk over dx: c0 + 2^7 c1 + 2^14 c2, exact. */
+__device__ __forceinline__ int q4_idot(uint4 raw, const uint4 (&d)[XD_VEC4]) {
+    const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
+    int c0 = 0, c1 = 0, c2 = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        int lo = (int)(wv[w] & 0x0f0f0f0fu), hi = (int)((wv[w] >> 4) & 0x0f0f0f0fu);
+        c0 = __dp4a(lo, xd_word(d, w * 6 + 0), c0);
+        c1 = __dp4a(lo, xd_word(d, w * 6 + 1), c1);
+        c2 = __dp4a(lo, xd_word(d, w * 6 + 2), c2);
+        c0 = __dp4a(hi, xd_word(d, w * 6 + 3), c0);
+        c1 = __dp4a(hi, xd_word(d, w * 6 + 4), c1);
+        c2 = __dp4a(hi, xd_word(d, w * 6 + 5), c2);
+    }
+    return c0 + c1 * 128 + c2 * 16384;
+}
+
+#endif
