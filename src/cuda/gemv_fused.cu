@@ -346,7 +346,7 @@ __device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, i
     }
 }
 
-/* ID: q4 through integer dots (idot.cuh), the input as digits. */
+/* ID: q4 / q8 through integer dots (idot.cuh), the input as digits. */
 template <int KIND, int RW, bool ID>
 __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
             if (i < a.cols / 4) xs4[i] = v[k];
         }
         __syncthreads();
-        xd_build((const float *)xs4, a.cols, xd, cx, G1_WARPS);
+        xd_build<KIND == KIND_Q8 ? KIND_Q8 : KIND_Q4>((const float *)xs4, a.cols, xd, cx, G1_WARPS);
         __syncthreads();
     } else {
         g1_stage<KIND>(a, xs4, csum, red);
@@ -401,15 +401,16 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         for (int r = 0; r < RW; r++) acc[r] = 0.0f;
         for (int ci = lane; ci < nch; ci += 32) {
             if (ID) {
+                constexpr int IK = KIND == KIND_Q8 ? KIND_Q8 : KIND_Q4;
                 uint4 d[XD_VEC4];
-                xd_load(xd, nch, ci, d);
+                xd_load<IK>(xd, nch, ci, d);
                 xd_chunk c = cx[ci];
-                int g = (ci * 32) >> a.gsh;
+                int g = (ci * E) >> a.gsh;
 #pragma unroll
                 for (int r = 0; r < RW; r++) {
                     int row = warp * RW + r;
                     uint4 raw = *(const uint4 *)(st + (size_t)row * a.row_bytes + (size_t)ci * 16);
-                    float p = (float)q4_idot(raw, d) * c.dx;
+                    float p = xd_dot<IK>(raw, d) * c.dx;
                     acc[r] += fmaf(bf16f(ssc[row * L.ng + g]), p, bf16f(sbi[row * L.ng + g]) * c.sum);
                 }
             } else {
@@ -455,7 +456,7 @@ static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
     size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) +
-                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));
+                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));   /* q8 uses half the digits' room */
     static occ_cache cache;
     int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, smem);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
@@ -798,8 +799,12 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
         return launch_check("gemv1", err);
     }
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
-    int ints = rw && kind == KIND_Q4 && W->cols % XD_SPAN == 0 && forced != FORCE_STAGED;
-    cudaError_t e = ints ? gs_pick<KIND_Q4, true>(a, rw, st)
+    /* q8 takes the integer dots only for the largest matrices (the lm_head:
+     * 160 -> 133 us); on the 9-27 MB ones they measured slower (docs/CUDA.md) */
+    int huge = bytes >= ((size_t)64 << 20);
+    int ints = rw && (kind == KIND_Q4 || (kind == KIND_Q8 && (huge || forced == FORCE_INT))) &&
+               W->cols % XD_SPAN == 0 && forced != FORCE_STAGED;
+    cudaError_t e = ints ? (kind == KIND_Q4 ? gs_pick<KIND_Q4, true>(a, rw, st) : gs_pick<KIND_Q8, true>(a, rw, st))
                   : rw ? (kind == KIND_Q4   ? gs_pick<KIND_Q4>(a, rw, st)
                           : kind == KIND_Q8 ? gs_pick<KIND_Q8>(a, rw, st)
                           : kind == KIND_BF16 ? gs_pick<KIND_BF16>(a, rw, st)

@@ -17,6 +17,9 @@
  * digit dots: all int32 and exact (|2^14 c2| <= 2^14 * 32 * 15 * 64 < 2^29).
  * Then scale * that + bias * sum(x), as the float kernels do.
  *
+ * 8-bit weights take the same digits with dp4a on their bytes as they are
+ * (unsigned x signed), 12 per 16-byte chunk.
+ *
  * Layout (shared memory): a q4 word holds elements 0..7 of its 8, the low
  * nibbles of its bytes are elements 0, 2, 4, 6 and the high ones 1, 3, 5, 7.
  * So a chunk's digits are 24 int32 words f = (word * 2 + half) * 3 + digit,
@@ -29,7 +32,14 @@
 #include "cuda/common.cuh"
 
 #define XD_SPAN 64
-#define XD_VEC4 6   /* uint4 of digits per chunk */
+#define XD_VEC4 6   /* uint4 of digits per chunk, the most of any kind */
+
+/* Per chunk (16 bytes of weights): elements, and uint4 of digits (three
+ * bytes per element). q8: a word holds elements 4 w .. 4 w + 3 in its
+ * bytes, so its digits are 12 words f = word * 3 + digit. */
+template <int KIND> struct xd_traits;
+template <> struct xd_traits<KIND_Q4> { enum { E = 32, V4 = 6 }; };
+template <> struct xd_traits<KIND_Q8> { enum { E = 16, V4 = 3 }; };
 
 /* Per chunk: the span's dx and the chunk's sum of x. */
 typedef struct {
@@ -37,38 +47,44 @@ typedef struct {
 } xd_chunk;
 
 /* Digits of xf[0..cols) (shared memory, cols a multiple of 64) into xd
- * (XD_VEC4 * cols / 32 uint4) and cx (cols / 32): warp w takes spans w,
- * w + nwarps, ...; lane l holds values 2l and 2l + 1 of a span. The caller
- * synchronises before (xf complete) and after. */
+ * (V4 * cols / E uint4) and cx (cols / E) for weights of KIND: warp w takes
+ * spans w, w + nwarps, ...; lane l holds values 2l and 2l + 1 of a span.
+ * The caller synchronises before (xf complete) and after. */
+template <int KIND>
 __device__ __forceinline__ void xd_build(const float *xf, int cols, uint4 *xd, xd_chunk *cx, int nwarps) {
-    const int lane = threadIdx.x & 31, nsp = cols / XD_SPAN, nch = cols / 32;
+    constexpr int E = xd_traits<KIND>::E, LPC = E / 2;   /* lanes per chunk */
+    const int lane = threadIdx.x & 31, nsp = cols / XD_SPAN, nch = cols / E;
     uint8_t *xb = (uint8_t *)xd;
     for (int sp = threadIdx.x >> 5; sp < nsp; sp += nwarps) {
         float x0 = xf[sp * XD_SPAN + 2 * lane], x1 = xf[sp * XD_SPAN + 2 * lane + 1];
         float m = warp_max(fmaxf(fabsf(x0), fabsf(x1)));
-        float s = x0 + x1;   /* sums of the two chunks: lanes 0..15 and 16..31 */
+        float s = x0 + x1;   /* the chunk's sum over its LPC lanes */
 #pragma unroll
-        for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        for (int o = LPC / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         float inv = m > 0.0f ? 1048576.0f / m : 0.0f, dx = m > 0.0f ? m * (1.0f / 1048576.0f) : 0.0f;
-        int ci = 2 * sp + (lane >> 4), e = (2 * lane) & 31, w = e >> 3, b = (e & 7) >> 1;
+        int ci = sp * (XD_SPAN / E) + lane / LPC, e = (2 * lane) % E;
         int xi[2] = {__float2int_rn(x0 * inv), __float2int_rn(x1 * inv)};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int dg[3] = {xi[h] & 127, (xi[h] >> 7) & 127, xi[h] >> 14};
+            /* q4: word e / 8, half h, byte (e % 8) / 2; q8: word (e + h) / 4, byte (e + h) % 4 */
+            const int w = KIND == KIND_Q4 ? e >> 3 : (e + h) >> 2;
+            const int b = KIND == KIND_Q4 ? (e & 7) >> 1 : (e + h) & 3;
 #pragma unroll
             for (int d = 0; d < 3; d++) {
-                int f = (w * 2 + h) * 3 + d;
+                int f = KIND == KIND_Q4 ? (w * 2 + h) * 3 + d : w * 3 + d;
                 xb[((size_t)(f >> 2) * nch + ci) * 16 + (f & 3) * 4 + b] = (uint8_t)(int8_t)dg[d];
             }
         }
-        if ((lane & 15) == 0) cx[ci] = xd_chunk{dx, s};
+        if (lane % LPC == 0) cx[ci] = xd_chunk{dx, s};
     }
 }
 
 /* The digits of chunk c (n_chunks chunks) from shared memory. */
+template <int KIND>
 __device__ __forceinline__ void xd_load(const uint4 *xd, int nch, int c, uint4 (&d)[XD_VEC4]) {
 #pragma unroll
-    for (int i = 0; i < XD_VEC4; i++) d[i] = xd[i * nch + c];
+    for (int i = 0; i < xd_traits<KIND>::V4; i++) d[i] = xd[i * nch + c];
 }
 
 __device__ __forceinline__ int xd_word(const uint4 (&d)[XD_VEC4], int f) {
@@ -76,21 +92,39 @@ __device__ __forceinline__ int xd_word(const uint4 (&d)[XD_VEC4], int f) {
     return (f & 3) == 0 ? (int)v.x : (f & 3) == 1 ? (int)v.y : (f & 3) == 2 ? (int)v.z : (int)v.w;
 }
 
-/* sum q x of a q4 chunk over dx: c0 + 2^7 c1 + 2^14 c2, exact. */
-__device__ __forceinline__ int q4_idot(uint4 raw, const uint4 (&d)[XD_VEC4]) {
+/* Four unsigned bytes of a times four signed bytes of b, plus c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* sum q x of a chunk over dx. q4: c0 + 2^7 c1 + 2^14 c2, exact in int32,
+ * then one conversion. q8: the digit dots are exact, but 2^14 c2 may pass
+ * 2^31 (255 * 64 * 16 * 2^14), so they combine in fp32 (each exact there:
+ * |c| < 2^24). */
+template <int KIND>
+__device__ __forceinline__ float xd_dot(uint4 raw, const uint4 (&d)[XD_VEC4]) {
     const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
     int c0 = 0, c1 = 0, c2 = 0;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        int lo = (int)(wv[w] & 0x0f0f0f0fu), hi = (int)((wv[w] >> 4) & 0x0f0f0f0fu);
-        c0 = __dp4a(lo, xd_word(d, w * 6 + 0), c0);
-        c1 = __dp4a(lo, xd_word(d, w * 6 + 1), c1);
-        c2 = __dp4a(lo, xd_word(d, w * 6 + 2), c2);
-        c0 = __dp4a(hi, xd_word(d, w * 6 + 3), c0);
-        c1 = __dp4a(hi, xd_word(d, w * 6 + 4), c1);
-        c2 = __dp4a(hi, xd_word(d, w * 6 + 5), c2);
+        if (KIND == KIND_Q4) {
+            int lo = (int)(wv[w] & 0x0f0f0f0fu), hi = (int)((wv[w] >> 4) & 0x0f0f0f0fu);
+            c0 = __dp4a(lo, xd_word(d, w * 6 + 0), c0);
+            c1 = __dp4a(lo, xd_word(d, w * 6 + 1), c1);
+            c2 = __dp4a(lo, xd_word(d, w * 6 + 2), c2);
+            c0 = __dp4a(hi, xd_word(d, w * 6 + 3), c0);
+            c1 = __dp4a(hi, xd_word(d, w * 6 + 4), c1);
+            c2 = __dp4a(hi, xd_word(d, w * 6 + 5), c2);
+        } else {
+            c0 = dp4a_us(wv[w], xd_word(d, w * 3 + 0), c0);
+            c1 = dp4a_us(wv[w], xd_word(d, w * 3 + 1), c1);
+            c2 = dp4a_us(wv[w], xd_word(d, w * 3 + 2), c2);
+        }
     }
-    return c0 + c1 * 128 + c2 * 16384;
+    if (KIND == KIND_Q4) return (float)(c0 + c1 * 128 + c2 * 16384);
+    return fmaf((float)c2, 16384.0f, fmaf((float)c1, 128.0f, (float)c0));
 }
 
 #endif

@@ -198,11 +198,11 @@ __device__ void gate_up_rows_d(const part_ptr &g, const part_ptr &u, int i0, int
             const int ci = c0 + 32 * j;
             if (ci >= nch) break;
             uint4 d[XD_VEC4];
-            xd_load(xd, nch, ci, d);
+            xd_load<KIND_Q4>(xd, nch, ci, d);
             const xd_chunk c = cx[ci];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                const float p = (float)q4_idot(raw[j][r], d) * c.dx;
+                const float p = xd_dot<KIND_Q4>(raw[j][r], d) * c.dx;
                 acc[r] += fmaf(s[j][r], p, b[j][r] * c.sum);
             }
         }
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args 
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
         for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) ((float4 *)xf)[i] = ((const float4 *)x)[i];
         __syncthreads();
-        xd_build(xf, a.H, xd, cx, GUD_WARPS);
+        xd_build<KIND_Q4>(xf, a.H, xd, cx, GUD_WARPS);
         __syncthreads();
         if (routed && i0 < a.I) {
             const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
