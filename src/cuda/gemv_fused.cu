@@ -298,7 +298,9 @@ static int blocks_per_sm(occ_cache &c, Kernel kernel, size_t smem) {
  * first GS_STAGES - 1 are requested before waiting for the previous kernel,
  * each later one as soon as a stage frees. Rows are contiguous, so a tile is
  * one contiguous range. Warps then read their RW rows from shared memory
- * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). */
+ * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). With ID the
+ * products are integer dots on the input's digits (idot.cuh): q4 always,
+ * q8 for the largest matrices (gemv1 below). */
 #define GS_STAGES 3
 #define GS_TILE_BYTES 16384
 
@@ -455,8 +457,10 @@ template <int KIND, int RW, bool ID>
 static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
+    /* the input as floats, then per chunk its sum, or its digits (room for
+     * q4's six uint4; q8 uses three) and dx / sum */
     size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) +
-                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));   /* q8 uses half the digits' room */
+                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));
     static occ_cache cache;
     int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, smem);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
@@ -491,7 +495,9 @@ static cudaError_t gs_pick(const g1_args &a, int rw, cudaStream_t s) {
  * lanes reads a row's 32 (q4) or 64 (q8) bytes of a span as one 8- or
  * 16-byte load each, and B's digits are laid out in shared memory in that
  * order. A block takes 16 rows; its 8 warps split the spans (K) and sum
- * their partial rows in shared memory at the end (fixed order). */
+ * their partial rows in shared memory at the end (fixed order). It runs
+ * only under TERN_GEMV1=mma: the staged kernel with integer dots (dp4a on
+ * the same digits) measured faster (q4 lm_head 78 against 112 us). */
 #define GM_SPAN 64
 #define GM_WARPS 8
 
