@@ -32,8 +32,11 @@ endif
 
 .PHONY: test-cuda
 # Arguments for the checker (e.g. TEST_CUDA_ARGS="--time --out DIR").
-# Then the GPU engine against the CPU engine (tests/gpu/check_engine.c).
+# The one-token GEMV's cases again with each of its kernels forced (some run
+# only when forced). Then the GPU engine against the CPU engine
+# (tests/gpu/check_engine.c).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
+	for k in regs staged int mma; do echo "TERN_GEMV1=$$k"; TERN_GEMV1=$$k build-cuda/tern-cuda-tests --only gemv || exit 1; done
 	build-cuda/tern-cuda-engine-tests
