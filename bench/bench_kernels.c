@@ -20,23 +20,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu/attention.h"
 #include "cpu/kvquant.h"
 #include "cpu/qmatvec.h"
 #include "model/safetensors.h"
 #include "util/pool.h"
+#include "util/clock.h"
 
 #define COLD_BYTES ((size_t)1 << 30)
 
 static int quick;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -152,9 +146,9 @@ static rate time_gemv(tern_pool *pool, tern_isa isa, const mat_set *s, int count
     }
     for (int i = 0; i < count * passes; i++) {
         gemv_job j = {isa, &s->m[i % s->n], prep, T, y};
-        double t0 = now();
+        double t0 = tern_now_s();
         tern_pool_for(pool, j.W->rows, gemv_range, &j);
-        t[i] = now() - t0;
+        t[i] = tern_now_s() - t0;
     }
     rate r = rate_of((double)s->bytes / 1e9, t, count * passes);
     free(t);
@@ -217,10 +211,10 @@ static void rooflines(tern_pool *pool1, tern_pool *pool2) {
                 for (int i = 0; i < np; i++) {
                     copy_job cj = {a + (size_t)i * piece, b + (size_t)i * piece, piece};
                     read_job rj = {(const float *)(a + (size_t)i * piece), sums, (int64_t)(piece / 4), tern_isa_best()};
-                    double t0 = now();
+                    double t0 = tern_now_s();
                     if (k == 0) tern_pool_for(pools[p], (int64_t)piece, copy_range, &cj);
                     else tern_pool_for(pools[p], rj.n, read_range, &rj);
-                    t[i] = now() - t0;
+                    t[i] = tern_now_s() - t0;
                 }
             res[k][p] = rate_of((double)piece / 1e9, t, np);
         }
@@ -345,9 +339,9 @@ static void kv_table(void) {
             double t[16];
             int reps = quick ? 3 : 15;
             for (int r = 0; r < reps; r++) {
-                double t0 = now();
+                double t0 = tern_now_s();
                 for (int h = 0; h < nq; h++) tern_attend(o + h * hd, q + h * 2 * hd, K, V, ctx[c], nkv * hd, hd, 0.0625f, s);
-                t[r] = now() - t0;
+                t[r] = tern_now_s() - t0;
             }
             us[c] = rate_of(1e-6, t, reps);
         }
@@ -373,9 +367,9 @@ static void kv_table(void) {
                 double t[16];
                 int reps = quick ? 3 : 15;
                 for (int r = 0; r < reps; r++) {
-                    double t0 = now();
+                    double t0 = tern_now_s();
                     tern_kv_attend(isa, &L, 0, q, nq, 2 * hd, K, V, L.row_bytes, ctx[c], 0.0625f, s, o, hd);
-                    t[r] = now() - t0;
+                    t[r] = tern_now_s() - t0;
                 }
                 us[c] = rate_of(1e-6, t, reps);
             }

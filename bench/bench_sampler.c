@@ -4,15 +4,9 @@
  * build/bench/bench_sampler`. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "engine/sampler.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 static double per_draw_ms(const tern_sampler_params *p, const float *logits, int V) {
     tern_error err;
@@ -24,9 +18,9 @@ static double per_draw_ms(const tern_sampler_params *p, const float *logits, int
     int32_t hist[4] = {1, 2, 3, 4};
     long acc = 0;
     int n = 200;
-    double t0 = now_s();
+    double t0 = tern_now_s();
     for (int i = 0; i < n; i++) acc += tern_sampler_sample(s, logits, hist, 4, &err);
-    double ms = (now_s() - t0) / n * 1e3;
+    double ms = (tern_now_s() - t0) / n * 1e3;
     tern_sampler_destroy(s);
     return acc >= 0 ? ms : -1;
 }

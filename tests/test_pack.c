@@ -28,6 +28,7 @@
 #include "tern.h"
 #include "testutil.h"
 #include "util/half.h"
+#include "util/clock.h"
 
 static char *dir;
 static void setup(void) { dir = make_temp_dir(); cr_assert(dir); }
@@ -580,12 +581,6 @@ static void synth_big(const char *d) {
     cr_assert(synth_model(d, &s) > 50000000);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Runs tern_pack in a child and SIGKILLs it after `delay` seconds, or as
  * soon as DST.partial/pack-state.json exists if delay < 0. Returns 1 if
  * the child was killed before finishing. */
@@ -598,11 +593,11 @@ static int pack_and_kill(const tern_pack_params *p, double delay) {
     }
     char state[1200];
     snprintf(state, sizeof state, "%s.partial/pack-state.json", p->dst);
-    double t0 = now_s();
+    double t0 = tern_now_s();
     int status;
     for (;;) {
         if (waitpid(pid, &status, WNOHANG) == pid) return 0;   /* finished first */
-        if (delay >= 0 ? now_s() - t0 >= delay : access(state, F_OK) == 0) break;
+        if (delay >= 0 ? tern_now_s() - t0 >= delay : access(state, F_OK) == 0) break;
         usleep(1000);
     }
     kill(pid, SIGKILL);
@@ -628,9 +623,9 @@ static void same_files(const char *a, const char *b) {
 Test(pack, killed_and_resumed_equals_uninterrupted, .timeout = 300) {
     synth_big(in_dir("src"));
     tern_pack_params a = params(in_dir("src"), in_dir("a"), 0);
-    double t0 = now_s();
+    double t0 = tern_now_s();
     pack_ok(&a);
-    double took = now_s() - t0;
+    double took = tern_now_s() - t0;
     unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
     srand(seed);
     tern_pack_params b = params(in_dir("src"), in_dir("b"), 0);

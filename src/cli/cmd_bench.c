@@ -20,6 +20,7 @@
 #include "cli/cli.h"
 #include "cli/cmd_pack.h"
 #include "tern.h"
+#include "util/clock.h"
 
 #ifndef TERN_COMMIT
 #define TERN_COMMIT "unknown"
@@ -190,12 +191,6 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
 
 /* ---- the machine -------------------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void cpu_name(char *out, size_t n) {
     snprintf(out, n, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -241,13 +236,13 @@ static double self_cpu_s(void) {
 
 static double others_busy_cpus(void) {
     unsigned long long b0, t0, b1, t1;
-    double s0 = self_cpu_s(), w0 = now_s();
+    double s0 = self_cpu_s(), w0 = tern_now_s();
     if (cpu_jiffies(&b0, &t0) != 0) return 0.0;
     usleep(500000);
     if (cpu_jiffies(&b1, &t1) != 0 || t1 == t0) return 0.0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double busy = (double)(b1 - b0) / (double)(t1 - t0) * (double)ncpu;
-    double own = (self_cpu_s() - s0) / (now_s() - w0);
+    double own = (self_cpu_s() - s0) / (tern_now_s() - w0);
     return busy - own > 0 ? busy - own : 0.0;
 }
 
@@ -282,7 +277,7 @@ static double read_bandwidth(int threads) {
     if (threads > 256) threads = 256;
     double best = 0.0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now_s();
+        double t0 = tern_now_s();
         int started = 0;
         for (int i = 0; i < threads; i++) {
             parts[i] = (bw_part){buf + n / threads * i, n / threads, 0};
@@ -290,7 +285,7 @@ static double read_bandwidth(int threads) {
             else break;
         }
         for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-        double gbs = (double)bytes / started * started / (now_s() - t0) / 1e9;
+        double gbs = (double)bytes / started * started / (tern_now_s() - t0) / 1e9;
         if (started == threads && gbs > best) best = gbs;
     }
     free(buf);
@@ -408,9 +403,9 @@ static int run_prefill(bench *b, int P, result *r, tern_error *err) {
         for (int i = 0; i < P; i++) toks[i] = random_token(b);
         tern_session *s = new_session(b, P, err);
         if (!s) { rc = -1; break; }
-        double t0 = now_s();
+        double t0 = tern_now_s();
         rc = tern_session_eval(s, toks, P, logits, 0, err);
-        double dt = now_s() - t0;
+        double dt = tern_now_s() - t0;
         tern_session_destroy(s);
         if (rc == 0 && rep >= b->o->warmup) {
             tps[n] = P / dt;
@@ -468,9 +463,9 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
         gp.sampling.seed = b->o->seed + (uint64_t)rep;
         tern_gen_stats st;
         int32_t last = toks[C - 1];
-        double t0 = now_s();
+        double t0 = tern_now_s();
         rc = tern_generate(s, NULL, &last, 1, &gp, NULL, NULL, &st, err);
-        double dt = now_s() - t0;
+        double dt = tern_now_s() - t0;
         if (rc == 0 && timed) {
             tps[got++] = st.n_generated / (st.decode_s > 0 ? st.decode_s : dt);
             tokens += (uint64_t)st.n_generated;
@@ -686,13 +681,13 @@ int tern_cli_bench(int argc, char **argv) {
     run_info ri = {.ncpu = sysconf(_SC_NPROCESSORS_ONLN)};
     if (preflight(&o, &ri.others, &ri.limit) != 0) return 1;
     tern_error err;
-    double t0 = now_s();
+    double t0 = tern_now_s();
     tern_model *m = open_model(&o, &err);
     if (!m) {
         fprintf(stderr, "tern bench: %s\n", err.msg);
         return 1;
     }
-    ri.load_s = now_s() - t0;
+    ri.load_s = tern_now_s() - t0;
     bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1),
                .on_gpu = strcmp(tern_model_device(m), "cpu") != 0, .vram_mib = -1};
     b.bandwidth = o.bandwidth ? (double)o.bandwidth : read_bandwidth_apart(tern_model_n_threads(m));

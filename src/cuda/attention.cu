@@ -76,22 +76,6 @@ __host__ __device__ static inline int att_split_len(int n, int ns) {
     return sl < ATT_GRAN ? ATT_GRAN : sl;
 }
 
-/* ---- cp.async -------------------------------------------------------------- */
-/* N bytes (4, 8 or 16, both addresses N-aligned) global -> shared; !ok
- * writes zeros and reads nothing. */
-template <int N> __device__ __forceinline__ void cp_async(void *dst, const void *src, bool ok) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    int sz = ok ? N : 0;
-    if (N == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(sz) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(N), "r"(sz) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /* ---- the split kernel ------------------------------------------------------ */
 
 /* Shared memory of a stage row: K values, V values (vb bytes each: the
@@ -131,8 +115,8 @@ __device__ __forceinline__ void att_issue(uint8_t *st, const att_geom &gm, const
             if (ch < C) {
                 size_t off = (size_t)(first + 8 * ch) * BITS / 8;   /* BITS bytes a piece */
                 if (ALIGNED) {
-                    cp_async<BITS>(dst + ch * BITS, kr + off, ok);
-                    cp_async<BITS>(dst + gm.vb + ch * BITS, vr + off, ok);
+                    cp_async_zfill<BITS>(dst + ch * BITS, kr + off, ok);
+                    cp_async_zfill<BITS>(dst + gm.vb + ch * BITS, vr + off, ok);
                 } else {
 #pragma unroll
                     for (int b = 0; b < BITS; b++) {
@@ -146,8 +130,8 @@ __device__ __forceinline__ void att_issue(uint8_t *st, const att_geom &gm, const
             uint8_t *ks = dst + 2 * gm.vb, *vs = ks + gm.sbb;
             if (ALIGNED) {   /* the region: n_groups 4-byte pieces, 4-aligned with the rows */
                 for (int p = lane; p < L.n_groups; p += 32) {
-                    cp_async<4>(ks + 4 * p, kr + L.q_bytes + 4 * p, ok);
-                    cp_async<4>(vs + 4 * p, vr + L.q_bytes + 4 * p, ok);
+                    cp_async_zfill<4>(ks + 4 * p, kr + L.q_bytes + 4 * p, ok);
+                    cp_async_zfill<4>(vs + 4 * p, vr + L.q_bytes + 4 * p, ok);
                 }
             } else {
                 for (int p = lane; p < 2 * L.n_groups; p += 32) {

@@ -91,6 +91,32 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* ---- cp.async: global -> shared without holding registers ---------------
+ * N bytes (4, 8 or 16, both addresses N-aligned); 16 bytes bypass L1 (.cg).
+ * cp_async_zfill: !ok writes zeros and reads nothing. Copies complete per
+ * commit group (cp_async_commit, cp_async_wait<groups still in flight>) or
+ * all at once, committed or not (cp_async_wait_all). */
+template <int N> __device__ __forceinline__ void cp_async(void *dst, const void *src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_zfill(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    int sz = ok ? N : 0;
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(sz) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(N), "r"(sz) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 /* Loads that skip L1: weights are read once per launch. */
 __device__ __forceinline__ uint4 ld_stream(const void *p) { return __ldcs((const uint4 *)p); }
 

@@ -67,17 +67,9 @@ void tern_cuda_capture_abort(tern_stream s);
 int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err);
 void tern_cuda_graph_destroy(tern_graph g);
 
-/* Device-event timing of a region enqueued between start and stop. */
-typedef struct tern_cuda_timer tern_cuda_timer;
-tern_cuda_timer *tern_cuda_timer_create(tern_error *err);
-void tern_cuda_timer_destroy(tern_cuda_timer *t);
-int tern_cuda_timer_start(tern_cuda_timer *t, tern_stream s);
-/* Records the stop event, waits for it, returns the milliseconds (< 0 on
- * error). */
-float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s);
-
 /* Marks: n events recorded on a stream without waiting, read after the
- * stream is synchronised (per-op GPU time for TERN_KERNEL_STATS). */
+ * stream is synchronised (per-op GPU time for TERN_KERNEL_STATS, the op
+ * checker's timings). */
 typedef struct tern_cuda_marks tern_cuda_marks;
 tern_cuda_marks *tern_cuda_marks_create(int n, tern_error *err);
 void tern_cuda_marks_destroy(tern_cuda_marks *m);

@@ -304,17 +304,6 @@ static int blocks_per_sm(occ_cache &c, Kernel kernel, size_t smem) {
 #define GS_STAGES 3
 #define GS_TILE_BYTES 16384
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 typedef struct {
     size_t dbytes, sbytes, stage;   /* a stage: data, then scales and biases (each padded to 16 bytes) */
     int ng, rt;
@@ -337,13 +326,13 @@ __device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, i
     int nrow = (int)min((int64_t)L.rt, a.rows - r0);
     int n16 = nrow * (int)(a.row_bytes / 16);
     const uint8_t *src = a.q + r0 * a.row_bytes;
-    for (int i = threadIdx.x; i < n16; i += G1_THREADS) cp_async16(stage + (size_t)i * 16, src + (size_t)i * 16);
+    for (int i = threadIdx.x; i < n16; i += G1_THREADS) cp_async<16>(stage + (size_t)i * 16, src + (size_t)i * 16);
     if (kind_traits<KIND>::QUANT) {
         int n4 = nrow * L.ng / 2;   /* ng is even here: whole 4-byte pieces */
         const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
         for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
-            cp_async4(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
-            cp_async4(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
+            cp_async<4>(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
+            cp_async<4>(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
         }
     }
 }
@@ -369,7 +358,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
-        cp_commit();
+        cp_async_commit();
     }
     pdl_wait();
     if (ID) {
@@ -390,11 +379,11 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     for (int k = 0;; k++) {
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t >= tiles) break;
-        cp_wait<GS_STAGES - 2>();   /* this thread's copies of tile t have landed */
+        cp_async_wait<GS_STAGES - 2>();   /* this thread's copies of tile t have landed */
         __syncthreads();            /* and everyone's; stage (k - 1) is free again */
         int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
         if (tn < tiles) gs_issue<KIND>(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
-        cp_commit();
+        cp_async_commit();
         const uint8_t *st = stages + (k % GS_STAGES) * L.stage;
         const uint16_t *ssc = (const uint16_t *)(st + L.dbytes), *sbi = (const uint16_t *)(st + L.dbytes + L.sbytes);
         int64_t r0 = t * L.rt;
@@ -437,7 +426,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
             if (lane == 0 && row < a.rows) a.y[row] = v;
         }
     }
-    cp_wait<0>();
+    cp_async_wait<0>();
 }
 
 /* Rows per warp for a tile of ~GS_TILE_BYTES; 0 when the staged kernel does
@@ -457,10 +446,9 @@ template <int KIND, int RW, bool ID>
 static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     gs_layout L = gs_layout_of(kind_traits<KIND>::QUANT, a.cols, a.gsh, a.row_bytes, G1_WARPS * RW);
-    /* the input as floats, then per chunk its sum, or its digits (room for
-     * q4's six uint4; q8 uses three) and dx / sum */
-    size_t smem = GS_STAGES * L.stage + (size_t)a.cols * sizeof(float) +
-                  (size_t)(a.cols / E) * (ID ? XD_VEC4 * 16 + sizeof(xd_chunk) : sizeof(float));
+    /* the input as floats, then per chunk its sum, or its digits and dx / sum */
+    size_t smem = GS_STAGES * L.stage +
+                  (ID ? xd_smem_bytes(a.cols, E) : (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float));
     static occ_cache cache;
     int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, smem);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
@@ -476,246 +464,6 @@ static cudaError_t gs_pick(const g1_args &a, int rw, cudaStream_t s) {
     case 4: return gs_launch<KIND, 4, ID>(a, s);
     default: return gs_launch<KIND, 8, ID>(a, s);
     }
-}
-
-/* ---- the tensor-core variant: q4/q8 in groups of 64 or 128 --------------
- * At 4 bits the CUDA-core kernels above are issue-bound (each weight costs
- * a PRMT, an FADD and an FFMA: a 16-byte chunk ~110 instructions; at full
- * bandwidth that is the whole issue rate). Here the integer tensor cores
- * take the products, exactly: the weights stay integers (q4 nibbles spread
- * to bytes with one AND or shift+AND per 4, q8 bytes as they are) as the A
- * operand of mma.m16n8k32 u8 x s8 -> s32, and the input becomes integers
- * too: per span of 64 values, x ~ dx * xi with dx = max|x| / 2^20 (|x -
- * dx xi| <= 0.56 dx, ~5e-7 of the span's largest value), xi cut into three
- * signed 7-bit digits xi = d2 2^14 + d1 2^7 + d0 that ride in three of the
- * eight columns of B, so one mma gives sum q d for all three digits. The
- * int32 sums are exact; per span and row, sum q x = dx (2^14 c2 + 2^7 c1 +
- * c0) in fp32, then scale * that + bias * sum(x) as before.
- * The k order inside an mma is free as long as A and B agree: a group of 4
- * lanes reads a row's 32 (q4) or 64 (q8) bytes of a span as one 8- or
- * 16-byte load each, and B's digits are laid out in shared memory in that
- * order. A block takes 16 rows; its 8 warps split the spans (K) and sum
- * their partial rows in shared memory at the end (fixed order). It runs
- * only under TERN_GEMV1=mma: the staged kernel with integer dots (dp4a on
- * the same digits) measured faster (q4 lm_head 78 against 112 us). */
-#define GM_SPAN 64
-#define GM_WARPS 8
-
-__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* Where value p (0..63) of a span sits in B: (mma j, lane column c,
- * register, byte), matching how the A side unpacks a lane's bytes. */
-template <int KIND>
-__device__ __forceinline__ int gm_digit_at(int sp, int p, int d) {
-    int c, j, reg, byte;
-    if (KIND == KIND_Q4) {   /* lane c: bytes 8c..8c+7 = words 2c, 2c+1; mma j: word 2c + j, low nibbles then high */
-        int w8 = p >> 3, e = p & 7;
-        c = w8 >> 1; j = w8 & 1; reg = e & 1; byte = e >> 1;
-    } else {                 /* lane c: bytes 16c..16c+15; mma j: words 2j, 2j + 1 */
-        c = p >> 4; j = (p >> 3) & 1; reg = (p >> 2) & 1; byte = p & 3;
-    }
-    return ((((sp * 2 + j) * 3 + d) * 4 + c) * 2 + reg) * 4 + byte;
-}
-
-/* The input (x + delta, norm) into xf, then per span its scale, sum and
- * digits. */
-template <int KIND>
-__device__ void gm_stage(const g1_args &a, float *xf, int8_t *xd, float *dxs, float *sums, float *red) {
-    int n4 = a.cols / 4, tid = threadIdx.x;
-    float4 v[G1_MAXV];
-    g1_input(a, red, v);
-#pragma unroll
-    for (int k = 0; k < G1_MAXV; k++) {
-        int i = tid + k * G1_THREADS;
-        if (i < n4) ((float4 *)xf)[i] = v[k];
-    }
-    __syncthreads();
-    int lane = tid & 31, nsp = a.cols / GM_SPAN;
-    for (int sp = tid >> 5; sp < nsp; sp += G1_WARPS) {
-        float x0 = xf[sp * GM_SPAN + 2 * lane], x1 = xf[sp * GM_SPAN + 2 * lane + 1];
-        float m = warp_max(fmaxf(fabsf(x0), fabsf(x1)));
-        float su = warp_sum(x0 + x1);
-        float inv = m > 0.0f ? 1048576.0f / m : 0.0f;
-        int xi[2] = {__float2int_rn(x0 * inv), __float2int_rn(x1 * inv)};
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int p = 2 * lane + e;
-            xd[gm_digit_at<KIND>(sp, p, 0)] = (int8_t)(xi[e] & 127);
-            xd[gm_digit_at<KIND>(sp, p, 1)] = (int8_t)((xi[e] >> 7) & 127);
-            xd[gm_digit_at<KIND>(sp, p, 2)] = (int8_t)(xi[e] >> 14);
-        }
-        if (lane == 0) {
-            dxs[sp] = m > 0.0f ? m * (1.0f / 1048576.0f) : 0.0f;
-            sums[sp] = su;
-        }
-    }
-    __syncthreads();
-}
-
-/* The weights come through shared memory as in the staged kernel (tiles
- * of 16 rows, GS_STAGES deep, cp.async): the registers of a lane hold no
- * weights while they are in flight, so ~100 KB per SM can be. Rows sit
- * GM_PAD bytes apart beyond their length so that the 8 rows a warp's lanes
- * read at once (32 bytes each) fall on different banks. */
-#define GM_PAD 32
-
-typedef struct {
-    size_t rstride, dbytes, sbytes, stage;
-    int ng;
-} gm_layout;
-
-__host__ __device__ static inline gm_layout gm_layout_of(int64_t cols, int gsh, size_t row_bytes) {
-    gm_layout L;
-    L.ng = (int)(cols >> gsh);
-    L.rstride = row_bytes + GM_PAD;
-    L.dbytes = 16 * L.rstride;
-    L.sbytes = ((size_t)16 * L.ng * 2 + 15) / 16 * 16;
-    L.stage = L.dbytes + 2 * L.sbytes;
-    return L;
-}
-
-__device__ __forceinline__ void gm_issue(const g1_args &a, const gm_layout &L, int64_t t, uint8_t *stage) {
-    int64_t r0 = t * 16;
-    int nrow = (int)min((int64_t)16, a.rows - r0);
-    int cpr = (int)(a.row_bytes / 16);
-    const uint8_t *src = a.q + r0 * a.row_bytes;
-    for (int i = threadIdx.x; i < nrow * cpr; i += G1_THREADS) {
-        int r = i / cpr, col = i - r * cpr;
-        cp_async16(stage + (size_t)r * L.rstride + (size_t)col * 16, src + (size_t)i * 16);
-    }
-    int n4 = nrow * L.ng / 2;   /* ng even: whole 4-byte pieces */
-    const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
-    for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
-        cp_async4(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
-        cp_async4(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
-    }
-}
-
-template <int KIND>
-__global__ void __launch_bounds__(G1_THREADS) gemv1m_kernel(g1_args a) {
-    constexpr int LB = KIND == KIND_Q4 ? 8 : 16;   /* bytes of a span per lane per row */
-    extern __shared__ float4 g1_smem[];
-    __shared__ float red[G1_WARPS];
-    __shared__ float part[2][GM_WARPS][16];
-    gm_layout L = gm_layout_of(a.cols, a.gsh, a.row_bytes);
-    int nsp = a.cols / GM_SPAN;
-    uint8_t *stages = (uint8_t *)g1_smem;
-    float *xf = (float *)(stages + GS_STAGES * L.stage), *dxs = xf + a.cols, *sums = dxs + nsp;
-    int8_t *xd = (int8_t *)(sums + nsp);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    int64_t ntile = (a.rows + 15) / 16;
-
-    pdl_trigger();
-#pragma unroll
-    for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
-        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
-        if (t < ntile) gm_issue(a, L, t, stages + k * L.stage);
-        cp_commit();
-    }
-    pdl_wait();
-    gm_stage<KIND>(a, xf, xd, dxs, sums, red);
-    const uint2 *xd2 = (const uint2 *)xd;
-
-    int64_t prev = -1;   /* the tile whose partial rows wait in part[] */
-    int k = 0;
-    for (;; k++) {
-        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
-        if (t >= ntile) break;
-        cp_wait<GS_STAGES - 2>();
-        __syncthreads();   /* tile t landed for everyone; stage k - 1 and part[(k - 1) & 1] are complete */
-        if (prev >= 0 && threadIdx.x < 16) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GM_WARPS; w++) v += part[(k - 1) & 1][w][threadIdx.x];
-            int64_t row = prev * 16 + threadIdx.x;
-            if (row < a.rows) a.y[row] = v;
-        }
-        int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
-        if (tn < ntile) gm_issue(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
-        cp_commit();
-        const uint8_t *st = stages + (k % GS_STAGES) * L.stage;
-        const uint16_t *ssc = (const uint16_t *)(st + L.dbytes), *sbi = (const uint16_t *)(st + L.dbytes + L.sbytes);
-        const uint8_t *rowg = st + (size_t)g * L.rstride + c * LB, *rowg8 = rowg + 8 * L.rstride;
-        float acc0 = 0.0f, acc8 = 0.0f;
-        for (int sp = warp; sp < nsp; sp += GM_WARPS) {
-            int cc[4] = {0, 0, 0, 0};
-            uint4 r0, r8;
-            if (KIND == KIND_Q4) {
-                uint2 u0 = *(const uint2 *)(rowg + sp * 32), u8 = *(const uint2 *)(rowg8 + sp * 32);
-                r0 = make_uint4(u0.x, u0.y, 0, 0);
-                r8 = make_uint4(u8.x, u8.y, 0, 0);
-            } else {
-                r0 = *(const uint4 *)(rowg + sp * 64);
-                r8 = *(const uint4 *)(rowg8 + sp * 64);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                uint32_t a0, a1, a2, a3;
-                if (KIND == KIND_Q4) {
-                    uint32_t w0 = j ? r0.y : r0.x, w8 = j ? r8.y : r8.x;
-                    a0 = w0 & 0x0f0f0f0fu; a2 = (w0 >> 4) & 0x0f0f0f0fu;
-                    a1 = w8 & 0x0f0f0f0fu; a3 = (w8 >> 4) & 0x0f0f0f0fu;
-                } else {
-                    a0 = j ? r0.z : r0.x; a2 = j ? r0.w : r0.y;
-                    a1 = j ? r8.z : r8.x; a3 = j ? r8.w : r8.y;
-                }
-                uint2 b = g < 3 ? xd2[((sp * 2 + j) * 3 + g) * 4 + c] : make_uint2(0, 0);
-                mma_u8s8(cc, a0, a1, a2, a3, b.x, b.y);
-            }
-            /* lane 4g: columns 0, 1 (digits 0, 1); lane 4g + 1: column 2 (digit 2) */
-            int d2 = __shfl_sync(0xffffffffu, cc[0], lane | 1), d2_8 = __shfl_sync(0xffffffffu, cc[2], lane | 1);
-            if (c == 0) {
-                int grp = (sp * GM_SPAN) >> a.gsh;
-                float dx = dxs[sp], sx = sums[sp];
-                float v0 = (float)d2 * 16384.0f + (float)cc[1] * 128.0f + (float)cc[0];
-                float v8 = (float)d2_8 * 16384.0f + (float)cc[3] * 128.0f + (float)cc[2];
-                acc0 += fmaf(bf16f(ssc[g * L.ng + grp]), dx * v0, bf16f(sbi[g * L.ng + grp]) * sx);
-                acc8 += fmaf(bf16f(ssc[(g + 8) * L.ng + grp]), dx * v8, bf16f(sbi[(g + 8) * L.ng + grp]) * sx);
-            }
-        }
-        if (c == 0) {
-            part[k & 1][warp][g] = acc0;
-            part[k & 1][warp][g + 8] = acc8;
-        }
-        prev = t;
-    }
-    cp_wait<0>();
-    __syncthreads();
-    if (prev >= 0 && threadIdx.x < 16) {
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < GM_WARPS; w++) v += part[(k - 1) & 1][w][threadIdx.x];
-        int64_t row = prev * 16 + threadIdx.x;
-        if (row < a.rows) a.y[row] = v;
-    }
-}
-
-static size_t gm_smem(int64_t cols, int gsh, size_t row_bytes) {
-    gm_layout L = gm_layout_of(cols, gsh, row_bytes);
-    int64_t nsp = cols / GM_SPAN;
-    return GS_STAGES * L.stage + (size_t)cols * sizeof(float) + 2 * (size_t)nsp * sizeof(float) + (size_t)nsp * 192;
-}
-
-static int gm_fits(int kind, const tern_mat *W) {
-    if ((kind != KIND_Q4 && kind != KIND_Q8) || (W->group != 64 && W->group != 128) || W->cols % GM_SPAN) return 0;
-    if (((uintptr_t)W->data % 16) || ((uintptr_t)W->scales | (uintptr_t)W->biases) % 4) return 0;
-    return gm_smem(W->cols, log2i(W->group), kind_row_bytes(kind, W->cols)) <= 200 * 1024;
-}
-
-template <int KIND>
-static cudaError_t gm_launch(const g1_args &a, cudaStream_t s) {
-    size_t smem = gm_smem(a.cols, a.gsh, a.row_bytes);
-    static occ_cache cache;
-    int occ = blocks_per_sm(cache, gemv1m_kernel<KIND>, smem);
-    int64_t ntile = (a.rows + 15) / 16, cap = (int64_t)g1_sms() * occ;
-    int64_t blocks = ntile < cap ? ntile : cap;
-    return launch_pdl(gemv1m_kernel<KIND>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
 }
 
 int tern_cuda_gemv1_supported(const tern_mat *W) {
@@ -758,17 +506,16 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
 }
 
 /* TERN_GEMV1, read once per process like the other debugging switches. */
-enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_MMA, FORCE_INT };
+enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_INT, FORCE_BAD };
 static int gemv1_forced(void) {
     static int f = -1;
     if (f < 0) {
         const char *v = getenv("TERN_GEMV1");
-        f = !v                         ? FORCE_NONE
+        f = !v || !*v                  ? FORCE_NONE
             : !strcmp(v, "regs")       ? FORCE_REGS
             : !strcmp(v, "staged")     ? FORCE_STAGED
-            : !strcmp(v, "mma")        ? FORCE_MMA
             : !strcmp(v, "int")        ? FORCE_INT
-                                       : FORCE_NONE;
+                                       : FORCE_BAD;
     }
     return f;
 }
@@ -788,22 +535,17 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
                  kind_row_bytes(kind, W->cols), *in, y, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
-    /* Which kernel (measured on the H200, docs/CUDA.md "third round"):
-     * below ~8 MB of weights the register tiles (all of a lane's loads
-     * issued at once, one wave); above, the staged kernel (weights through
-     * shared memory, cp.async), at 4 bits with the input as digits and
-     * integer dots (idot.cuh). TERN_GEMV1=regs|staged|int|mma forces one
-     * where it fits (for comparisons; mma: the tensor-core kernel); the
-     * fused router takes the register tiles. */
+    /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
+     * ~8 MB of weights the register tiles (all of a lane's loads issued at
+     * once, one wave); above, the staged kernel (weights through shared
+     * memory, cp.async), at 4 bits with the input as digits and integer dots
+     * (idot.cuh). TERN_GEMV1=regs|staged|int forces one where it fits (for
+     * comparisons); the fused router takes the register tiles. */
     int forced = gemv1_forced();
+    if (forced == FORCE_BAD)
+        return tern_fail(err, "TERN_GEMV1 must be regs, staged or int (got '%s')", getenv("TERN_GEMV1"));
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
-    int big = bytes >= ((size_t)8 << 20);
-    int regs = route || (forced ? forced == FORCE_REGS : !big);
-    if (!regs && forced == FORCE_MMA && gm_fits(kind, W)) {
-        cudaError_t e = kind == KIND_Q4 ? gm_launch<KIND_Q4>(a, st) : gm_launch<KIND_Q8>(a, st);
-        if (e != cudaSuccess) return tern_fail(err, "gemv1: %s", cudaGetErrorString(e));
-        return launch_check("gemv1", err);
-    }
+    int regs = route || (forced ? forced == FORCE_REGS : bytes < ((size_t)8 << 20));
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
     /* q8 takes the integer dots only for the largest matrices (the lm_head:
      * 160 -> 133 us); on the 9-27 MB ones they measured slower (docs/CUDA.md) */

@@ -46,6 +46,12 @@ typedef struct {
     float dx, sum;
 } xd_chunk;
 
+/* Shared memory for an input of cols floats, its digits and its chunks
+ * (E elements each): room for q4's six uint4 per chunk (q8 uses three). */
+static inline size_t xd_smem_bytes(int64_t cols, int E) {
+    return (size_t)cols * sizeof(float) + (size_t)(cols / E) * (XD_VEC4 * 16 + sizeof(xd_chunk));
+}
+
 /* Digits of xf[0..cols) (shared memory, cols a multiple of 64) into xd
  * (V4 * cols / E uint4) and cx (cols / E) for weights of KIND: warp w takes
  * spans w, w + nwarps, ...; lane l holds values 2l and 2l + 1 of a span.

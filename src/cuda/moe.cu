@@ -251,19 +251,11 @@ __global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args 
 
 /* ---- launch 2: down ------------------------------------------------------- */
 
-/* 16 bytes global -> shared, asynchronous; moe_cp_wait() waits for this
- * thread's copies (then a barrier makes all of them visible). */
-__device__ __forceinline__ void moe_cp16(void *smem, const void *gmem) {
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void moe_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 /* nbytes (a multiple of 16; src 16-byte aligned) into dst by threads tid,
  * tid + nt, ... */
 __device__ __forceinline__ void stage(uint8_t *dst, const uint8_t *src, int nbytes, int tid, int nt) {
 #pragma unroll 4
-    for (int i = 16 * tid; i < nbytes; i += 16 * nt) moe_cp16(dst + i, src + i);
+    for (int i = 16 * tid; i < nbytes; i += 16 * nt) cp_async<16>(dst + i, src + i);
 }
 
 /* nbytes from a 2-byte aligned src (scales, biases): the 16-byte blocks
@@ -409,7 +401,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
 #pragma unroll 4
     for (int i = tid; i < K * n16; i += nt) {
         const int kk = i / n16, q = i - kk * n16;
-        moe_cp16(wr + (size_t)kk * a.dn_wr + 16 * q, mq[kk] + 16 * q);
+        cp_async<16>(wr + (size_t)kk * a.dn_wr + 16 * q, mq[kk] + 16 * q);
     }
     if (kind_traits<RK>::QUANT) {
 #pragma unroll 1
@@ -418,7 +410,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
             stage_sb(sbr + (size_t)(2 * kk + 1) * a.dn_sbr, mb[kk], nr * ngr * 2, tid, nt);
         }
     }
-    moe_cp_wait();
+    cp_async_wait_all();
     __syncthreads();
 
     if (tid < a.ntr) {
@@ -599,7 +591,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
 
     if (a.r_kind == KIND_Q4 && a.H % XD_SPAN == 0) {
         /* integer dots; the digits of x in shared memory */
-        size_t smem1 = (size_t)a.H * sizeof(float) + (size_t)(a.H / 32) * (XD_VEC4 * 16 + sizeof(xd_chunk));
+        size_t smem1 = xd_smem_bytes(a.H, 32);
         static void (*const gud[5])(moe_args) = {moe_gate_up_d_kernel<-1>, moe_gate_up_d_kernel<KIND_Q4>,
                                                   moe_gate_up_d_kernel<KIND_Q8>, moe_gate_up_d_kernel<KIND_BF16>,
                                                   moe_gate_up_d_kernel<KIND_F16>};

@@ -152,47 +152,6 @@ void tern_cuda_graph_destroy(tern_graph g) {
     if (g) cudaGraphExecDestroy(g);
 }
 
-/* ---- timers ------------------------------------------------------------- */
-
-struct tern_cuda_timer {
-    cudaEvent_t start, stop;
-};
-
-tern_cuda_timer *tern_cuda_timer_create(tern_error *err) {
-    tern_cuda_timer *t = (tern_cuda_timer *)calloc(1, sizeof *t);
-    if (!t) {
-        tern_fail(err, "out of memory");
-        return NULL;
-    }
-    cudaError_t e = cudaEventCreate(&t->start);
-    if (e == cudaSuccess) e = cudaEventCreate(&t->stop);
-    if (e != cudaSuccess) {
-        cuda_fail(err, "cudaEventCreate", e);
-        tern_cuda_timer_destroy(t);
-        return NULL;
-    }
-    return t;
-}
-
-void tern_cuda_timer_destroy(tern_cuda_timer *t) {
-    if (!t) return;
-    if (t->start) cudaEventDestroy(t->start);
-    if (t->stop) cudaEventDestroy(t->stop);
-    free(t);
-}
-
-int tern_cuda_timer_start(tern_cuda_timer *t, tern_stream s) {
-    return cudaEventRecord(t->start, s) == cudaSuccess ? 0 : -1;
-}
-
-float tern_cuda_timer_stop(tern_cuda_timer *t, tern_stream s) {
-    float ms = -1.0f;
-    if (cudaEventRecord(t->stop, s) != cudaSuccess || cudaEventSynchronize(t->stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, t->start, t->stop) != cudaSuccess)
-        return -1.0f;
-    return ms;
-}
-
 /* ---- marks -------------------------------------------------------------- */
 
 struct tern_cuda_marks {

@@ -2,7 +2,6 @@
  * -> stream text -> evaluate, until a stop condition. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/sample_limits.h"
 #include "engine/engine.h"
@@ -12,12 +11,7 @@
 #include "text/stop.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 /* Sampling on the GPU (a GPU session, unless TERN_GPU_SAMPLING=0, and a rule
  * the kernels take): logits stay on the device and only the id comes back. */
@@ -120,10 +114,10 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
-    double t0 = now_s();
+    double t0 = tern_now_s();
     if (rc == 0) rc = g.gpu.on ? tern_session_eval_keep(s, prompt, (int)n_prompt, err)
                             : tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
-    double t1 = now_s();
+    double t1 = tern_now_s();
     stats->n_prompt = (int)n_prompt;
     stats->prefill_s = t1 - t0;
     int reason = TERN_STOP_LENGTH;
@@ -151,7 +145,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         if (stop) break;
     }
     if (rc == 0 && reason != TERN_STOP_STRING && reason != TERN_STOP_CALLER) flush(&g, on_text, ctx);
-    stats->decode_s = now_s() - t1;
+    stats->decode_s = tern_now_s() - t1;
     stats->stop_reason = reason;
     gen_free(&g);
     return rc;

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "util/err.h"
 
@@ -43,6 +42,7 @@ int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature,
 
 #include "cpu/ops.h"
 #include "cuda/cuda_ops.h"
+#include "util/clock.h"
 
 /* Tokens per GPU forward piece (default; TERN_GPU_PIECE=N overrides, and
  * a session's context caps it): bounds every scratch buffer and the
@@ -353,7 +353,8 @@ typedef struct gpu_session {
     tern_graph graph;             /* the decode step, re-captured and updated each token */
     int use_graph;
     int piece;                    /* tokens per forward piece */
-    struct { int T, rows, n_plan; uintptr_t kv; } key;   /* what g->graph was captured for */
+    struct { int T, rows, n_plan; } key;   /* what g->graph was captured for */
+    const uint8_t **kv_key;       /* and the KV caches it points at: [layer][k, v] */
     const int *pos_dev;           /* during a capture: the step's position, read on the device */
     int n_plan;                   /* and the context the attention's splits are planned for */
     stats *st;
@@ -414,7 +415,8 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
     g->host_x = malloc((P * H + 4) * sizeof(float));   /* + the position (see piece) */
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
-    if (ok && (!g->host_x || !g->host_ids)) return tern_fail(err, "out of memory");
+    g->kv_key = calloc(2 * (size_t)c->n_layers, sizeof *g->kv_key);
+    if (ok && (!g->host_x || !g->host_ids || !g->kv_key)) return tern_fail(err, "out of memory");
     return ok ? 0 : -1;
 }
 
@@ -528,6 +530,7 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_stream_destroy(g->stream);
     free(g->host_x);
     free(g->host_ids);
+    free(g->kv_key);
     free(g);
     s->gpu = NULL;
 }
@@ -595,9 +598,8 @@ static void collect(stats *st, double wall_ms) {
 
 /* ---- the forward pass ----------------------------------------------------- */
 
-/* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token count,
- * cuBLAS above it. */
-/* The same in fp32 whatever T: the GEMV kernels 8 tokens at a time. */
+/* y[T, W.rows] = x[T, W.cols] W^T in fp32 whatever T: the GEMV kernels 8
+ * tokens at a time. */
 static int mm_fp32(const gpu_session *g, float *y, const float *x, int T, const tern_mat *W, tern_error *err) {
     for (int t0 = 0; t0 < T; t0 += TERN_CUDA_GEMV_MAX_T) {
         int n = T - t0 < TERN_CUDA_GEMV_MAX_T ? T - t0 : TERN_CUDA_GEMV_MAX_T;
@@ -606,6 +608,7 @@ static int mm_fp32(const gpu_session *g, float *y, const float *x, int T, const 
     return 0;
 }
 
+/* The same: the GEMV kernels up to their token count, cuBLAS above it. */
 static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
               tern_error *err) {
     if (T <= TERN_CUDA_GEMV_MAX_T || (g->decode_ops & NO_GEMM)) return mm_fp32(g, y, x, T, W, err);
@@ -975,10 +978,13 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
     int n = s->pos + T, n_plan = 256;
     while (n_plan < n) n_plan *= 2;
     if (n_plan > s->max_ctx) n_plan = s->max_ctx > n ? s->max_ctx : n;
-    uintptr_t kv = 0;
-    for (int l = 0; l < c->n_layers; l++)
-        if (c->layer_kind[l] == TERN_LAYER_ATTN) kv = kv * 31 + (uintptr_t)s->kv[l].k + 7 * (uintptr_t)s->kv[l].v;
-    if (!g->graph || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan || g->key.kv != kv) {
+    int moved = 0;   /* a KV cache reallocated since the capture (they grow that way) */
+    for (int l = 0; l < c->n_layers; l++) {
+        moved |= g->kv_key[2 * l] != s->kv[l].k || g->kv_key[2 * l + 1] != s->kv[l].v;
+        g->kv_key[2 * l] = s->kv[l].k;
+        g->kv_key[2 * l + 1] = s->kv[l].v;
+    }
+    if (!g->graph || moved || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan) {
         g->pos_dev = (const int *)(g->x + (size_t)T * c->hidden);
         g->n_plan = n_plan;
         if (tern_cuda_capture_begin(g->stream, err)) return -1;
@@ -996,19 +1002,12 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
         g->key.T = T;
         g->key.rows = rows;
         g->key.n_plan = n_plan;
-        g->key.kv = kv;
     }
     stats *st = g->st && g->st->graph && T == 1 ? g->st : NULL;
     if (st) tern_cuda_mark(st->marks, 0, g->stream);
     int rc = tern_cuda_graph_launch(g->graph, g->stream, err);
     if (st) tern_cuda_mark(st->marks, 1, g->stream);
     return rc;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 /* keep: compute the last token's logits into the device buffer and leave
@@ -1019,7 +1018,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     const gpu_model *gm = m->gpu;
     gpu_session *g = s->gpu;
     int H = c->hidden, V = c->vocab;
-    double t0 = now_ms();
+    double t0 = tern_now_s() * 1e3;
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
     /* the position rides behind the rows, where a captured step reads it */
     int32_t pos = (int32_t)s->pos;
@@ -1049,10 +1048,10 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     }
     if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err))
         return -1;
-    if (g->st && g->st->n_marks > 0) collect(g->st, now_ms() - t0);
+    if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0);
     if (g->st && g->st->graph && graph && T == 1) {
         g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
-        g->st->graph_wall_ms += now_ms() - t0;
+        g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;
         g->st->graph_steps++;
     }
     s->has_hidden = 1;
@@ -1060,20 +1059,27 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     return 0;
 }
 
-int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
-                     tern_error *err) {
+/* The tokens in pieces of g->piece; keep: the last piece leaves its last
+ * token's logits on the device (tern_gpu_sample) instead of copying them. */
+static int pieces(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits, int keep,
+                  tern_error *err) {
     size_t V = (size_t)s->m->cfg.vocab;
     int P = ((gpu_session *)s->gpu)->piece;
     for (int done = 0; done < T; done += P) {
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, 0, err) != 0) {
+        if (piece(s, tokens + done, n, out, all_logits, keep && last, err) != 0) {
             s->broken = 1;
             return -1;
         }
     }
     return 0;
+}
+
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     tern_error *err) {
+    return pieces(s, tokens, T, logits, all_logits, 0, err);
 }
 
 int tern_gpu_sampling_enabled(const tern_session *s) {
@@ -1082,15 +1088,7 @@ int tern_gpu_sampling_enabled(const tern_session *s) {
 }
 
 int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    int P = ((gpu_session *)s->gpu)->piece;
-    for (int done = 0; done < T; done += P) {
-        int n = T - done < P ? T - done : P;
-        if (piece(s, tokens + done, n, NULL, 0, done + n == T, err) != 0) {
-            s->broken = 1;
-            return -1;
-        }
-    }
-    return 0;
+    return pieces(s, tokens, T, NULL, 0, 1, err);
 }
 
 int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/clock.h"
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY };
 
@@ -46,12 +46,6 @@ struct tern_expert_cache {
     tern_expert_stats st;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- I/O workers -------------------------------------------------------- */
 
 static int read_blob(tern_expert_cache *c, const read_job *j) {
@@ -82,9 +76,9 @@ static void *io_main(void *arg) {
         c->q_len--;
         pthread_mutex_unlock(&c->mu);
 
-        double t0 = now_s();
+        double t0 = tern_now_s();
         int rc = read_blob(c, &j);
-        double dt = now_s() - t0;
+        double dt = tern_now_s() - t0;
 
         pthread_mutex_lock(&c->mu);
         layer_t *L = &c->layers[j.layer];
@@ -275,11 +269,11 @@ const uint8_t *tern_expert_batch_wait(tern_expert_batch *b, int i, tern_error *e
     layer_t *L = &c->layers[b->layer];
     slot_t *x = &L->slots[b->slot[i]];
     if (b->pending[i]) {
-        double t0 = now_s();
+        double t0 = tern_now_s();
         pthread_mutex_lock(&c->mu);
         while (x->state == SLOT_LOADING) pthread_cond_wait(&c->done, &c->mu);
         int failed = x->state != SLOT_READY;
-        c->st.wait_s += now_s() - t0;
+        c->st.wait_s += tern_now_s() - t0;
         pthread_mutex_unlock(&c->mu);
         if (failed) {
             tern_fail(err, "%s: reading an expert failed: %s", c->p.paths[b->layer], "short read or I/O error");

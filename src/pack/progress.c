@@ -2,8 +2,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "util/clock.h"
 
 struct tern_progress {
     FILE *out;
@@ -14,12 +15,6 @@ struct tern_progress {
     int last_step;               /* non-TTY: last 5% step printed */
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 tern_progress *tern_progress_create(FILE *out, const char *label, uint64_t total) {
     tern_progress *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -27,7 +22,7 @@ tern_progress *tern_progress_create(FILE *out, const char *label, uint64_t total
     p->tty = out && isatty(fileno(out));
     snprintf(p->label, sizeof p->label, "%s", label);
     p->total = total;
-    p->t0 = now_s();
+    p->t0 = tern_now_s();
     p->last_draw = -1;
     p->last_step = -1;
     return p;
@@ -69,7 +64,7 @@ void tern_progress_start_at(tern_progress *p, uint64_t done) {
 void tern_progress_set(tern_progress *p, uint64_t done) {
     if (!p || !p->out) return;
     p->done = done > p->total ? p->total : done;
-    double now = now_s();
+    double now = tern_now_s();
     if (p->tty) {
         if (now - p->last_draw < 0.1) return;
     } else {
@@ -87,7 +82,7 @@ void tern_progress_add(tern_progress *p, uint64_t n) {
 
 void tern_progress_finish(tern_progress *p) {
     if (!p || !p->out) return;
-    double dt = now_s() - p->t0;
+    double dt = tern_now_s() - p->t0;
     if (p->tty) fputc('\r', p->out);
     fprintf(p->out, "%s: done, %.1f MB in %.1f s (%.0f MB/s)%s\n", p->label, (p->done - p->start_done) / 1e6, dt,
             dt > 0 ? (p->done - p->start_done) / 1e6 / dt : 0.0, p->tty ? "                              " : "");

@@ -17,7 +17,7 @@
 typedef struct checker {
     tern_pool *pool;          /* CPU twins run on every core */
     tern_stream stream;
-    tern_cuda_timer *timer;
+    tern_cuda_marks *timer;   /* marks 0 and 1 around a timed region */
     int time;                 /* --time: time the decode ops */
     int reps;                 /* timed repeats per op */
     int failures, cases;
@@ -38,6 +38,9 @@ void dev_download(void *host, const void *dev, size_t bytes);
 float *dev_poison(size_t n);              /* n floats of NaN (0xff bytes): unwritten outputs show */
 void dev_sync(checker *ck, const char *what);
 void die_err(const char *what, const tern_error *err);
+/* GPU milliseconds of what is enqueued on ck->stream between the two. */
+void timer_start(checker *ck);
+float timer_stop(checker *ck);
 void *xmalloc(size_t bytes);
 
 /* ---- results ------------------------------------------------------------ */

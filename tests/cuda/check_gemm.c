@@ -50,9 +50,9 @@ static void gemm_case(checker *ck, tern_cuda_ctx *c, int64_t rows, int64_t cols,
         double t[9];
         run_gemm(&r, 0);
         for (int i = 0; i < 9; i++) {
-            tern_cuda_timer_start(ck->timer, ck->stream);
+            timer_start(ck);
             run_gemm(&r, i);
-            t[i] = tern_cuda_timer_stop(ck->timer, ck->stream);
+            t[i] = timer_stop(ck);
         }
         for (int i = 1; i < 9; i++)
             for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double sw = t[j]; t[j] = t[j - 1]; t[j - 1] = sw; }

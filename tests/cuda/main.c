@@ -130,6 +130,22 @@ void report_exact(checker *ck, const char *op, const char *shape, long mismatche
     row(ck, op, shape, a, "exact", "0", mismatches == 0);
 }
 
+static void timer_mark(checker *ck, int i) {
+    if (tern_cuda_mark(ck->timer, i, ck->stream)) {
+        fprintf(stderr, "tern-cuda-tests: recording a timing event failed\n");
+        exit(2);
+    }
+}
+
+void timer_start(checker *ck) { timer_mark(ck, 0); }
+
+float timer_stop(checker *ck) {
+    tern_error err;
+    timer_mark(ck, 1);
+    if (tern_cuda_sync(ck->stream, &err)) die_err("timing", &err);
+    return tern_cuda_marks_ms(ck->timer, 0, 1);
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -149,9 +165,9 @@ double time_op(checker *ck, void (*fn)(void *arg, int rep), void *arg) {
     dev_sync(ck, "graph warm-up");
     double ms[5];
     for (int r = 0; r < 5; r++) {
-        tern_cuda_timer_start(ck->timer, ck->stream);
+        timer_start(ck);
         if (tern_cuda_graph_launch(g, ck->stream, &err)) die_err("graph", &err);
-        ms[r] = tern_cuda_timer_stop(ck->timer, ck->stream) / ck->reps;
+        ms[r] = timer_stop(ck) / ck->reps;
     }
     dev_sync(ck, "timing");
     tern_cuda_graph_destroy(g);
@@ -174,9 +190,9 @@ double time_eager(checker *ck, void (*fn)(void *arg, int rep), void *arg, int re
     if (reps > 64) reps = 64;
     if (reps < 1) reps = 1;
     for (int r = 0; r < reps; r++) {
-        tern_cuda_timer_start(ck->timer, ck->stream);
+        timer_start(ck);
         fn(arg, r + 1);
-        ms[r] = tern_cuda_timer_stop(ck->timer, ck->stream);
+        ms[r] = timer_stop(ck);
     }
     dev_sync(ck, "timing");
     qsort(ms, (size_t)reps, sizeof(double), cmp_double);
@@ -328,7 +344,7 @@ int main(int argc, char **argv) {
     tern_error err;
     char name[256];
     if (tern_cuda_init(0, name, sizeof name, &err)) die_err("init", &err);
-    if (!(ck.stream = tern_cuda_stream_create(&err)) || !(ck.timer = tern_cuda_timer_create(&err))) die_err("init", &err);
+    if (!(ck.stream = tern_cuda_stream_create(&err)) || !(ck.timer = tern_cuda_marks_create(2, &err))) die_err("init", &err);
     ck.pool = tern_pool_create(0);
     if (out) {
         char path[4096];
@@ -344,7 +360,7 @@ int main(int argc, char **argv) {
     printf("\n%d cases, %d failed\n", ck.cases, ck.failures);
     if (ck.times) fclose(ck.times);
     tern_pool_destroy(ck.pool);
-    tern_cuda_timer_destroy(ck.timer);
+    tern_cuda_marks_destroy(ck.timer);
     tern_cuda_stream_destroy(ck.stream);
     return ck.failures ? 1 : 0;
 }

@@ -122,6 +122,16 @@ static double rel(const float *a, const float *b, size_t n) {
     return m > 0 ? d / m : d;
 }
 
+/* Token by token from the start, the decode path alone: 41 tokens. */
+static void one_at_a_time(const char *name, tern_model *cpu, tern_model *gpu, int kv_bits, const int32_t *ids, int V) {
+    float *a = run(gpu, kv_bits, ids, 1, 40), *b = run(cpu, kv_bits, ids, 1, 40);
+    char what[128];
+    snprintf(what, sizeof what, "%s kv%d 41 tokens one at a time", name, kv_bits);
+    report(what, rel(a, b, (size_t)41 * V), kv_bits == 16 ? TOL_DECODE : TOL);
+    free(a);
+    free(b);
+}
+
 static void compare(const char *name, const char *dir, int kv_bits) {
     tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
     int V = tern_model_vocab_size(cpu), P = 600, n = 6;
@@ -135,13 +145,7 @@ static void compare(const char *name, const char *dir, int kv_bits) {
     report(what, rel(a + (size_t)P * V, b + (size_t)P * V, (size_t)n * V), TOL);
     free(a);
     free(b);
-    /* token by token from the start: the decode path alone */
-    a = run(gpu, kv_bits, ids, 1, 40);
-    b = run(cpu, kv_bits, ids, 1, 40);
-    snprintf(what, sizeof what, "%s kv%d 41 tokens one at a time", name, kv_bits);
-    report(what, rel(a, b, (size_t)41 * V), kv_bits == 16 ? TOL_DECODE : TOL);
-    free(a);
-    free(b);
+    one_at_a_time(name, cpu, gpu, kv_bits, ids, V);
     tern_model_free(cpu);
     tern_model_free(gpu);
 }
@@ -152,12 +156,7 @@ static void compare_decode(const char *name, const char *dir, int kv_bits) {
     int V = tern_model_vocab_size(cpu);
     int32_t ids[41];
     for (int i = 0; i < 41; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
-    float *a = run(gpu, kv_bits, ids, 1, 40), *b = run(cpu, kv_bits, ids, 1, 40);
-    char what[128];
-    snprintf(what, sizeof what, "%s kv%d 41 tokens one at a time", name, kv_bits);
-    report(what, rel(a, b, (size_t)41 * V), kv_bits == 16 ? TOL_DECODE : TOL);
-    free(a);
-    free(b);
+    one_at_a_time(name, cpu, gpu, kv_bits, ids, V);
     tern_model_free(cpu);
     tern_model_free(gpu);
 }
