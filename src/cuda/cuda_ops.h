@@ -46,6 +46,15 @@ int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err);
 int tern_cuda_fill(void *dst, int byte, size_t bytes, tern_stream s, tern_error *err);
+/* Page-locked host memory (cudaMallocHost): copies to and from it run
+ * asynchronously on a stream (tern_cuda_copy_host), so a decode step's
+ * few bytes in and out ride in the stream without a blocking copy. */
+void *tern_cuda_host_alloc(size_t bytes, tern_error *err);
+void tern_cuda_host_free(void *p);
+/* Enqueues a copy between page-locked host memory and the device on s
+ * (to_host picks the way); the host buffer must stay untouched until s
+ * has passed it. */
+int tern_cuda_copy_host(void *dst, const void *src, size_t bytes, int to_host, tern_stream s, tern_error *err);
 int tern_cuda_sync(tern_stream s, tern_error *err);             /* waits; reports kernel faults */
 
 tern_stream tern_cuda_stream_create(tern_error *err);
@@ -84,6 +93,14 @@ typedef struct tern_cuda_ctx tern_cuda_ctx;
  * into (0: 64 MiB). */
 tern_cuda_ctx *tern_cuda_ctx_create(size_t tile_bytes, tern_error *err);
 void tern_cuda_ctx_destroy(tern_cuda_ctx *c);
+
+/* ---- embedding --------------------------------------------------------- */
+
+/* x[t] = row ids[t] of W (ids on the device), t < T, dequantized as
+ * tern_mat_row does (q * scale + bias rounded twice, no fused multiply-add),
+ * so the rows equal the CPU's bit for bit. Any encoding
+ * tern_cuda_gemv_supported takes, and F32. */
+int tern_cuda_embed(const tern_mat *W, const int32_t *ids, int T, float *x, tern_stream s, tern_error *err);
 
 /* ---- decode: matrix-vector products ------------------------------------ */
 
@@ -310,12 +327,14 @@ int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, 
                      tern_error *err);
 
 /* Temperature, top-k (1 <= top_k <= TERN_CUDA_SAMPLE_MAX_K), top-p over what
- * top-k kept, min-p, then the draw at u in [0, 1) (the caller's random
- * number): the order and rules of engine/sampler.h, on the GPU; only the
- * id comes back. Penalties are the caller's (applied to the logits). */
+ * top-k kept, min-p, then the draw at *u in [0, 1) (the caller's random
+ * number, read on the device when the kernel runs, so a captured step
+ * takes a new one each replay): the order and rules of engine/sampler.h,
+ * on the GPU; only the id comes back. Penalties are the caller's (applied
+ * to the logits). */
 #define TERN_CUDA_SAMPLE_MAX_K TERN_GPU_SAMPLE_MAX_K
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
-                     double u, void *work, int32_t *id, tern_stream s, tern_error *err);
+                     const double *u, void *work, int32_t *id, tern_stream s, tern_error *err);
 
 /* ---- prefill ----------------------------------------------------------- */
 

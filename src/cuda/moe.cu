@@ -167,45 +167,75 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(moe_args a) {
  * are loaded before any is used. */
 #define GUD_WARPS 8
 
-__device__ void gate_up_rows_d(const part_ptr &g, const part_ptr &u, int i0, int n, int H, const uint4 *xd,
-                               const xd_chunk *cx, float *h) {
-    const int lane = threadIdx.x & 31, nch = H / 32;
-    const int i1 = i0 + 1 < n ? i0 + 1 : i0;
+/* A warp's 4 rows of gate_up_rows_d (gate i0, up i0, gate i1, up i1) and
+ * the weights of one step of chunks: chunks c0 and c0 + 32 of each row,
+ * with their scales and biases, in registers. */
+typedef struct {
     const uint8_t *q[4];
     const uint16_t *sc[4], *bi[4];
-    const int gs[4] = {g.gsh, u.gsh, g.gsh, u.gsh};
-    part_row(g, KIND_Q4, i0, H, q[0], sc[0], bi[0]);
-    part_row(u, KIND_Q4, i0, H, q[1], sc[1], bi[1]);
-    part_row(g, KIND_Q4, i1, H, q[2], sc[2], bi[2]);
-    part_row(u, KIND_Q4, i1, H, q[3], sc[3], bi[3]);
+    int gs[4];
+} gud_rows;
+
+typedef struct {
+    uint4 raw[2][4];
+    float s[2][4], b[2][4];
+} gud_step;
+
+__device__ __forceinline__ gud_rows gud_setup(const part_ptr &g, const part_ptr &u, int i0, int n, int H) {
+    const int i1 = i0 + 1 < n ? i0 + 1 : i0;
+    gud_rows r;
+    part_row(g, KIND_Q4, i0, H, r.q[0], r.sc[0], r.bi[0]);
+    part_row(u, KIND_Q4, i0, H, r.q[1], r.sc[1], r.bi[1]);
+    part_row(g, KIND_Q4, i1, H, r.q[2], r.sc[2], r.bi[2]);
+    part_row(u, KIND_Q4, i1, H, r.q[3], r.sc[3], r.bi[3]);
+    r.gs[0] = r.gs[2] = g.gsh;
+    r.gs[1] = r.gs[3] = u.gsh;
+    return r;
+}
+
+__device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gud_step &st) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int ci = c0 + 32 * j < nch ? c0 + 32 * j : c0;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            st.raw[j][r] = ld_stream(w.q[r] + (size_t)ci * 16);
+            const int gi = (ci * 32) >> w.gs[r];
+            st.s[j][r] = bf16f(__ldg(w.sc[r] + gi));
+            st.b[j][r] = bf16f(__ldg(w.bi[r] + gi));
+        }
+    }
+}
+
+__device__ __forceinline__ void gud_accum(const gud_step &st, int c0, int nch, const uint4 *xd, const xd_chunk *cx,
+                                          float (&acc)[4]) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int ci = c0 + 32 * j;
+        if (ci >= nch) break;
+        uint4 d[XD_VEC4];
+        xd_load<KIND_Q4>(xd, nch, ci, d);
+        const xd_chunk c = cx[ci];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float p = xd_dot<KIND_Q4>(st.raw[j][r], d) * c.dx;
+            acc[r] += fmaf(st.s[j][r], p, st.b[j][r] * c.sum);
+        }
+    }
+}
+
+/* h[i] = silu(gate_i . x) * (up_i . x) for rows i0, i0 + 1 (< n) from x as
+ * digits; first: the weights of the first step of chunks, fetched by the
+ * caller before the digits were built. */
+__device__ void gate_up_rows_d(const gud_rows &w, const gud_step &first, int i0, int n, int H, const uint4 *xd,
+                               const xd_chunk *cx, float *h) {
+    const int lane = threadIdx.x & 31, nch = H / 32;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = lane; c0 < nch; c0 += 64) {
-        uint4 raw[2][4];
-        float s[2][4], b[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int ci = c0 + 32 * j < nch ? c0 + 32 * j : c0;
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                raw[j][r] = ld_stream(q[r] + (size_t)ci * 16);
-                const int gi = (ci * 32) >> gs[r];
-                s[j][r] = bf16f(__ldg(sc[r] + gi));
-                b[j][r] = bf16f(__ldg(bi[r] + gi));
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int ci = c0 + 32 * j;
-            if (ci >= nch) break;
-            uint4 d[XD_VEC4];
-            xd_load<KIND_Q4>(xd, nch, ci, d);
-            const xd_chunk c = cx[ci];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const float p = xd_dot<KIND_Q4>(raw[j][r], d) * c.dx;
-                acc[r] += fmaf(s[j][r], p, b[j][r] * c.sum);
-            }
-        }
+    gud_accum(first, lane, nch, xd, cx, acc);
+    for (int c0 = lane + 64; c0 < nch; c0 += 64) {
+        gud_step st;
+        gud_fetch(w, c0, nch, st);
+        gud_accum(st, c0, nch, xd, cx, acc);
     }
     float g0 = warp_sum(acc[0]), u0 = warp_sum(acc[1]), g1 = warp_sum(acc[2]), u1 = warp_sum(acc[3]);
     if (lane == 0) {
@@ -227,6 +257,23 @@ __global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args 
     float *h = a.h + (size_t)seg * a.Imax;
     const bool routed = k < a.K;
     if (routed || SK == KIND_Q4) {   /* x as digits (every thread of the block takes part) */
+        /* the warp's first weights are requested before x turns into
+         * digits: the expert id, then its rows, in flight while x is
+         * loaded and converted (the chain before the first weight byte is
+         * one id read, not x, the digits and the id in a row) */
+        const int n = routed ? a.I : a.s_inter;
+        const bool mine = i0 < n;
+        gud_rows w;
+        gud_step first;
+        if (mine) {
+            if (routed) {
+                const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
+                w = gud_setup(blob_part(blob, a.gate), blob_part(blob, a.up), i0, n, a.H);
+            } else {
+                w = gud_setup(a.sgate_p, a.sup_p, i0, n, a.H);
+            }
+            gud_fetch(w, threadIdx.x & 31, a.H / 32, first);
+        }
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
@@ -234,12 +281,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args 
         __syncthreads();
         xd_build<KIND_Q4>(xf, a.H, xd, cx, GUD_WARPS);
         __syncthreads();
-        if (routed && i0 < a.I) {
-            const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
-            gate_up_rows_d(blob_part(blob, a.gate), blob_part(blob, a.up), i0, a.I, a.H, xd, cx, h);
-        } else if (!routed && i0 < a.s_inter) {
-            gate_up_rows_d(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, xd, cx, h);
-        }
+        if (mine) gate_up_rows_d(w, first, i0, n, a.H, xd, cx, h);
     } else if (SK >= 0 && i0 < a.s_inter) {
         gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     }

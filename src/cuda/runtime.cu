@@ -69,6 +69,26 @@ int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern
     return e == cudaSuccess ? 0 : cuda_fail(err, "device copy", e);
 }
 
+void *tern_cuda_host_alloc(size_t bytes, tern_error *err) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        tern_fail(err, "cudaMallocHost(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+void tern_cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+int tern_cuda_copy_host(void *dst, const void *src, size_t bytes, int to_host, tern_stream s, tern_error *err) {
+    cudaError_t e =
+        cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s);
+    return e == cudaSuccess ? 0 : cuda_fail(err, to_host ? "copy to the host" : "copy to the device", e);
+}
+
 int tern_cuda_fill(void *dst, int byte, size_t bytes, tern_stream s, tern_error *err) {
     cudaError_t e = cudaMemsetAsync(dst, byte, bytes, s);
     return e == cudaSuccess ? 0 : cuda_fail(err, "memset", e);

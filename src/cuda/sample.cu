@@ -4,11 +4,12 @@
  *
  * Both work in two stages. Stage 1: each block takes a slice of the
  * vocabulary (SLICE ids) and keeps its best candidates (argmax: one; sample:
- * the top_k of the slice, by a bitonic sort in shared memory). Stage 2: one
- * block merges the candidates (another bitonic sort for sampling) and one
- * thread walks the at most 64 survivors: weights exp(l - max), top-p over
- * what top-k kept, min-p against the best, then the draw at u. Order: larger
- * logit first, lower id first among equals; NaN counts as -inf. */
+ * the top_k of the slice, found by a radix selection on the values' bits,
+ * not a sort). Stage 2: one block selects the top_k of the candidates the
+ * same way, ranks those few, and one thread walks them: weights exp(l -
+ * max), top-p over what top-k kept, min-p against the best, then the draw
+ * at u. Order: larger logit first, lower id first among equals; NaN counts
+ * as -inf. */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -24,22 +25,6 @@ typedef struct {
 __device__ __forceinline__ bool before(cand a, cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
 
 __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x; }
-
-/* Sorts n (a power of two, a multiple of 2 * blockDim) candidates best first. */
-__device__ void bitonic(cand *c, int n) {
-    for (int k = 2; k <= n; k <<= 1)
-        for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                int ixj = i ^ j;
-                if (ixj > i) {
-                    bool up = (i & k) == 0;
-                    cand a = c[i], b = c[ixj];
-                    if (up ? before(b, a) : before(a, b)) { c[i] = b; c[ixj] = a; }
-                }
-            }
-            __syncthreads();
-        }
-}
 
 /* ---- argmax ------------------------------------------------------------ */
 
@@ -80,7 +65,8 @@ __global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
 }
 
 size_t tern_cuda_sample_workspace(int n_valid) {
-    return (size_t)ceil_div(n_valid, SLICE) * TERN_CUDA_SAMPLE_MAX_K * sizeof(cand);
+    /* stage 1's candidates, then its thresholds */
+    return (size_t)ceil_div(n_valid, SLICE) * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
 }
 
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s, tern_error *err) {
@@ -94,30 +80,215 @@ int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, 
 
 /* ---- top-k / top-p / min-p sampling ------------------------------------ */
 
-__global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out) {
-    __shared__ cand c[SLICE];
-    int base = blockIdx.x * SLICE;
-    for (int i = threadIdx.x; i < SLICE; i += blockDim.x) {
-        int id = base + i;
-        cand x = {-INFINITY, 0x7fffffff};
-        if (id < n) { x.v = clean(l[id]) * inv_t; x.id = id; }
-        c[i] = x;
-    }
-    __syncthreads();
-    bitonic(c, SLICE);
-    for (int i = threadIdx.x; i < k; i += blockDim.x) out[(size_t)blockIdx.x * k + i] = c[i];
+/* A float's order as an unsigned key (larger float, larger key; -0 and +0
+ * one key, since they tie as floats); 0 is below every float's key and
+ * marks padding. */
+__device__ __forceinline__ unsigned key_of(float v) {
+    unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-__global__ void __launch_bounds__(1024) topk_merge(const cand *in, int m, int size, int k, float top_p, float min_p,
-                                                   double u, int32_t *id) {
-    extern __shared__ cand c[];   /* size: the power of two >= m */
-    for (int i = threadIdx.x; i < size; i += blockDim.x) {
+typedef struct {
+    unsigned hist[256];
+    unsigned prefix, need;   /* the selection's result */
+    unsigned taken;          /* output slots used */
+} select_smem;
+
+/* Radix selection over a block's keys (N per thread, bit j of `mask` says
+ * key[j] takes part): afterwards sm->prefix is the key t with fewer than k
+ * masked keys above it and at least k at or above it, and sm->need = k -
+ * (the count above t), how many keys equal to t complete the top k. Four
+ * passes of 8 bits, each a shared histogram of the keys that match the
+ * digits chosen so far (one atomic per distinct digit per warp), and one warp
+ * finding the digit where the count from the top reaches what is still
+ * needed. The caller makes sure at least k keys take part. */
+template <int N>
+__device__ void radix_select(const unsigned (&key)[N], unsigned mask, unsigned k, select_smem *sm) {
+    unsigned prefix = 0, hi = 0, need = k;
+    int lane = threadIdx.x & 31;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) sm->hist[i] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            bool in = (mask >> j & 1u) && (key[j] & hi) == prefix;
+            unsigned d = (key[j] >> shift) & 255u;
+            unsigned act = __ballot_sync(0xffffffffu, in);
+            if (in) {
+                unsigned peers = __match_any_sync(act, d);
+                if (lane == __ffs(peers) - 1) atomicAdd(&sm->hist[d], (unsigned)__popc(peers));
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            /* lane l holds bins 255 - 8l down to 248 - 8l: lane order is
+             * descending digit order, so an inclusive scan over lanes
+             * counts the keys at or above each lane's lowest bin */
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int b = 0; b < 8; b++) sum += c[b] = sm->hist[255 - 8 * lane - b];
+            unsigned incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            unsigned run = incl - sum;
+            if (run < need && need <= incl) {
+                for (int b = 0; b < 8; b++) {
+                    if (run + c[b] >= need) {
+                        sm->prefix = prefix | (unsigned)(255 - 8 * lane - b) << shift;
+                        sm->need = need - run;
+                        break;
+                    }
+                    run += c[b];
+                }
+            }
+        }
+        __syncthreads();
+        prefix = sm->prefix;
+        need = sm->need;
+        hi |= 255u << shift;
+    }
+}
+
+/* Of a block's keys (N per thread, unique ids), which are among its top k
+ * in the order larger value first, lower id first among equals: bit j of
+ * the result says key[j] is; *kth gets the k-th key. The ties at the
+ * threshold are rare with real logits; when more tie than are needed, a
+ * second selection over the inverted ids keeps the lowest. */
+template <int N>
+__device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], unsigned mask, unsigned k,
+                                select_smem *sm, unsigned *kth) {
+    radix_select<N>(key, mask, k, sm);
+    unsigned t = sm->prefix, need = sm->need, eq_mask = 0;
+    *kth = t;
+    int eq = 0;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        bool e = (mask >> j & 1u) && key[j] == t;
+        eq_mask |= (unsigned)e << j;
+        eq += __syncthreads_count(e);
+    }
+    unsigned top = 0;
+#pragma unroll
+    for (int j = 0; j < N; j++) top |= (unsigned)((mask >> j & 1u) && key[j] > t) << j;
+    if ((unsigned)eq <= need) return top | eq_mask;
+    unsigned inv[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) inv[j] = ~(unsigned)id[j];
+    radix_select<N>(inv, eq_mask, need, sm);
+    unsigned lowest = sm->prefix;   /* the inverted id of the last tie kept */
+#pragma unroll
+    for (int j = 0; j < N; j++) top |= (unsigned)((eq_mask >> j & 1u) && inv[j] >= lowest) << j;
+    return top;
+}
+
+#define SLICE_PER (SLICE / 1024)
+#define MERGE_PER (MERGE / 1024)
+
+/* Stage 1: each block's k best of its SLICE ids, in no order (padding past
+ * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. */
+__global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
+                                                    unsigned *thr) {
+    __shared__ select_smem sm;
+    unsigned key[SLICE_PER];
+    int id[SLICE_PER];
+    float v[SLICE_PER];
+    if (threadIdx.x == 0) sm.taken = 0;
+#pragma unroll
+    for (int j = 0; j < SLICE_PER; j++) {
+        id[j] = blockIdx.x * SLICE + j * 1024 + threadIdx.x;
+        v[j] = id[j] < n ? clean(l[id[j]]) * inv_t : -INFINITY;
+        key[j] = id[j] < n ? key_of(v[j]) : 0u;
+    }
+    unsigned kth;
+    unsigned top = block_top_k<SLICE_PER>(key, id, (1u << SLICE_PER) - 1, (unsigned)k, &sm, &kth);
+    if (threadIdx.x == 0) thr[blockIdx.x] = kth;
+#pragma unroll
+    for (int j = 0; j < SLICE_PER; j++)
+        if (top >> j & 1u) {
+            unsigned slot = atomicAdd(&sm.taken, 1u);
+            cand c = {-INFINITY, 0x7fffffff};
+            if (key[j]) { c.v = v[j]; c.id = id[j]; }
+            out[(size_t)blockIdx.x * k + slot] = c;
+        }
+}
+
+/* Stage 2: the k best of the m candidates, sorted best first. The k-th
+ * best overall is at least every block's k-th best, so only candidates at
+ * or above the largest block threshold can be among the k: typically a
+ * few hundred of the m survive, one per thread, and a radix selection over
+ * them finds the k (over all m when more survive than there are threads:
+ * many equal logits). Each of the k counts the others before it: its rank.
+ * Then one thread walks them: weights exp(l - max), top-p, min-p, the draw
+ * at *u. */
+__global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
+                                                   float min_p, const double *u, int32_t *id) {
+    __shared__ select_smem sm;
+    __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
+    __shared__ unsigned warp_max[32], n_sel;
+    const int m = nb * k, tid = threadIdx.x;
+    unsigned key[MERGE_PER], mask = 0;
+    int cid[MERGE_PER];
+    float v[MERGE_PER];
+    unsigned t = 0;
+    for (int i = tid; i < nb; i += blockDim.x) t = max(t, thr[i]);
+    t = __reduce_max_sync(0xffffffffu, t);
+    if ((tid & 31) == 0) warp_max[tid >> 5] = t;
+    if (tid == 0) sm.taken = n_sel = 0;
+    if (tid < k) sel[tid] = (cand){-INFINITY, 0x7fffffff};
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) {
+        int i = j * 1024 + tid;
         cand x = {-INFINITY, 0x7fffffff};
         if (i < m) x = in[i];
-        c[i] = x;
+        v[j] = x.v;
+        cid[j] = x.id;
+        key[j] = x.id == 0x7fffffff ? 0u : key_of(x.v);
+        mask |= (unsigned)(i < m) << j;
     }
     __syncthreads();
-    bitonic(c, size);
+    t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = max(t, warp_max[w]);
+    unsigned keep = 0, kth;
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) keep |= (unsigned)((mask >> j & 1u) && key[j] >= t) << j;
+    int n_keep = 0;
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) n_keep += __syncthreads_count(keep >> j & 1u);
+    if (n_keep <= (int)blockDim.x) {
+        /* the survivors, one per thread, then the k among them */
+#pragma unroll
+        for (int j = 0; j < MERGE_PER; j++)
+            if (keep >> j & 1u) list[atomicAdd(&sm.taken, 1u)] = (cand){v[j], cid[j]};
+        __syncthreads();
+        cand me = tid < n_keep ? list[tid] : (cand){-INFINITY, 0x7fffffff};
+        unsigned k1[1] = {tid < n_keep ? key_of(me.v) : 0u};
+        int i1[1] = {me.id};
+        if (block_top_k<1>(k1, i1, tid < n_keep, (unsigned)k, &sm, &kth)) {
+            unsigned slot = atomicAdd(&n_sel, 1u);
+            if (slot < (unsigned)k) sel[slot] = me;
+        }
+    } else {
+        keep = block_top_k<MERGE_PER>(key, cid, mask, (unsigned)k, &sm, &kth);
+#pragma unroll
+        for (int j = 0; j < MERGE_PER; j++)
+            if (keep >> j & 1u) {
+                unsigned slot = atomicAdd(&n_sel, 1u);
+                if (slot < (unsigned)k) sel[slot] = (cand){v[j], cid[j]};
+            }
+    }
+    __syncthreads();
+    if (tid < k) {
+        const cand me = sel[tid];
+        int rank = 0;
+        /* (only padding can repeat: equal entries rank by slot) */
+        for (int i = 0; i < k; i++)
+            rank += before(sel[i], me) || (i < tid && sel[i].v == me.v && sel[i].id == me.id);
+        c[rank] = me;
+    }
+    __syncthreads();
     if (threadIdx.x) return;
     /* c[0 .. k) are the top-k, best first; weights relative to the best */
     double w[TERN_CUDA_SAMPLE_MAX_K], total = 0.0, cum = 0.0;
@@ -137,7 +308,7 @@ __global__ void __launch_bounds__(1024) topk_merge(const cand *in, int m, int si
             if (w[i] < min_p * w[0]) { n = i; break; }
     double kept = 0.0;
     for (int i = 0; i < n; i++) kept += w[i];
-    double target = u * kept, run = 0.0;
+    double target = *u * kept, run = 0.0;
     int pick = c[0].id;
     for (int i = 0; i < n; i++) {
         if (w[i] <= 0) continue;
@@ -149,20 +320,16 @@ __global__ void __launch_bounds__(1024) topk_merge(const cand *in, int m, int si
 }
 
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
-                     double u, void *work, int32_t *id, tern_stream s, tern_error *err) {
-    if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || u < 0 || u >= 1)
-        return tern_fail(err, "sample: top_k %d (1..%d), temperature %g, u %g", top_k, TERN_CUDA_SAMPLE_MAX_K,
-                         temperature, u);
+                     const double *u, void *work, int32_t *id, tern_stream s, tern_error *err) {
+    if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || !u)
+        return tern_fail(err, "sample: top_k %d (1..%d), temperature %g%s", top_k, TERN_CUDA_SAMPLE_MAX_K,
+                         temperature, u ? "" : ", no u");
     int nb = ceil_div(n_valid, SLICE), k = top_k < n_valid ? top_k : n_valid;
     if ((int64_t)nb * k > MERGE) return tern_fail(err, "sample: %d ids x top_k %d exceed the merge", n_valid, top_k);
-    topk_slices<<<nb, 1024, 0, s>>>(logits, n_valid, 1.0f / temperature, k, (cand *)work);
+    cand *cands = (cand *)work;
+    unsigned *thr = (unsigned *)(cands + (size_t)nb * TERN_CUDA_SAMPLE_MAX_K);
+    topk_slices<<<nb, 1024, 0, s>>>(logits, n_valid, 1.0f / temperature, k, cands, thr);
     if (launch_check("sample top-k", err)) return -1;
-    /* the merge sorts only the next power of two (at least 2048: two per
-     * thread) above the candidates: 61 x 20 = 1220 -> 2048 at top-k 20 */
-    int size = 2048;
-    while (size < nb * k) size *= 2;
-    size_t smem = (size_t)size * sizeof(cand);
-    cudaFuncSetAttribute(topk_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(MERGE * sizeof(cand)));
-    topk_merge<<<1, 1024, smem, s>>>((const cand *)work, nb * k, size, k, top_p, min_p, u, id);
+    topk_merge<<<1, 1024, 0, s>>>(cands, thr, nb, k, top_p, min_p, u, id);
     return launch_check("sample merge", err);
 }

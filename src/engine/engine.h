@@ -71,6 +71,8 @@ struct tern_session {
     tern_kv mtp_kv;
     int mtp_pos, mtp_cap;
     float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */
+    const float *hidden_dev;  /* a GPU session's: where the device holds it now (snapshots copy it
+                               * from there), NULL when `hidden` is current; never a per-token copy */
     int has_hidden;
     int broken;               /* a step failed midway (an expert read): state is inconsistent */
     tern_layer_hook hook;
@@ -96,6 +98,20 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
 int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
 /* tern_session_eval's checks, then tern_forward_keep (session.c). */
 int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err);
+
+/* The GPU sampler's rule (engine/sampler.h's, as tern_sampler_gpu_rule
+ * gives it) over the first n_valid logits. */
+typedef struct tern_gpu_rule {
+    int n_valid, greedy, top_k;
+    float temperature, top_p, min_p;
+} tern_gpu_rule;
+/* A GPU session's decode step and the draw of the next id in one go: token
+ * at s->pos, then the rule at u over its logits; *next gets the id (the
+ * only bytes that come back). tern_session_eval's checks first. */
+int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                        tern_error *err);
+int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                             tern_error *err);
 
 /* The MTP head over n (hidden state, next token) pairs at its next n
  * positions; logits [n, vocab]. */

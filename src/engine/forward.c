@@ -573,6 +573,13 @@ int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error 
     return tern_gpu_forward_keep(s, tokens, T, err);
 }
 
+int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                        tern_error *err) {
+    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
+    if (check_tokens(&s->m->cfg, &token, 1, err) || tern_session_reserve(s, s->pos + 1, err)) return -1;
+    return tern_gpu_forward_sample(s, token, rule, u, next, err);
+}
+
 /* ---- MTP head ----------------------------------------------------------- */
 
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,

@@ -17,8 +17,7 @@
  * the kernels take): logits stay on the device and only the id comes back. */
 typedef struct {
     int on;
-    int greedy, top_k;
-    float temperature, top_p, min_p;
+    tern_gpu_rule r;
 } gpu_rule;
 
 typedef struct {
@@ -81,10 +80,11 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     g->n_history = (int)n_prompt;
     g->sampler = tern_sampler_create(&p->sampling, V, n_valid, err);
     if (!g->sampler) return -1;
-    gpu_rule *r = &g->gpu;
-    r->on = s->gpu && tern_gpu_sampling_enabled(s) &&
-            tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
-                                  &r->top_p, &r->min_p);
+    tern_gpu_rule *r = &g->gpu.r;
+    r->n_valid = tern_sampler_n_valid(g->sampler);
+    g->gpu.on = s->gpu && tern_gpu_sampling_enabled(s) &&
+                tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
+                                      &r->top_p, &r->min_p);
     if (!tok) return 0;
     g->detok = tern_detok_create(tok, 1, err);
     if (!g->detok) return -1;
@@ -95,15 +95,22 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
 /* The next id: the CPU sampler over the host logits, or the same rule on
  * the GPU with the sampler's next random number (the GPU draws one for
  * every sampled token; the CPU sampler skips it when one candidate is left). */
+static double next_u(gen_state *g) { return g->gpu.r.greedy ? 0.0 : tern_sampler_next_uniform(g->sampler); }
+
 static int32_t next_id(gen_state *g, tern_session *s, tern_error *err) {
     if (!g->gpu.on) return tern_sampler_sample(g->sampler, g->logits, g->history, g->n_history, err);
-    const gpu_rule *r = &g->gpu;
-    double u = r->greedy ? 0.0 : tern_sampler_next_uniform(g->sampler);
     int32_t id;
-    if (tern_gpu_sample(s, tern_sampler_n_valid(g->sampler), r->greedy, r->temperature, r->top_k, r->top_p, r->min_p,
-                        u, &id, err) != 0)
-        return -1;
-    return id;
+    return tern_gpu_sample(s, &g->gpu.r, next_u(g), &id, err) != 0 ? -1 : id;
+}
+
+/* Evaluates the sampled id. On the GPU, when another token follows, the
+ * step draws it too (*next; one launch and one synchronisation per token);
+ * else the logits stay on the device for next_id, or come to the host. */
+static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, int another, int32_t *next,
+                   tern_error *err) {
+    if (g->gpu.on && need_logits && another) return tern_session_eval_sample(s, id, &g->gpu.r, next_u(g), next, err);
+    if (g->gpu.on && need_logits) return tern_session_eval_keep(s, &id, 1, err);
+    return tern_session_eval(s, &id, 1, need_logits ? g->logits : NULL, 0, err);
 }
 
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -121,10 +128,12 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     stats->n_prompt = (int)n_prompt;
     stats->prefill_s = t1 - t0;
     int reason = TERN_STOP_LENGTH;
+    int32_t drawn = -1;   /* the next id, when the previous step drew it on the GPU */
     while (rc == 0) {
         if (p->n_predict >= 0 && stats->n_generated >= p->n_predict) { reason = TERN_STOP_LENGTH; break; }
         if (s->pos >= s->max_ctx) { reason = TERN_STOP_CONTEXT; break; }
-        int32_t id = next_id(&g, s, err);
+        int32_t id = drawn >= 0 ? drawn : next_id(&g, s, err);
+        drawn = -1;
         if (id < 0) { rc = -1; break; }
         g.history[g.n_history++] = id;
         stats->n_generated++;
@@ -138,8 +147,9 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
         int need_logits = !eos && !stop;
-        if (g.gpu.on && need_logits) rc = tern_session_eval_keep(s, &id, 1, err);
-        else rc = tern_session_eval(s, &id, 1, need_logits ? g.logits : NULL, 0, err);
+        /* another token follows this one's step unless the length or the context ends it */
+        int another = (p->n_predict < 0 || stats->n_generated < p->n_predict) && s->pos + 1 < s->max_ctx;
+        rc = eval_id(&g, s, id, need_logits, another, &drawn, err);
         if (rc != 0) break;
         if (eos) { reason = TERN_STOP_EOS; break; }
         if (stop) break;

@@ -30,9 +30,13 @@ int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_er
     (void)s; (void)tokens; (void)T;
     return no_cuda(err);
 }
-int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,
-                    double u, int32_t *id, tern_error *err) {
-    (void)s; (void)n_valid; (void)greedy; (void)temperature; (void)top_k; (void)top_p; (void)min_p; (void)u; (void)id;
+int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err) {
+    (void)s; (void)rule; (void)u; (void)id;
+    return no_cuda(err);
+}
+int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                            tern_error *err) {
+    (void)s; (void)token; (void)rule; (void)u; (void)next;
     return no_cuda(err);
 }
 
@@ -56,6 +60,12 @@ int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature,
 /* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
  * experts, the DeltaNet step); longer runs the prefill ops. */
 #define SUB 8
+/* A piece's input block (gpu_session.step_host / step_dev): the sampler's
+ * u, the position, the tokens. */
+#define STEP_U 0
+#define STEP_POS 8
+#define STEP_TOK 12
+#define STEP_BYTES(T) (STEP_TOK + 4 * (size_t)(T))
 
 /* ---- the model ---------------------------------------------------------- */
 
@@ -285,7 +295,12 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     g->w.has_mtp = 0;
     if (mat_to_dev(m, g, &g->w.lm_head, "lm_head", err) || vec_to_dev(g, &g->w.final_norm, (size_t)c->hidden, err))
         return -1;
-    g->w.embed = m->w.embed;   /* rows are looked up on the host: one row per token */
+    /* the embedding rows are read on the device (tern_cuda_embed): a step's
+     * token ids go up, not its rows */
+    g->w.embed.data = dev_of(m, g, m->w.embed.data);
+    g->w.embed.scales = dev_of(m, g, m->w.embed.scales);
+    g->w.embed.biases = dev_of(m, g, m->w.embed.biases);
+    if (!g->w.embed.data) return tern_fail(err, "GPU: the embedding does not live in resident.bin");
     for (int l = 0; l < c->n_layers; l++)
         if (layer_to_dev(m, g, &g->w.layers[l], err) != 0) {
             tern_err_prefix(err, "layer %d", l);
@@ -367,7 +382,13 @@ typedef struct gpu_session {
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
-    float *host_x;                /* embedding rows before upload */
+    /* A piece's input, [u (double), position, tokens...]: written on the
+     * host into page-locked memory, copied up in the stream (the embedding,
+     * the captured step and the sampler read it on the device). */
+    uint8_t *step_host, *step_dev;
+    const int32_t *tok_dev;       /* the tokens in step_dev */
+    int32_t *id_host;             /* the drawn id, copied back (page-locked, behind step_host's block) */
+    struct { int on; tern_gpu_rule r; } key_rule;   /* the sampler captured in g->graph, if any */
     int32_t *host_ids;            /* routing observer */
 } gpu_session;
 
@@ -389,7 +410,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     int ok = 1;
     size_t H = (size_t)c->hidden, P = (size_t)g->piece, vd = (size_t)tern_cfg_gdn_value_dim(c);
     size_t qrows = (size_t)c->n_heads * c->head_dim * 2, kvrow = (size_t)c->n_kv_heads * c->head_dim;
-    g->x = dalloc(P * H + 4, &ok, err);
+    g->x = dalloc(P * H, &ok, err);
     g->xn = dalloc(P * H, &ok, err);
     g->x2 = dalloc(H, &ok, err);     /* the one-token path's residual stream alternates x / x2 */
     g->out2 = dalloc(H, &ok, err);   /* and its experts' output */
@@ -413,10 +434,13 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->d_id = (int32_t *)dalloc(1, &ok, err);
     g->route_counters = (unsigned *)dalloc((size_t)c->n_layers, &ok, err);
     if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
-    g->host_x = malloc((P * H + 4) * sizeof(float));   /* + the position (see piece) */
+    if (ok && !(g->step_host = tern_cuda_host_alloc(STEP_BYTES(P) + sizeof(int32_t), err))) ok = 0;
+    g->id_host = ok ? (int32_t *)(g->step_host + STEP_BYTES(P)) : NULL;
+    if (ok && !(g->step_dev = tern_cuda_alloc(STEP_BYTES(P), err))) ok = 0;
+    g->tok_dev = ok ? (const int32_t *)(g->step_dev + STEP_TOK) : NULL;
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
     g->kv_key = calloc(2 * (size_t)c->n_layers, sizeof *g->kv_key);
-    if (ok && (!g->host_x || !g->host_ids || !g->kv_key)) return tern_fail(err, "out of memory");
+    if (ok && (!g->host_ids || !g->kv_key)) return tern_fail(err, "out of memory");
     return ok ? 0 : -1;
 }
 
@@ -528,7 +552,8 @@ void tern_gpu_session_free(tern_session *s) {
         free(g->st);
     }
     tern_cuda_stream_destroy(g->stream);
-    free(g->host_x);
+    tern_cuda_host_free(g->step_host);
+    tern_cuda_free(g->step_dev);
     free(g->host_ids);
     free(g->kv_key);
     free(g);
@@ -947,32 +972,64 @@ static int step1(tern_session *s, int rows, tern_error *err) {
     return rc;
 }
 
-/* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows)
- * is captured as a CUDA graph and replayed with one launch; the capture of
+/* The piece's input block goes up (in a captured step, as the graph's
+ * first node: the host writes step_host and launches), then the embedding
+ * rows into g->x from the token ids in it. */
+static int embed(tern_session *s, int T, tern_error *err) {
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    return tern_cuda_copy_host(g->step_dev, g->step_host, STEP_BYTES(T), 0, g->stream, err) ||
+                   tern_cuda_embed(&gm->w.embed, g->tok_dev, T, g->x, g->stream, err)
+               ? -1
+               : 0;
+}
+
+/* The drawn id comes back into id_host (in a captured step, its last node). */
+static int id_back(gpu_session *g, tern_error *err) {
+    return tern_cuda_copy_host(g->id_host, g->d_id, sizeof *g->id_host, 1, g->stream, err);
+}
+
+/* The rule over g->logits (row 0) at the u in step_dev, into d_id. */
+static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
+    const double *u = (const double *)(g->step_dev + STEP_U);
+    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, g->d_id, g->stream, err);
+    return tern_cuda_sample(g->logits, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u, g->sample_work,
+                            g->d_id, g->stream, err);
+}
+
+/* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows,
+ * and with a rule the draw of the next id from the last row's logits) is
+ * captured as a CUDA graph and replayed with one launch; the capture of
  * the next step updates the same executable in place (only arguments
  * change). Each kernel then starts as the previous one ends instead of
  * when the host gets to launching it. */
-static int enqueue_step(tern_session *s, int T, int rows, tern_error *err) {
+static int enqueue_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    int H = c->hidden;
-    if (T == 1 && gm->one_token) return step1(s, rows, err);
-    if (layers(s, T, err)) return -1;
-    if (!rows) return 0;
-    stage(g, R_HEAD, 0);
-    int rc = mm(gm, g, g->logits, g->xn + (size_t)(T - rows) * H, rows, &gm->w.lm_head, err);
-    stage(g, R_HEAD, 1);
-    return rc;
+    int H = c->hidden, rc;
+    if (embed(s, T, err)) return -1;
+    if (T == 1 && gm->one_token) {
+        rc = step1(s, rows, err);
+    } else {
+        rc = layers(s, T, err);
+        if (rc == 0 && rows) {
+            stage(g, R_HEAD, 0);
+            rc = mm(gm, g, g->logits, g->xn + (size_t)(T - rows) * H, rows, &gm->w.lm_head, err);
+            stage(g, R_HEAD, 1);
+        }
+    }
+    return rc == 0 && rule && (sample_ops(g, rule, err) || id_back(g, err)) ? -1 : rc;
 }
 
 /* The graph of a decode step is captured once and replayed for the
- * following tokens: positions are read on the device (piece() uploads
- * them behind the embedding rows) and the attention's splits are planned
- * for the next power of two of the context, so only a new token count, a
- * longer plan or a moved KV cache (it grows by reallocation) captures
- * again, updating the executable graph in place. */
-static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
+ * following tokens: the token ids, the position and the sampler's u are
+ * read on the device (piece() copies them up before the launch) and the
+ * attention's splits are planned for the next power of two of the
+ * context, so only a new token count, another sampling rule, a longer plan
+ * or a moved KV cache (it grows by reallocation) captures again, updating
+ * the executable graph in place. */
+static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, tern_error *err) {
     gpu_session *g = s->gpu;
     const tern_config *c = &s->m->cfg;
     int n = s->pos + T, n_plan = 256;
@@ -984,11 +1041,12 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
         g->kv_key[2 * l] = s->kv[l].k;
         g->kv_key[2 * l + 1] = s->kv[l].v;
     }
-    if (!g->graph || moved || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan) {
-        g->pos_dev = (const int *)(g->x + (size_t)T * c->hidden);
+    int other_rule = g->key_rule.on != (rule != NULL) || (rule && memcmp(&g->key_rule.r, rule, sizeof *rule));
+    if (!g->graph || moved || other_rule || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan) {
+        g->pos_dev = (const int *)(g->step_dev + STEP_POS);
         g->n_plan = n_plan;
         if (tern_cuda_capture_begin(g->stream, err)) return -1;
-        int rc = enqueue_step(s, T, rows, err);
+        int rc = enqueue_step(s, T, rows, rule, err);
         g->pos_dev = NULL;
         if (rc != 0) {
             tern_cuda_capture_abort(g->stream);
@@ -1002,6 +1060,8 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
         g->key.T = T;
         g->key.rows = rows;
         g->key.n_plan = n_plan;
+        g->key_rule.on = rule != NULL;
+        if (rule) g->key_rule.r = *rule;
     }
     stats *st = g->st && g->st->graph && T == 1 ? g->st : NULL;
     if (st) tern_cuda_mark(st->marks, 0, g->stream);
@@ -1010,50 +1070,61 @@ static int replay_step(tern_session *s, int T, int rows, tern_error *err) {
     return rc;
 }
 
-/* keep: compute the last token's logits into the device buffer and leave
- * them there (logits NULL). */
-static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, int keep, tern_error *err) {
+/* The piece's input (u, position, tokens) into step_host; embed() copies
+ * it up. The previous piece's copy from it has run: each piece ends
+ * synchronised. */
+static void put_step(tern_session *s, const int32_t *tokens, int T, double u) {
+    gpu_session *g = s->gpu;
+    int32_t pos = (int32_t)s->pos;
+    memcpy(g->step_host + STEP_U, &u, sizeof u);
+    memcpy(g->step_host + STEP_POS, &pos, sizeof pos);
+    memcpy(g->step_host + STEP_TOK, tokens, (size_t)T * sizeof *tokens);
+}
+
+/* One piece of T tokens. keep: compute the last token's logits into the
+ * device buffer and leave them there (logits NULL); rule (with keep): then
+ * draw the next id at u into *next. The hidden state stays on the device
+ * (s->hidden_dev); the piece ends with the stream synchronised. */
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, int keep,
+                 const tern_gpu_rule *rule, double u, int32_t *next, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const gpu_model *gm = m->gpu;
     gpu_session *g = s->gpu;
     int H = c->hidden, V = c->vocab;
     double t0 = tern_now_s() * 1e3;
-    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], g->host_x + (size_t)t * H);
-    /* the position rides behind the rows, where a captured step reads it */
-    int32_t pos = (int32_t)s->pos;
-    memcpy(g->host_x + (size_t)T * H, &pos, sizeof pos);
-    /* the upload runs on the legacy stream: the session's stream must be idle */
-    if (tern_cuda_sync(g->stream, err) ||
-        tern_cuda_upload(g->x, g->host_x, ((size_t)T * H + 1) * sizeof(float), err))
-        return -1;
+    put_step(s, tokens, T, u);
     if (g->st) g->st->n_marks = T == 1 && !g->st->graph ? 0 : -1;
     int rows = keep ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     int graph = small && g->use_graph && (!g->st || g->st->graph) && !s->route_fn;
     int rc;
-    if (graph) rc = replay_step(s, T, rows, err);
-    else rc = small ? enqueue_step(s, T, rows, err) : layers(s, T, err);
+    if (graph) rc = replay_step(s, T, rows, rule, err);
+    else if (small) rc = enqueue_step(s, T, rows, rule, err);
+    else rc = embed(s, T, err) || layers(s, T, err) ? -1 : 0;
     if (rc != 0) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
     if (keep && !small) {
-        if (mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err)) return -1;
+        if (mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err) ||
+            (rule && (sample_ops(g, rule, err) || id_back(g, err))))
+            return -1;
     } else if (keep) {
-        /* already in g->logits */
+        /* already in g->logits (and the drawn id on its way to id_host) */
     } else if (small && rows) {
         if (tern_cuda_sync(g->stream, err) || tern_cuda_download(logits, g->logits, (size_t)rows * V * sizeof(float), err))
             return -1;
     } else if (rows && head(g, gm, all ? g->xn : last, rows, H, V, logits, err)) {
         return -1;
     }
-    if (tern_cuda_sync(g->stream, err) || tern_cuda_download(s->hidden, last, (size_t)H * sizeof(float), err))
-        return -1;
+    if (tern_cuda_sync(g->stream, err)) return -1;
+    if (rule) *next = *g->id_host;
     if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0);
     if (g->st && g->st->graph && graph && T == 1) {
         g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
         g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;
         g->st->graph_steps++;
     }
+    s->hidden_dev = last;
     s->has_hidden = 1;
     s->pos += T;
     return 0;
@@ -1069,7 +1140,7 @@ static int pieces(tern_session *s, const int32_t *tokens, int T, float *logits, 
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, keep && last, err) != 0) {
+        if (piece(s, tokens + done, n, out, all_logits, keep && last, NULL, 0.0, NULL, err) != 0) {
             s->broken = 1;
             return -1;
         }
@@ -1091,13 +1162,32 @@ int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_er
     return pieces(s, tokens, T, NULL, 0, 1, err);
 }
 
-int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,
-                    double u, int32_t *id, tern_error *err) {
+static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern_error *err) {
+    if (r->n_valid < 1 || r->n_valid > s->m->cfg.vocab)
+        return tern_fail(err, "GPU sampling: %d valid ids of a %d-id vocabulary", r->n_valid, s->m->cfg.vocab);
+    if (!(u >= 0 && u < 1)) return tern_fail(err, "GPU sampling: u %g is outside [0, 1)", u);
+    return 0;
+}
+
+int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                            tern_error *err) {
+    if (rule_ok(s, rule, u, err)) return -1;
+    if (piece(s, &token, 1, NULL, 0, 1, rule, u, next, err) != 0) {
+        s->broken = 1;
+        return -1;
+    }
+    return 0;
+}
+
+int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err) {
     gpu_session *g = s->gpu;
-    int rc = greedy ? tern_cuda_argmax(g->logits, n_valid, g->sample_work, g->d_id, g->stream, err)
-                    : tern_cuda_sample(g->logits, n_valid, temperature, top_k, top_p, min_p, u, g->sample_work, g->d_id,
-                                       g->stream, err);
-    if (rc || tern_cuda_sync(g->stream, err) || tern_cuda_download(id, g->d_id, sizeof *id, err)) return -1;
+    if (rule_ok(s, rule, u, err)) return -1;
+    /* the stream is idle (pieces end synchronised): step_host is free */
+    memcpy(g->step_host + STEP_U, &u, sizeof u);
+    if (tern_cuda_copy_host(g->step_dev, g->step_host, sizeof u, 0, g->stream, err) || sample_ops(g, rule, err) ||
+        id_back(g, err) || tern_cuda_sync(g->stream, err))
+        return -1;
+    *id = *g->id_host;
     return 0;
 }
 

@@ -37,10 +37,13 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 /* Sampling on the GPU (default; TERN_GPU_SAMPLING=0 turns it off): tern_gpu_forward_keep runs T
  * tokens and leaves the last one's logits on the device; tern_gpu_sample
  * draws from them with the sampler's rule (tern_sampler_gpu_rule) and u, and
- * copies back only the id. */
+ * copies back only the id. tern_gpu_forward_sample is a decode step and
+ * the next draw together (one captured graph: the token and u go up, the id
+ * comes back, one synchronisation). */
 int tern_gpu_sampling_enabled(const tern_session *s);
 int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
-int tern_gpu_sample(tern_session *s, int n_valid, int greedy, float temperature, int top_k, float top_p, float min_p,
-                    double u, int32_t *id, tern_error *err);
+int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err);
+int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                            tern_error *err);
 
 #endif

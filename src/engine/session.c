@@ -141,6 +141,11 @@ int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_e
     return can_eval(s, n, err) ? -1 : tern_forward_keep(s, tokens, n, err);
 }
 
+int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                             tern_error *err) {
+    return can_eval(s, 1, err) ? -1 : tern_forward_sample(s, token, rule, u, next, err);
+}
+
 int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
                       tern_error *err) {
     if (can_eval(s, n, err)) return -1;
@@ -200,7 +205,9 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
     }
     MOVE(s->mtp_kv.k, (size_t)mtp_pos * row);
     MOVE(s->mtp_kv.v, (size_t)mtp_pos * row);
-    MOVE_IN(s->hidden, (size_t)c->hidden * sizeof(float), 0);
+    /* the hidden state: a GPU session's last step left it on the device */
+    if (to_buf && s->hidden_dev) MOVE_IN((float *)s->hidden_dev, (size_t)c->hidden * sizeof(float), 1);
+    else MOVE_IN(s->hidden, (size_t)c->hidden * sizeof(float), 0);
 #undef MOVE
 #undef MOVE_IN
     return off;
@@ -247,6 +254,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     s->broken = 0;
     s->mtp_pos = snap->mtp_pos;
     s->has_hidden = snap->has_hidden;
+    s->hidden_dev = NULL;
     return 0;
 }
 

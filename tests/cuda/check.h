@@ -95,6 +95,7 @@ void check_attn_prep(checker *ck);
 void check_attention(checker *ck);
 void check_gdn(checker *ck);
 void check_sample(checker *ck);
+void check_embed(checker *ck);
 void check_gemm(checker *ck);
 void check_gdn_chunked(checker *ck);
 void check_moe_grouped(checker *ck);

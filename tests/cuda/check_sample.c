@@ -53,6 +53,7 @@ static int32_t draw_ref(const float *probs, int n, double u, kept *buf) {
 
 typedef struct {
     const float *l;
+    const double *u;
     void *work;
     int32_t *id;
     tern_stream s;
@@ -63,12 +64,19 @@ static void run_sample(void *arg, int rep) {
     sample_run *r = arg;
     tern_error err;
     (void)rep;
-    int rc = r->sample ? tern_cuda_sample(r->l, VALID, 0.7f, 20, 0.95f, 0.0f, 0.5, r->work, r->id, r->s, &err)
+    int rc = r->sample ? tern_cuda_sample(r->l, VALID, 0.7f, 20, 0.95f, 0.0f, r->u, r->work, r->id, r->s, &err)
                        : tern_cuda_argmax(r->l, VALID, r->work, r->id, r->s, &err);
     if (rc) die_err("sample", &err);
 }
 
 static void logits_fill(checker *ck, float *l) { rnd_floats(ck, l, VOCAB, 3.0f); }
+
+/* Logits on a few integer levels: thousands tie at the top-k threshold,
+ * where the lower ids must be the ones kept. */
+static void logits_ties(checker *ck, float *l) {
+    logits_fill(ck, l);
+    for (int i = 0; i < VOCAB; i++) l[i] = floorf(l[i] * 0.5f);
+}
 
 static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *did) {
     long bad = 0, total = 0;
@@ -89,8 +97,8 @@ static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *
     report_exact(ck, "argmax", "vocab 248320 (248077 valid), 6 cases", bad, total);
 }
 
-static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t *did, float temp, int k, float p,
-                           float minp) {
+static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t *did, double *du, float temp, int k,
+                           float p, float minp, int ties) {
     tern_sampler_params sp;
     tern_sampler_params_default(&sp);
     sp.do_sample = 1;
@@ -106,12 +114,14 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
     long bad = 0, total = 0;
     for (int trial = 0; trial < 40; trial++) {
         if (trial % 8 == 0) {
-            logits_fill(ck, l);
+            if (ties) logits_ties(ck, l);
+            else logits_fill(ck, l);
             tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
             if (tern_sampler_probs(s, l, NULL, 0, probs, &err)) die_err("sampler", &err);
         }
         double u = (double)(rnd_u64(ck) >> 11) * 0x1.0p-53;
-        if (tern_cuda_sample(dl, VALID, temp, k, p, minp, u, work, did, ck->stream, &err)) die_err("sample", &err);
+        tern_cuda_upload(du, &u, sizeof u, &err);
+        if (tern_cuda_sample(dl, VALID, temp, k, p, minp, du, work, did, ck->stream, &err)) die_err("sample", &err);
         int32_t got;
         dev_sync(ck, "sample");
         dev_download(&got, did, sizeof got);
@@ -119,7 +129,8 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
         total++;
     }
     char shape[96];
-    snprintf(shape, sizeof shape, "temp %.1f top-k %d top-p %.2f min-p %.2f", temp, k, p, minp);
+    snprintf(shape, sizeof shape, "temp %.1f top-k %d top-p %.2f min-p %.2f%s", temp, k, p, minp,
+             ties ? ", tied levels" : "");
     report_exact(ck, "sample", shape, bad, total);
     free(probs);
     free(buf);
@@ -131,16 +142,21 @@ void check_sample(checker *ck) {
     float *dl = dev_alloc(VOCAB * sizeof(float));
     void *work = dev_alloc(tern_cuda_sample_workspace(VALID));
     int32_t *did = dev_alloc(sizeof(int32_t));
+    double *du = dev_alloc(sizeof(double));
     check_argmax(ck, l, dl, work, did);
-    sample_setting(ck, l, dl, work, did, 0.7f, 20, 0.95f, 0.0f);
-    sample_setting(ck, l, dl, work, did, 1.0f, 64, 1.0f, 0.05f);
-    sample_setting(ck, l, dl, work, did, 1.3f, 5, 0.5f, 0.0f);
-    sample_setting(ck, l, dl, work, did, 1.0f, 1, 1.0f, 0.0f);
+    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, 0);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, 0);
+    sample_setting(ck, l, dl, work, did, du, 1.3f, 5, 0.5f, 0.0f, 0);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 1, 1.0f, 0.0f, 0);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, 1);
+    sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, 1);
     if (ck->time) {
         logits_fill(ck, l);
         tern_error err;
         tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
-        sample_run r = {dl, work, did, ck->stream, 0};
+        double half = 0.5;
+        tern_cuda_upload(du, &half, sizeof half, &err);
+        sample_run r = {dl, du, work, did, ck->stream, 0};
         report_time(ck, "argmax", "vocab 248077", time_op(ck, run_sample, &r), VALID * 4.0);
         r.sample = 1;
         report_time(ck, "sample", "vocab 248077 top-k 20 top-p 0.95", time_op(ck, run_sample, &r), VALID * 4.0);
@@ -148,5 +164,6 @@ void check_sample(checker *ck) {
     tern_cuda_free(dl);
     tern_cuda_free(work);
     tern_cuda_free(did);
+    tern_cuda_free(du);
     free(l);
 }

@@ -308,7 +308,7 @@ static const check_entry checks[] = {
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
     {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},
-    {"attention_prefill", check_attention_prefill},
+    {"attention_prefill", check_attention_prefill}, {"embed", check_embed},
 };
 
 /* name is one of the comma-separated names in list */
