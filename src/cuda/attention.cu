@@ -47,6 +47,8 @@
  * (pdl_wait) before their first read and let the next kernel launch
  * (pdl_trigger) right after it. */
 #include <float.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/common.cuh"
 
@@ -167,6 +169,48 @@ __device__ __forceinline__ void att_piece(const uint8_t *vals, const uint8_t *sb
 template <int H> __device__ __forceinline__ void rs_step(float (&v)[32]) {
 #pragma unroll
     for (int j = 0; j < H; j++) v[j] += __shfl_xor_sync(0xffffffffu, v[j + H], H);
+}
+
+/* The end of a split block: the warps' records (mo [W][Q][hd] unnormalised
+ * outputs, wm / wl [W][Q] maxima and exp-sums, in shared memory and
+ * synchronised) merged in warp order and written as the split's record of
+ * each of its nq queries. */
+template <int Q>
+__device__ void att_finish(const float *mo, const float *wm, const float *wl, float *wgt, float *tot, int hd, int nq,
+                           int t, int nh, int h0, int ns, int split, int T, float *part) {
+    if (threadIdx.x < Q) {
+        int i = threadIdx.x;
+        float M = -INFINITY, l = 0.0f;
+        for (int w = 0; w < ATT_W; w++) M = fmaxf(M, wm[w * Q + i]);
+        for (int w = 0; w < ATT_W; w++) {
+            float mw = wm[w * Q + i], a = mw > -INFINITY ? expf(mw - M) : 0.0f;
+            wgt[w * Q + i] = a;
+            l = fmaf(a, wl[w * Q + i], l);
+        }
+        tot[2 * i] = M;
+        tot[2 * i + 1] = l;
+    }
+    __syncthreads();
+    size_t rec0 = ((size_t)t * nh + h0) * ns + split;   /* record of query 0; query i: + i * ns */
+    float *po = part, *pml = part + (size_t)T * nh * ns * hd;
+    int hd4 = hd / 4;
+    for (int it = threadIdx.x; it < nq * hd4; it += blockDim.x) {
+        int i = it / hd4, d = (it - i * hd4) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < ATT_W; w++) {
+            float a = wgt[w * Q + i];
+            float4 x = *(const float4 *)(mo + ((size_t)w * Q + i) * hd + d);
+            acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
+            acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
+        }
+        size_t rec = rec0 + (size_t)i * ns;
+        *(float4 *)(po + rec * hd + d) = acc;
+        if (d == 0) {
+            pml[2 * rec] = tot[2 * i];
+            pml[2 * rec + 1] = tot[2 * i + 1];
+        }
+    }
 }
 
 template <int BITS, bool ALIGNED, int CPL>
@@ -332,38 +376,242 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
         wl[warp * Q + lane] = lsum;
     }
     __syncthreads();
-    if (threadIdx.x < Q) {
-        int i = threadIdx.x;
-        float M = -INFINITY, l = 0.0f;
-        for (int w = 0; w < ATT_W; w++) M = fmaxf(M, wm[w * Q + i]);
-        for (int w = 0; w < ATT_W; w++) {
-            float mw = wm[w * Q + i], a = mw > -INFINITY ? expf(mw - M) : 0.0f;
-            wgt[w * Q + i] = a;
-            l = fmaf(a, wl[w * Q + i], l);
+    att_finish<Q>(mo, wm, wl, wgt, tot, hd, nq, t, nh, h0, ns, split, T, part);
+}
+
+/* ---- the split kernel on tensor cores (16-bit KV) -----------------------------
+ * The FP32 kernel above does 16 multiply-adds per K/V value (8 queries, the
+ * score and the output) and is bound by them at long contexts (37 us for the
+ * 67 MB of a 32 K context, 1.8 TB/s). Here the products run on mma.sync:
+ *   scores S^T [16 x 8] = Q [16 x hd] K^T [hd x 8 rows]: the block's 8
+ *     queries padded to 16 (rows 8..15 zero), a chunk of 8 K rows as B
+ *     (ldmatrix of the staged rows);
+ *   output O^T [hd x 8] += V^T [hd x 8 rows] P^T [8 rows x 8]: V^T by
+ *     ldmatrix.trans of the staged rows, and P^T is the score product's
+ *     accumulator layout as it stands (lane 4g + t holds query g, rows 2t
+ *     and 2t + 1), so the probabilities go from one product to the next in
+ *     registers.
+ * K and V are f16 as stored, so they enter exactly; the queries and the
+ * probabilities are fp32 and enter as two f16 terms each (hi = f16(x), lo =
+ * f16(x - hi), ~22 bits together), every product accumulated in fp32, so
+ * the result keeps the FP32 kernel's accuracy. The staging, the online
+ * softmax per query and the records are as above; a chunk is 8 rows and
+ * each warp keeps 3 in flight. Stage rows are padded by 16 bytes so the 8
+ * rows an ldmatrix reads fall in different banks. */
+#define TC_R 8        /* rows per chunk */
+#define TC_S 3        /* chunks in flight per warp */
+#define TC_Q 8        /* queries per block */
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint8_t *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint8_t *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* d += A [16 x 16] B [16 x 8] (f16, fp32 accumulation); A rows 8..15 zero */
+__device__ __forceinline__ void mma_k16_top(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+/* d += A [16 x 8] B [8 x 8] (f16, fp32 accumulation) */
+__device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+/* x as two f16 terms, for a pair of values: hi and lo registers */
+__device__ __forceinline__ void split_f16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    hi = (uint32_t)__half_as_ushort(h0) | (uint32_t)__half_as_ushort(h1) << 16;
+    __half l0 = __float2half_rn(x0 - __half2float(h0)), l1 = __float2half_rn(x1 - __half2float(h1));
+    lo = (uint32_t)__half_as_ushort(l0) | (uint32_t)__half_as_ushort(l1) << 16;
+}
+
+/* Chunk c of the split (rows j0 + 8c ..; rows at or past len as zeros):
+ * each lane a 16-byte piece of the head slice of K and V per row. */
+__device__ __forceinline__ void tc_issue(uint8_t *st, int rowst, int vb, const kv_layout &L, const uint8_t *kc,
+                                         const uint8_t *vc, int j0, int c, int len, int first, int C, int lane) {
+#pragma unroll
+    for (int r = 0; r < TC_R; r++) {
+        int jj = c * TC_R + r;
+        bool ok = jj < len;
+        size_t ro = (size_t)(j0 + (ok ? jj : 0)) * L.row_bytes + (size_t)first * 2 + 16 * lane;
+        if (lane < C) {
+            cp_async_zfill<16>(st + r * rowst + 16 * lane, kc + ro, ok);
+            cp_async_zfill<16>(st + r * rowst + vb + 16 * lane, vc + ro, ok);
         }
-        tot[2 * i] = M;
-        tot[2 * i + 1] = l;
+    }
+}
+
+/* HD: the head dimension (a multiple of 32, at most 256), a template
+ * argument so the queries' and outputs' fragments stay in registers. */
+template <int HD>
+__global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
+    attn_split_tc_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg, const uint8_t *kc, const uint8_t *vc,
+                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part) {
+    constexpr int KS = HD / 16, VB = HD * 2, ROWST = 2 * VB + 16, STAGE = TC_R * ROWST;
+    extern __shared__ __align__(16) uint8_t smem[];
+    pdl_wait();      /* q and the current rows come from attn_prep */
+    pdl_trigger();
+    if (pos_dev) pos0 = *pos_dev;
+    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
+    int split = blockIdx.x;
+    if (split >= used) return;   /* past the context: not merged */
+    int nh = dm.n_heads, G = nh / dm.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
+    int kvh = blockIdx.y / ngq, t = blockIdx.z;
+    int h0 = kvh * G + (blockIdx.y % ngq) * TC_Q, nq = min(TC_Q, kvh * G + G - h0);
+    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int first = kvh * HD;
+    uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
+    int nchunks = (len + TC_R - 1) / TC_R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
+
+#pragma unroll
+    for (int k = 0; k < TC_S - 1; k++) {
+        if (k < mine) tc_issue(wst + k * STAGE, ROWST, VB, L, kc, vc, j0, warp + k * ATT_W, len, first, HD / 8, lane);
+        cp_async_commit();
+    }
+
+    /* query g's values 16 ks + 2 tq, +1 and + 8 of them: the A fragments */
+    uint32_t qh[KS][2], ql[KS][2];
+    {
+        const float *qp = qg + ((size_t)t * nh + h0 + g) * 2 * HD;
+        bool real = g < nq;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2 x = real ? *(const float2 *)(qp + 16 * ks + 8 * h + 2 * tq) : make_float2(0.f, 0.f);
+                split_f16(x.x, x.y, qh[ks][h], ql[ks][h]);
+            }
+    }
+    float o[KS][4];   /* O^T: dims 16 mt + g (+ 8) x queries 2 tq, 2 tq + 1 */
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    float m = -INFINITY, lsum = 0.0f;   /* query g: running max, this lane's rows' exp-sum */
+    /* the lane's ldmatrix row: matrix lane / 8, row lane % 8 */
+    const int lrow = (lane & 7) * ROWST, lcol = 16 * (lane >> 3);
+
+    for (int k = 0; k < mine; k++) {
+        if (k + TC_S - 1 < mine)
+            tc_issue(wst + ((k + TC_S - 1) % TC_S) * STAGE, ROWST, VB, L, kc, vc, j0, warp + (k + TC_S - 1) * ATT_W,
+                     len, first, HD / 8, lane);
+        cp_async_commit();
+        cp_async_wait<TC_S - 1>();
+        __syncwarp();
+        const uint8_t *st = wst + (k % TC_S) * STAGE;
+        int nr = min(TC_R, len - (warp + k * ATT_W) * TC_R);
+
+        /* S^T: query g, rows 2 tq, 2 tq + 1 (and padding), in four
+         * accumulators so that the products do not wait on each other */
+        float sc[4][4] = {};
+#pragma unroll
+        for (int kp = 0; kp < KS / 2; kp++) {
+            uint32_t b[4];   /* K rows: dims 32 kp + {0, 8, 16, 24} + 2 tq of row g */
+            ldsm_x4(b, st + lrow + 64 * kp + lcol);
+            mma_k16_top(sc[0], qh[2 * kp][0], qh[2 * kp][1], b[0], b[1]);
+            mma_k16_top(sc[1], ql[2 * kp][0], ql[2 * kp][1], b[0], b[1]);
+            mma_k16_top(sc[2], qh[2 * kp + 1][0], qh[2 * kp + 1][1], b[2], b[3]);
+            mma_k16_top(sc[3], ql[2 * kp + 1][0], ql[2 * kp + 1][1], b[2], b[3]);
+        }
+        float r0 = (sc[0][0] + sc[2][0]) + (sc[1][0] + sc[3][0]), r1 = (sc[0][1] + sc[2][1]) + (sc[1][1] + sc[3][1]);
+        float s0 = 2 * tq < nr ? r0 * scale : -INFINITY, s1 = 2 * tq + 1 < nr ? r1 * scale : -INFINITY;
+        float cm = fmaxf(s0, s1);
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 1));
+        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, 2));
+        float mn = fmaxf(m, cm);   /* finite: row 0 is in the context */
+        float alpha = expf(m - mn), p0 = expf(s0 - mn), p1 = expf(s1 - mn);
+        lsum = fmaf(lsum, alpha, p0 + p1);
+        m = mn;
+        /* the outputs of queries 2 tq and 2 tq + 1: their rescale factors
+         * come from lanes 8 tq and 8 tq + 4 */
+        float a0 = __shfl_sync(0xffffffffu, alpha, 8 * tq), a1 = __shfl_sync(0xffffffffu, alpha, 8 * tq + 4);
+        if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                o[mt][0] *= a0; o[mt][1] *= a1; o[mt][2] *= a0; o[mt][3] *= a1;
+            }
+        }
+        uint32_t ph, pl;
+        split_f16(p0, p1, ph, pl);
+#pragma unroll
+        for (int mp = 0; mp < KS / 2; mp++) {
+            uint32_t a[4];   /* V^T: dims 32 mp + {g, 8 + g, 16 + g, 24 + g} x rows 2 tq, 2 tq + 1 */
+            ldsm_x4_t(a, st + VB + lrow + 64 * mp + lcol);
+            mma_k8(o[2 * mp], a[0], a[1], ph);
+            mma_k8(o[2 * mp], a[0], a[1], pl);
+            mma_k8(o[2 * mp + 1], a[2], a[3], ph);
+            mma_k8(o[2 * mp + 1], a[2], a[3], pl);
+        }
+        __syncwarp();   /* the stage is rewritten next */
+    }
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+
+    /* the warps' records into shared memory (the stages are free now) */
+    cp_async_wait<0>();
+    __syncthreads();
+    size_t stage_all = (size_t)ATT_W * TC_S * STAGE, merge_all = (size_t)ATT_W * TC_Q * HD * sizeof(float);
+    float *mo = (float *)smem;   /* [W][Q][hd] */
+    float *wm = (float *)(smem + (stage_all > merge_all ? stage_all : merge_all));
+    float *wl = wm + ATT_W * TC_Q, *wgt = wl + ATT_W * TC_Q, *tot = wgt + ATT_W * TC_Q;
+    float *mw = mo + (size_t)warp * TC_Q * HD;
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        int d = 16 * mt + g;
+        mw[(2 * tq) * HD + d] = o[mt][0];
+        mw[(2 * tq + 1) * HD + d] = o[mt][1];
+        mw[(2 * tq) * HD + d + 8] = o[mt][2];
+        mw[(2 * tq + 1) * HD + d + 8] = o[mt][3];
+    }
+    if (tq == 0) {
+        wm[warp * TC_Q + g] = m;
+        wl[warp * TC_Q + g] = lsum;
     }
     __syncthreads();
-    size_t rec0 = ((size_t)t * nh + h0) * ns + split;   /* record of query 0; query i: + i * ns */
-    float *po = part, *pml = part + (size_t)T * nh * ns * hd;
-    int hd4 = hd / 4;
-    for (int it = threadIdx.x; it < nq * hd4; it += blockDim.x) {
-        int i = it / hd4, d = (it - i * hd4) * 4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < ATT_W; w++) {
-            float a = wgt[w * Q + i];
-            float4 x = *(const float4 *)(mo + ((size_t)w * Q + i) * hd + d);
-            acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
-            acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
-        }
-        size_t rec = rec0 + (size_t)i * ns;
-        *(float4 *)(po + rec * hd + d) = acc;
-        if (d == 0) {
-            pml[2 * rec] = tot[2 * i];
-            pml[2 * rec + 1] = tot[2 * i + 1];
-        }
+    att_finish<TC_Q>(mo, wm, wl, wgt, tot, HD, nq, t, nh, h0, ns, split, T, part);
+}
+
+/* 1 if the tensor-core split kernel takes these dims (TERN_ATTN_TC=0
+ * turns it off: the FP32 kernel for every layout). */
+static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("TERN_ATTN_TC");
+        off = e && !strcmp(e, "0");
+    }
+    int hd = d.head_dim;
+    return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
+}
+
+template <int HD>
+static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                                   const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev,
+                                   float scale, float *part) {
+    size_t stage_all = (size_t)ATT_W * TC_S * TC_R * (4 * HD + 16), merge_all = (size_t)ATT_W * TC_Q * HD * sizeof(float);
+    size_t smem = (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
+    int G = d.n_heads / d.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
+    cudaFuncSetAttribute(attn_split_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return launch_pdl(attn_split_tc_kernel<HD>, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, s, d, L, qg, kc, vc,
+                      pos0, pos_dev, T, ns, scale, part);
+}
+
+static cudaError_t launch_split_tc_hd(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                                      const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
+                                      const int *pos_dev, float scale, float *part) {
+    switch (d.head_dim) {
+    case 32: return launch_split_tc<32>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+    case 64: return launch_split_tc<64>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+    case 128: return launch_split_tc<128>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+    default: return launch_split_tc<256>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
     }
 }
 
@@ -518,7 +766,8 @@ static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const floa
     kv_layout kl = kv_of(L);
     float *part = (float *)work;
     cudaError_t e;
-    if (L->bits == 16) e = launch_split_bits<16>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    if (att_tc_ok(*d, L, al)) e = launch_split_tc_hd(ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    else if (L->bits == 16) e = launch_split_bits<16>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else if (L->bits == 8) e = launch_split_bits<8>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else e = launch_split_bits<4>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     if (e != cudaSuccess) {

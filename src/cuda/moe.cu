@@ -30,6 +30,8 @@
  * (staged gate/up and down, T = 1: 26.5 us against 19.6 us without); the
  * router uses it (launch_pdl). */
 #include <float.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/common.cuh"
 #include "cuda/idot.cuh"
@@ -159,13 +161,13 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(moe_args a) {
     }
 }
 
-/* ---- launch 1 at 4 bits: gate and up through integer dots ----------------
+/* ---- launch 1 at 4 and 8 bits: gate and up through integer dots ---------
  * The same rows per warp, with x turned into digits once per block
  * (idot.cuh): a q4 chunk costs 24 dp4a per row instead of 32 float
- * dequantize-and-multiply steps. A block of 8 warps takes 16 rows of gate
- * and of up of one segment; a warp's 4 rows x 2 chunks per lane (H = 2048)
- * are loaded before any is used. */
-#define GUD_WARPS 8
+ * dequantize-and-multiply steps (q8: 12 for 16). A block of 8 warps takes
+ * 16 rows of gate and of up of one segment; a warp's 4 rows x 2 chunks per
+ * lane are loaded before any is used (at q4 and H = 2048 the whole rows). */
+#define GUD_WARPS 9
 
 /* A warp's 4 rows of gate_up_rows_d (gate i0, up i0, gate i1, up i1) and
  * the weights of one step of chunks: chunks c0 and c0 + 32 of each row,
@@ -176,49 +178,53 @@ typedef struct {
     int gs[4];
 } gud_rows;
 
-typedef struct {
-    uint4 raw[2][4];
-    float s[2][4], b[2][4];
-} gud_step;
+template <int KIND> struct gud_step {
+    enum { J = 2 };   /* chunks per lane and row a step */
+    uint4 raw[J][4];
+    float s[J][4], b[J][4];
+};
 
+template <int KIND>
 __device__ __forceinline__ gud_rows gud_setup(const part_ptr &g, const part_ptr &u, int i0, int n, int H) {
     const int i1 = i0 + 1 < n ? i0 + 1 : i0;
     gud_rows r;
-    part_row(g, KIND_Q4, i0, H, r.q[0], r.sc[0], r.bi[0]);
-    part_row(u, KIND_Q4, i0, H, r.q[1], r.sc[1], r.bi[1]);
-    part_row(g, KIND_Q4, i1, H, r.q[2], r.sc[2], r.bi[2]);
-    part_row(u, KIND_Q4, i1, H, r.q[3], r.sc[3], r.bi[3]);
+    part_row(g, KIND, i0, H, r.q[0], r.sc[0], r.bi[0]);
+    part_row(u, KIND, i0, H, r.q[1], r.sc[1], r.bi[1]);
+    part_row(g, KIND, i1, H, r.q[2], r.sc[2], r.bi[2]);
+    part_row(u, KIND, i1, H, r.q[3], r.sc[3], r.bi[3]);
     r.gs[0] = r.gs[2] = g.gsh;
     r.gs[1] = r.gs[3] = u.gsh;
     return r;
 }
 
-__device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gud_step &st) {
+template <int KIND>
+__device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gud_step<KIND> &st) {
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < gud_step<KIND>::J; j++) {
         const int ci = c0 + 32 * j < nch ? c0 + 32 * j : c0;
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             st.raw[j][r] = ld_stream(w.q[r] + (size_t)ci * 16);
-            const int gi = (ci * 32) >> w.gs[r];
+            const int gi = (ci * kind_traits<KIND>::E) >> w.gs[r];
             st.s[j][r] = bf16f(__ldg(w.sc[r] + gi));
             st.b[j][r] = bf16f(__ldg(w.bi[r] + gi));
         }
     }
 }
 
-__device__ __forceinline__ void gud_accum(const gud_step &st, int c0, int nch, const uint4 *xd, const xd_chunk *cx,
-                                          float (&acc)[4]) {
+template <int KIND>
+__device__ __forceinline__ void gud_accum(const gud_step<KIND> &st, int c0, int nch, const uint4 *xd,
+                                          const xd_chunk *cx, float (&acc)[4]) {
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < gud_step<KIND>::J; j++) {
         const int ci = c0 + 32 * j;
         if (ci >= nch) break;
         uint4 d[XD_VEC4];
-        xd_load<KIND_Q4>(xd, nch, ci, d);
+        xd_load<KIND>(xd, nch, ci, d);
         const xd_chunk c = cx[ci];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const float p = xd_dot<KIND_Q4>(st.raw[j][r], d) * c.dx;
+            const float p = xd_dot<KIND>(st.raw[j][r], d) * c.dx;
             acc[r] += fmaf(st.s[j][r], p, st.b[j][r] * c.sum);
         }
     }
@@ -227,15 +233,16 @@ __device__ __forceinline__ void gud_accum(const gud_step &st, int c0, int nch, c
 /* h[i] = silu(gate_i . x) * (up_i . x) for rows i0, i0 + 1 (< n) from x as
  * digits; first: the weights of the first step of chunks, fetched by the
  * caller before the digits were built. */
-__device__ void gate_up_rows_d(const gud_rows &w, const gud_step &first, int i0, int n, int H, const uint4 *xd,
+template <int KIND>
+__device__ void gate_up_rows_d(const gud_rows &w, const gud_step<KIND> &first, int i0, int n, int H, const uint4 *xd,
                                const xd_chunk *cx, float *h) {
-    const int lane = threadIdx.x & 31, nch = H / 32;
+    const int lane = threadIdx.x & 31, nch = H / kind_traits<KIND>::E;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    gud_accum(first, lane, nch, xd, cx, acc);
-    for (int c0 = lane + 64; c0 < nch; c0 += 64) {
-        gud_step st;
-        gud_fetch(w, c0, nch, st);
-        gud_accum(st, c0, nch, xd, cx, acc);
+    gud_accum<KIND>(first, lane, nch, xd, cx, acc);
+    for (int c0 = lane + 32 * gud_step<KIND>::J; c0 < nch; c0 += 32 * gud_step<KIND>::J) {
+        gud_step<KIND> st;
+        gud_fetch<KIND>(w, c0, nch, st);
+        gud_accum<KIND>(st, c0, nch, xd, cx, acc);
     }
     float g0 = warp_sum(acc[0]), u0 = warp_sum(acc[1]), g1 = warp_sum(acc[2]), u1 = warp_sum(acc[3]);
     if (lane == 0) {
@@ -248,15 +255,15 @@ __device__ void gate_up_rows_d(const gud_rows &w, const gud_step &first, int i0,
  * kernel holds only the code it runs (a block runs for a few microseconds:
  * instruction-cache misses of a kernel carrying every kind's loop measured
  * 30 % of its stalls). */
-template <int SK>
-__global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args a) {
+template <int RK, int SK>
+__global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
     const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
     const int i0 = (blockIdx.x * GUD_WARPS + warp) * 2;
     const float *x = a.x + (size_t)t * a.H;
     float *h = a.h + (size_t)seg * a.Imax;
     const bool routed = k < a.K;
-    if (routed || SK == KIND_Q4) {   /* x as digits (every thread of the block takes part) */
+    if (routed || SK == RK) {   /* x as digits (every thread of the block takes part) */
         /* the warp's first weights are requested before x turns into
          * digits: the expert id, then its rows, in flight while x is
          * loaded and converted (the chain before the first weight byte is
@@ -264,24 +271,24 @@ __global__ void __launch_bounds__(GUD_WARPS * 32) moe_gate_up_d_kernel(moe_args 
         const int n = routed ? a.I : a.s_inter;
         const bool mine = i0 < n;
         gud_rows w;
-        gud_step first;
+        gud_step<RK> first;
         if (mine) {
             if (routed) {
                 const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
-                w = gud_setup(blob_part(blob, a.gate), blob_part(blob, a.up), i0, n, a.H);
+                w = gud_setup<RK>(blob_part(blob, a.gate), blob_part(blob, a.up), i0, n, a.H);
             } else {
-                w = gud_setup(a.sgate_p, a.sup_p, i0, n, a.H);
+                w = gud_setup<RK>(a.sgate_p, a.sup_p, i0, n, a.H);
             }
-            gud_fetch(w, threadIdx.x & 31, a.H / 32, first);
+            gud_fetch<RK>(w, threadIdx.x & 31, a.H / kind_traits<RK>::E, first);
         }
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
         for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) ((float4 *)xf)[i] = ((const float4 *)x)[i];
         __syncthreads();
-        xd_build<KIND_Q4>(xf, a.H, xd, cx, GUD_WARPS);
+        xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
         __syncthreads();
-        if (mine) gate_up_rows_d(w, first, i0, n, a.H, xd, cx, h);
+        if (mine) gate_up_rows_d<RK>(w, first, i0, n, a.H, xd, cx, h);
     } else if (SK >= 0 && i0 < a.s_inter) {
         gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     }
@@ -560,6 +567,17 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
     return 0;
 }
 
+/* 8-bit experts' gate/up on integer dots (TERN_MOE_IDOT8=0: the float
+ * kernel, for comparison). */
+static int idot8_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_MOE_IDOT8");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
                   tern_stream s, tern_error *err) {
@@ -631,13 +649,17 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     void (*k2)(moe_args, float *) = down[a.r_kind == KIND_Q8][a.s_kind + 1];
     if (smem_attr((const void *)k2, smem2, err)) return -1;
 
-    if (a.r_kind == KIND_Q4 && a.H % XD_SPAN == 0) {
+    if (a.H % XD_SPAN == 0 && (a.r_kind == KIND_Q4 || idot8_enabled())) {
         /* integer dots; the digits of x in shared memory */
-        size_t smem1 = xd_smem_bytes(a.H, 32);
-        static void (*const gud[5])(moe_args) = {moe_gate_up_d_kernel<-1>, moe_gate_up_d_kernel<KIND_Q4>,
-                                                  moe_gate_up_d_kernel<KIND_Q8>, moe_gate_up_d_kernel<KIND_BF16>,
-                                                  moe_gate_up_d_kernel<KIND_F16>};
-        void (*k1)(moe_args) = gud[a.s_kind + 1];
+        size_t smem1 = xd_smem_bytes(a.H, a.r_kind == KIND_Q4 ? 32 : 16);
+        static void (*const gud[2][5])(moe_args) = {
+            {moe_gate_up_d_kernel<KIND_Q4, -1>, moe_gate_up_d_kernel<KIND_Q4, KIND_Q4>,
+             moe_gate_up_d_kernel<KIND_Q4, KIND_Q8>, moe_gate_up_d_kernel<KIND_Q4, KIND_BF16>,
+             moe_gate_up_d_kernel<KIND_Q4, KIND_F16>},
+            {moe_gate_up_d_kernel<KIND_Q8, -1>, moe_gate_up_d_kernel<KIND_Q8, KIND_Q4>,
+             moe_gate_up_d_kernel<KIND_Q8, KIND_Q8>, moe_gate_up_d_kernel<KIND_Q8, KIND_BF16>,
+             moe_gate_up_d_kernel<KIND_Q8, KIND_F16>}};
+        void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
         if (smem_attr((const void *)k1, smem1, err)) return -1;
         dim3 gd(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S);
         k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);

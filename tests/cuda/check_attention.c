@@ -150,6 +150,8 @@ void check_attention(checker *ck) {
     att_case(ck, 8, 1, 32, 8, 3, 40, 0);           /* tiny rows (36 bytes): the unaligned loads */
     att_case(ck, 8, 1, 32, 4, 2, 70, 0);
     att_case(ck, 20, 1, 64, 16, 1, 500, 0);        /* 20 heads per KV head: three query groups */
+    att_case(ck, 8, 1, 32, 16, 3, 40, 0);          /* 16-bit rows of 64 bytes: the tensor-core kernel's smallest */
+    att_case(ck, 4, 1, 128, 16, 2, 77, 0);         /* 4 queries a block (the rest padding), rows in part chunks */
 }
 
 /* ---- prefill (flash-style) -----------------------------------------------------

@@ -279,6 +279,8 @@ void check_moe(checker *ck) {
     moe_check(ck, &two, 0);
     moe_case q8 = {2048, 512, 16, 8, 2, 8, 32, 0, 0, 0};
     moe_check(ck, &q8, 0);
+    moe_case q8s4 = {2048, 512, 32, 8, 2, 8, 64, 1, 4, 0};   /* q8 experts, a q4 shared expert */
+    moe_check(ck, &q8s4, 0);
     moe_case odd = {256, 96, 12, 3, 2, 4, 32, 1, 8, 0};
     moe_check(ck, &odd, 0);
     /* beyond the down kernel's one-pass shapes: routed rows of 33 pieces of
