@@ -145,22 +145,31 @@ __device__ void norm_rope_head(float *v, const float *w, const float *inv_freq, 
     __syncwarp();
 }
 
-/* One block per token: warps take the query heads and KV heads, then the
- * block quantizes the token's K and V rows (K after its norm and RoPE). */
-__global__ void attn_prep_kernel(tern_cuda_attn_dims d, kv_layout L, float *qg, float *k, const float *v,
-                                 const float *q_norm, const float *k_norm, const float *inv_freq, int pos0,
-                                 const int *pos_dev, uint8_t *kcache, uint8_t *vcache) {
+/* Block (token, 0) takes the KV heads (K's norm and RoPE) and then
+ * quantizes the token's K and V rows; blocks (token, 1..) take ATTP_QH query
+ * heads each, a warp per head, so the heads' norms run side by side instead
+ * of in rounds of one block's warps. Launched with programmatic dependent
+ * launch: it waits for the projections before its first read. */
+#define ATTP_THREADS 256
+#define ATTP_QH (ATTP_THREADS / 32)
+__global__ void __launch_bounds__(ATTP_THREADS)
+    attn_prep_kernel(tern_cuda_attn_dims d, kv_layout L, float *qg, float *k, const float *v, const float *q_norm,
+                     const float *k_norm, const float *inv_freq, int pos0, const int *pos_dev, uint8_t *kcache,
+                     uint8_t *vcache) {
     extern __shared__ float scratch[];   /* [warps][head_dim] */
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int hd = d.head_dim, pos = (pos_dev ? *pos_dev : pos0) + t;
     float *mine = scratch + (size_t)warp * hd;
-    for (int i = warp; i < d.n_heads + d.n_kv; i += nw) {
-        if (i < d.n_heads)
+    if (blockIdx.y > 0) {
+        int h0 = (blockIdx.y - 1) * ATTP_QH, h1 = min(h0 + ATTP_QH, d.n_heads);
+        for (int i = h0 + warp; i < h1; i += nw)
             norm_rope_head(qg + ((size_t)t * d.n_heads + i) * 2 * hd, q_norm, inv_freq, hd, d.rope_dim, pos, d.eps, mine);
-        else
-            norm_rope_head(k + ((size_t)t * d.n_kv + (i - d.n_heads)) * hd, k_norm, inv_freq, hd, d.rope_dim, pos,
-                           d.eps, mine);
+        return;
     }
+    for (int i = warp; i < d.n_kv; i += nw)
+        norm_rope_head(k + ((size_t)t * d.n_kv + i) * hd, k_norm, inv_freq, hd, d.rope_dim, pos, d.eps, mine);
     __syncthreads();
     size_t row = (size_t)L.row_len;
     quantize_row(L, k + t * row, kcache + (size_t)pos * L.row_bytes);
@@ -173,11 +182,15 @@ static int attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg,
     if (T < 1 || pos0 < 0 || d->rope_dim % 2 || d->rope_dim > d->head_dim || L->head_dim != d->head_dim ||
         L->n_heads != d->n_kv || d->head_dim > TERN_KV_MAX_HEAD_DIM)
         return tern_fail(err, "attn_prep: dims do not match the KV layout");
-    int threads = 512;
-    size_t smem = (size_t)(threads / 32) * d->head_dim * sizeof(float);
-    attn_prep_kernel<<<T, threads, smem, s>>>(*d, kv_of(L), qg, k, v, q_norm, k_norm, inv_freq, pos0, pos_dev, kcache,
-                                              vcache);
-    return launch_check("attn_prep", err);
+    size_t smem = (size_t)(ATTP_THREADS / 32) * d->head_dim * sizeof(float);
+    dim3 grid(T, 1 + (d->n_heads + ATTP_QH - 1) / ATTP_QH);
+    cudaError_t e = launch_pdl(attn_prep_kernel, grid, dim3(ATTP_THREADS), smem, s, *d, kv_of(L), qg, k, v, q_norm,
+                               k_norm, inv_freq, pos0, pos_dev, kcache, vcache);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tern_fail(err, "attn_prep: %s", cudaGetErrorString(e));
+    }
+    return 0;
 }
 
 int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
