@@ -978,10 +978,8 @@ static int step1(tern_session *s, int rows, tern_error *err) {
 static int embed(tern_session *s, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    return tern_cuda_copy_host(g->step_dev, g->step_host, STEP_BYTES(T), 0, g->stream, err) ||
-                   tern_cuda_embed(&gm->w.embed, g->tok_dev, T, g->x, g->stream, err)
-               ? -1
-               : 0;
+    if (tern_cuda_copy_host(g->step_dev, g->step_host, STEP_BYTES(T), 0, g->stream, err)) return -1;
+    return tern_cuda_embed(&gm->w.embed, g->tok_dev, T, g->x, g->stream, err);
 }
 
 /* The drawn id comes back into id_host (in a captured step, its last node). */
