@@ -35,8 +35,8 @@ endif
 # The one-token GEMV's cases again with each of its kernels forced (some run
 # only when forced), the attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default) and the experts' on the float
-# gate/up kernel (8-bit experts take the integer dots by default). Then the GPU engine against the CPU engine
-# (tests/gpu/check_engine.c).
+# gate/up kernel (8-bit experts take the integer dots by default). Then the
+# GPU engine against the CPU engine (tests/gpu/check_engine.c).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)

@@ -47,8 +47,6 @@
  * (pdl_wait) before their first read and let the next kernel launch
  * (pdl_trigger) right after it. */
 #include <float.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/common.cuh"
 
@@ -76,6 +74,29 @@ __host__ __device__ static inline int att_split_len(int n, int ns) {
     int sl = (n + ns - 1) / ns;
     sl = (sl + ATT_GRAN - 1) / ATT_GRAN * ATT_GRAN;
     return sl < ATT_GRAN ? ATT_GRAN : sl;
+}
+
+/* What block (split, query group, token) of a launch covers, from the
+ * context's first position pos0: query heads h0 .. h0 + nq - 1 of KV head
+ * kvh, token t's positions j0 .. j0 + len - 1 (causal: t sees pos0 + t +
+ * 1). False when the split lies past the context (it exits, not merged). */
+typedef struct {
+    int split, kvh, t, h0, nq, j0, len;
+} att_block;
+
+template <int Q>
+__device__ __forceinline__ bool att_block_of(const tern_cuda_attn_dims &dm, int pos0, int T, int ns, att_block &b) {
+    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
+    b.split = blockIdx.x;
+    if (b.split >= used) return false;
+    int G = dm.n_heads / dm.n_kv, ngq = (G + Q - 1) / Q;
+    b.kvh = blockIdx.y / ngq;
+    b.t = blockIdx.z;
+    b.h0 = b.kvh * G + (blockIdx.y % ngq) * Q;
+    b.nq = min(Q, b.kvh * G + G - b.h0);
+    b.j0 = b.split * sl;
+    b.len = max(0, min(sl, pos0 + b.t + 1 - b.j0));
+    return true;
 }
 
 /* ---- the split kernel ------------------------------------------------------ */
@@ -221,14 +242,10 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();      /* q and the current rows come from attn_prep */
     pdl_trigger();
-    if (pos_dev) pos0 = *pos_dev;
-    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
-    int split = blockIdx.x;
-    if (split >= used) return;   /* past the context: not merged */
-    int hd = dm.head_dim, nh = dm.n_heads, G = nh / dm.n_kv, ngq = (G + Q - 1) / Q;
-    int kvh = blockIdx.y / ngq, t = blockIdx.z;
-    int h0 = kvh * G + (blockIdx.y % ngq) * Q, nq = min(Q, kvh * G + G - h0);
-    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    att_block b;
+    if (!att_block_of<Q>(dm, pos_dev ? *pos_dev : pos0, T, ns, b)) return;
+    const int split = b.split, kvh = b.kvh, t = b.t, h0 = b.h0, nq = b.nq, j0 = b.j0, len = b.len;
+    int hd = dm.head_dim, nh = dm.n_heads;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int first = kvh * hd, C = hd / 8;   /* the head's first value in a row; 8-value pieces */
     int stage_bytes = R * gm.rowst;
@@ -461,14 +478,10 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     extern __shared__ __align__(16) uint8_t smem[];
     pdl_wait();      /* q and the current rows come from attn_prep */
     pdl_trigger();
-    if (pos_dev) pos0 = *pos_dev;
-    int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
-    int split = blockIdx.x;
-    if (split >= used) return;   /* past the context: not merged */
-    int nh = dm.n_heads, G = nh / dm.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
-    int kvh = blockIdx.y / ngq, t = blockIdx.z;
-    int h0 = kvh * G + (blockIdx.y % ngq) * TC_Q, nq = min(TC_Q, kvh * G + G - h0);
-    int n = pos0 + t + 1, j0 = split * sl, len = max(0, min(sl, n - j0));
+    att_block b;
+    if (!att_block_of<TC_Q>(dm, pos_dev ? *pos_dev : pos0, T, ns, b)) return;
+    const int split = b.split, kvh = b.kvh, t = b.t, h0 = b.h0, nq = b.nq, j0 = b.j0, len = b.len;
+    int nh = dm.n_heads;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int first = kvh * HD;
     uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
@@ -584,10 +597,7 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
  * turns it off: the FP32 kernel for every layout). */
 static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
     static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("TERN_ATTN_TC");
-        off = e && !strcmp(e, "0");
-    }
+    if (off < 0) off = env_off("TERN_ATTN_TC");
     int hd = d.head_dim;
     return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuda_ops.h"
 extern "C" {
@@ -22,6 +24,14 @@ static inline int launch_check(const char *op, tern_error *err) {
 }
 
 static inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+/* 1 if the environment variable `name` is "0": a kernel switched off, for
+ * comparisons (TERN_CUDA_PDL, TERN_ATTN_TC, TERN_MOE_IDOT8). Callers read
+ * it once and keep the answer. */
+static inline int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0");
+}
 
 /* ---- programmatic dependent launch (Hopper) ------------------------------
  * A decode step is a chain of small kernels, each a few microseconds; most

@@ -32,8 +32,6 @@
  * weights before waiting (MoE op 18.2 -> 23.2 us, 4-bit decode 445 -> 403
  * tok/s); the router uses it (launch_pdl). */
 #include <float.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/common.cuh"
 #include "cuda/idot.cuh"
@@ -166,9 +164,12 @@ __global__ void __launch_bounds__(128) moe_gate_up_kernel(moe_args a) {
 /* ---- launch 1 at 4 and 8 bits: gate and up through integer dots ---------
  * The same rows per warp, with x turned into digits once per block
  * (idot.cuh): a q4 chunk costs 24 dp4a per row instead of 32 float
- * dequantize-and-multiply steps (q8: 12 for 16). A block of 8 warps takes
- * 16 rows of gate and of up of one segment; a warp's 4 rows x 2 chunks per
- * lane are loaded before any is used (at q4 and H = 2048 the whole rows). */
+ * dequantize-and-multiply steps (q8: 12 for 16). A block of GUD_WARPS
+ * warps takes 2 x GUD_WARPS rows of gate and of up of one segment; a warp's
+ * 4 rows x 2 chunks per lane are loaded before any is used (at q4 and H =
+ * 2048 the whole rows). 9 warps, two blocks an SM (the kernel's launch
+ * bounds): Qwen3.6's 9 segments x 29 blocks fit the H200's 264 places in
+ * one wave, where 8-warp blocks made 288 blocks and a second wave. */
 #define GUD_WARPS 9
 
 /* A warp's 4 rows of gate_up_rows_d (gate i0, up i0, gate i1, up i1) and
@@ -180,11 +181,11 @@ typedef struct {
     int gs[4];
 } gud_rows;
 
-template <int KIND> struct gud_step {
-    enum { J = 2 };   /* chunks per lane and row a step */
-    uint4 raw[J][4];
-    float s[J][4], b[J][4];
-};
+#define GUD_J 2   /* chunks per lane and row a step */
+typedef struct {
+    uint4 raw[GUD_J][4];
+    float s[GUD_J][4], b[GUD_J][4];
+} gud_step;
 
 template <int KIND>
 __device__ __forceinline__ gud_rows gud_setup(const part_ptr &g, const part_ptr &u, int i0, int n, int H) {
@@ -200,9 +201,9 @@ __device__ __forceinline__ gud_rows gud_setup(const part_ptr &g, const part_ptr 
 }
 
 template <int KIND>
-__device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gud_step<KIND> &st) {
+__device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gud_step &st) {
 #pragma unroll
-    for (int j = 0; j < gud_step<KIND>::J; j++) {
+    for (int j = 0; j < GUD_J; j++) {
         const int ci = c0 + 32 * j < nch ? c0 + 32 * j : c0;
 #pragma unroll
         for (int r = 0; r < 4; r++) {
@@ -215,10 +216,10 @@ __device__ __forceinline__ void gud_fetch(const gud_rows &w, int c0, int nch, gu
 }
 
 template <int KIND>
-__device__ __forceinline__ void gud_accum(const gud_step<KIND> &st, int c0, int nch, const uint4 *xd,
+__device__ __forceinline__ void gud_accum(const gud_step &st, int c0, int nch, const uint4 *xd,
                                           const xd_chunk *cx, float (&acc)[4]) {
 #pragma unroll
-    for (int j = 0; j < gud_step<KIND>::J; j++) {
+    for (int j = 0; j < GUD_J; j++) {
         const int ci = c0 + 32 * j;
         if (ci >= nch) break;
         uint4 d[XD_VEC4];
@@ -236,13 +237,13 @@ __device__ __forceinline__ void gud_accum(const gud_step<KIND> &st, int c0, int 
  * digits; first: the weights of the first step of chunks, fetched by the
  * caller before the digits were built. */
 template <int KIND>
-__device__ void gate_up_rows_d(const gud_rows &w, const gud_step<KIND> &first, int i0, int n, int H, const uint4 *xd,
+__device__ void gate_up_rows_d(const gud_rows &w, const gud_step &first, int i0, int n, int H, const uint4 *xd,
                                const xd_chunk *cx, float *h) {
     const int lane = threadIdx.x & 31, nch = H / kind_traits<KIND>::E;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     gud_accum<KIND>(first, lane, nch, xd, cx, acc);
-    for (int c0 = lane + 32 * gud_step<KIND>::J; c0 < nch; c0 += 32 * gud_step<KIND>::J) {
-        gud_step<KIND> st;
+    for (int c0 = lane + 32 * GUD_J; c0 < nch; c0 += 32 * GUD_J) {
+        gud_step st;
         gud_fetch<KIND>(w, c0, nch, st);
         gud_accum<KIND>(st, c0, nch, xd, cx, acc);
     }
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         const int n = routed ? a.I : a.s_inter;
         const bool mine = i0 < n;
         gud_rows w;
-        gud_step<RK> first;
+        gud_step first;
         if (mine) {
             if (routed) {
                 const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
@@ -573,10 +574,7 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
  * kernel, for comparison). */
 static int idot8_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TERN_MOE_IDOT8");
-        on = !(e && !strcmp(e, "0"));
-    }
+    if (on < 0) on = !env_off("TERN_MOE_IDOT8");
     return on;
 }
 

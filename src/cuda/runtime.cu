@@ -27,11 +27,10 @@ int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err) {
 int tern_cuda_pdl_enabled(void) {
     static int on = -1;
     if (on < 0) {
-        const char *e = getenv("TERN_CUDA_PDL");
         int dev = 0, major = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        on = major >= 9 && !(e && !strcmp(e, "0"));
+        on = major >= 9 && !env_off("TERN_CUDA_PDL");
     }
     return on;
 }

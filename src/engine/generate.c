@@ -103,13 +103,14 @@ static int32_t next_id(gen_state *g, tern_session *s, tern_error *err) {
     return tern_gpu_sample(s, &g->gpu.r, next_u(g), &id, err) != 0 ? -1 : id;
 }
 
-/* Evaluates the sampled id. On the GPU, when another token follows, the
- * step draws it too (*next; one launch and one synchronisation per token);
- * else the logits stay on the device for next_id, or come to the host. */
-static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, int another, int32_t *next,
-                   tern_error *err) {
-    if (g->gpu.on && need_logits && another) return tern_session_eval_sample(s, id, &g->gpu.r, next_u(g), next, err);
-    if (g->gpu.on && need_logits) return tern_session_eval_keep(s, &id, 1, err);
+/* Evaluates the sampled id. On the GPU the step always draws the next id
+ * too (*next): one launch and one synchronisation per token, and always the
+ * same captured graph (a step without the draw, or without logits, is
+ * another graph, captured anew at the end of every generation and again at
+ * the start of the next); a draw the loop does not take is dropped. On the
+ * CPU the logits come to the host when another token may follow. */
+static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, int32_t *next, tern_error *err) {
+    if (g->gpu.on) return tern_session_eval_sample(s, id, &g->gpu.r, next_u(g), next, err);
     return tern_session_eval(s, &id, 1, need_logits ? g->logits : NULL, 0, err);
 }
 
@@ -146,10 +147,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         if (stop < 0) { rc = -1; break; }
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
-        int need_logits = !eos && !stop;
-        /* another token follows this one's step unless the length or the context ends it */
-        int another = (p->n_predict < 0 || stats->n_generated < p->n_predict) && s->pos + 1 < s->max_ctx;
-        rc = eval_id(&g, s, id, need_logits, another, &drawn, err);
+        rc = eval_id(&g, s, id, !eos && !stop, &drawn, err);
         if (rc != 0) break;
         if (eos) { reason = TERN_STOP_EOS; break; }
         if (stop) break;
