@@ -93,12 +93,6 @@ int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err);
 
-/* A GPU session's tern_forward that leaves the last token's logits on the
- * device for tern_gpu_sample (engine/gpu.h). */
-int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
-/* tern_session_eval's checks, then tern_forward_keep (session.c). */
-int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err);
-
 /* The GPU sampler's rule (engine/sampler.h's, as tern_sampler_gpu_rule
  * gives it) over the first n_valid logits. */
 typedef struct tern_gpu_rule {

@@ -567,12 +567,6 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
     return 0;
 }
 
-int tern_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    if (!s->gpu) return tern_fail(err, "logits kept on the device need a GPU session");
-    if (check_tokens(&s->m->cfg, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
-    return tern_gpu_forward_keep(s, tokens, T, err);
-}
-
 int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                         tern_error *err) {
     if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");

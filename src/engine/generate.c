@@ -92,26 +92,35 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     return g->stop ? 0 : -1;
 }
 
-/* The next id: the CPU sampler over the host logits, or the same rule on
- * the GPU with the sampler's next random number (the GPU draws one for
- * every sampled token; the CPU sampler skips it when one candidate is left). */
+/* The GPU sampler's random number: the CPU sampler's next one (the GPU
+ * draws one for every sampled token; the CPU sampler skips it when one
+ * candidate is left). */
 static double next_u(gen_state *g) { return g->gpu.r.greedy ? 0.0 : tern_sampler_next_uniform(g->sampler); }
 
-static int32_t next_id(gen_state *g, tern_session *s, tern_error *err) {
+/* The next id: the CPU sampler over the host logits, or the id the GPU
+ * drew with the last step. */
+static int32_t next_id(gen_state *g, int32_t drawn, tern_error *err) {
     if (!g->gpu.on) return tern_sampler_sample(g->sampler, g->logits, g->history, g->n_history, err);
-    int32_t id;
-    return tern_gpu_sample(s, &g->gpu.r, next_u(g), &id, err) != 0 ? -1 : id;
+    return drawn >= 0 ? drawn : tern_fail(err, "GPU sampling: no id was drawn");
 }
 
-/* Evaluates the sampled id. On the GPU the step always draws the next id
- * too (*next): one launch and one synchronisation per token, and always the
- * same captured graph (a step without the draw, or without logits, is
- * another graph, captured anew at the end of every generation and again at
- * the start of the next); a draw the loop does not take is dropped. On the
- * CPU the logits come to the host when another token may follow. */
+/* Evaluates one token. On the GPU the step always draws the next id too
+ * (*next): one launch and one synchronisation per token, and always the
+ * same captured graph (a step without the draw would be another graph,
+ * captured anew whenever the loop switched between them); a draw the loop
+ * does not take is dropped. On the CPU the logits come to the host when
+ * another token may follow. */
 static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, int32_t *next, tern_error *err) {
     if (g->gpu.on) return tern_session_eval_sample(s, id, &g->gpu.r, next_u(g), next, err);
     return tern_session_eval(s, &id, 1, need_logits ? g->logits : NULL, 0, err);
+}
+
+/* The prompt; on the GPU its last token goes through eval_id's step, which
+ * draws the first id (*first). */
+static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int n, int32_t *first, tern_error *err) {
+    if (!g->gpu.on) return tern_session_eval(s, prompt, n, g->logits, 0, err);
+    if (n > 1 && tern_session_eval(s, prompt, n - 1, NULL, 0, err)) return -1;
+    return eval_id(g, s, prompt[n - 1], 1, first, err);
 }
 
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -122,19 +131,17 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
+    int32_t drawn = -1;   /* on the GPU: the next id, drawn with the last step */
     double t0 = tern_now_s();
-    if (rc == 0) rc = g.gpu.on ? tern_session_eval_keep(s, prompt, (int)n_prompt, err)
-                            : tern_session_eval(s, prompt, (int)n_prompt, g.logits, 0, err);
+    if (rc == 0) rc = eval_prompt(&g, s, prompt, (int)n_prompt, &drawn, err);
     double t1 = tern_now_s();
     stats->n_prompt = (int)n_prompt;
     stats->prefill_s = t1 - t0;
     int reason = TERN_STOP_LENGTH;
-    int32_t drawn = -1;   /* the next id, when the previous step drew it on the GPU */
     while (rc == 0) {
         if (p->n_predict >= 0 && stats->n_generated >= p->n_predict) { reason = TERN_STOP_LENGTH; break; }
         if (s->pos >= s->max_ctx) { reason = TERN_STOP_CONTEXT; break; }
-        int32_t id = drawn >= 0 ? drawn : next_id(&g, s, err);
-        drawn = -1;
+        int32_t id = next_id(&g, drawn, err);
         if (id < 0) { rc = -1; break; }
         g.history[g.n_history++] = id;
         stats->n_generated++;

@@ -26,14 +26,6 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
     return no_cuda(err);
 }
 int tern_gpu_sampling_enabled(const tern_session *s) { (void)s; return 0; }
-int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    (void)s; (void)tokens; (void)T;
-    return no_cuda(err);
-}
-int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err) {
-    (void)s; (void)rule; (void)u; (void)id;
-    return no_cuda(err);
-}
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err) {
     (void)s; (void)token; (void)rule; (void)u; (void)next;
@@ -1079,12 +1071,13 @@ static void put_step(tern_session *s, const int32_t *tokens, int T, double u) {
     memcpy(g->step_host + STEP_TOK, tokens, (size_t)T * sizeof *tokens);
 }
 
-/* One piece of T tokens. keep: compute the last token's logits into the
- * device buffer and leave them there (logits NULL); rule (with keep): then
- * draw the next id at u into *next. The hidden state stays on the device
- * (s->hidden_dev); the piece ends with the stream synchronised. */
-static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, int keep,
-                 const tern_gpu_rule *rule, double u, int32_t *next, tern_error *err) {
+/* One piece of T tokens; logits as tern_forward's. rule (a decode step,
+ * T = 1, logits NULL): the last token's logits stay in the device buffer
+ * and the next id is drawn from them at u into *next. The hidden state
+ * stays on the device (s->hidden_dev); the piece ends with the stream
+ * synchronised. */
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, const tern_gpu_rule *rule,
+                 double u, int32_t *next, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const gpu_model *gm = m->gpu;
@@ -1093,8 +1086,9 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     double t0 = tern_now_s() * 1e3;
     put_step(s, tokens, T, u);
     if (g->st) g->st->n_marks = T == 1 && !g->st->graph ? 0 : -1;
-    int rows = keep ? 1 : !logits ? 0 : all ? T : 1;
+    int rows = rule ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
+    if (rule && !small) return tern_fail(err, "GPU: a step with a draw takes at most %d tokens", SUB);
     int graph = small && g->use_graph && (!g->st || g->st->graph) && !s->route_fn;
     int rc;
     if (graph) rc = replay_step(s, T, rows, rule, err);
@@ -1102,12 +1096,8 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     else rc = embed(s, T, err) || layers(s, T, err) ? -1 : 0;
     if (rc != 0) return -1;
     const float *last = g->xn + (size_t)(T - 1) * H;
-    if (keep && !small) {
-        if (mm(gm, g, g->logits, last, 1, &gm->w.lm_head, err) ||
-            (rule && (sample_ops(g, rule, err) || id_back(g, err))))
-            return -1;
-    } else if (keep) {
-        /* already in g->logits (and the drawn id on its way to id_host) */
+    if (rule) {
+        /* the logits in g->logits, the drawn id on its way to id_host */
     } else if (small && rows) {
         if (tern_cuda_sync(g->stream, err) || tern_cuda_download(logits, g->logits, (size_t)rows * V * sizeof(float), err))
             return -1;
@@ -1128,17 +1118,16 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     return 0;
 }
 
-/* The tokens in pieces of g->piece; keep: the last piece leaves its last
- * token's logits on the device (tern_gpu_sample) instead of copying them. */
-static int pieces(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits, int keep,
-                  tern_error *err) {
+/* The tokens in pieces of g->piece. */
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     tern_error *err) {
     size_t V = (size_t)s->m->cfg.vocab;
     int P = ((gpu_session *)s->gpu)->piece;
     for (int done = 0; done < T; done += P) {
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, keep && last, NULL, 0.0, NULL, err) != 0) {
+        if (piece(s, tokens + done, n, out, all_logits, NULL, 0.0, NULL, err) != 0) {
             s->broken = 1;
             return -1;
         }
@@ -1146,18 +1135,9 @@ static int pieces(tern_session *s, const int32_t *tokens, int T, float *logits, 
     return 0;
 }
 
-int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
-                     tern_error *err) {
-    return pieces(s, tokens, T, logits, all_logits, 0, err);
-}
-
 int tern_gpu_sampling_enabled(const tern_session *s) {
     const gpu_session *g = s->gpu;
     return g && g->sampling;
-}
-
-int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err) {
-    return pieces(s, tokens, T, NULL, 0, 1, err);
 }
 
 static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern_error *err) {
@@ -1170,22 +1150,10 @@ static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err) {
     if (rule_ok(s, rule, u, err)) return -1;
-    if (piece(s, &token, 1, NULL, 0, 1, rule, u, next, err) != 0) {
+    if (piece(s, &token, 1, NULL, 0, rule, u, next, err) != 0) {
         s->broken = 1;
         return -1;
     }
-    return 0;
-}
-
-int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err) {
-    gpu_session *g = s->gpu;
-    if (rule_ok(s, rule, u, err)) return -1;
-    /* the stream is idle (pieces end synchronised): step_host is free */
-    memcpy(g->step_host + STEP_U, &u, sizeof u);
-    if (tern_cuda_copy_host(g->step_dev, g->step_host, sizeof u, 0, g->stream, err) || sample_ops(g, rule, err) ||
-        id_back(g, err) || tern_cuda_sync(g->stream, err))
-        return -1;
-    *id = *g->id_host;
     return 0;
 }
 

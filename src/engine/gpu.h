@@ -34,15 +34,12 @@ int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err)
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      tern_error *err);
 
-/* Sampling on the GPU (default; TERN_GPU_SAMPLING=0 turns it off): tern_gpu_forward_keep runs T
- * tokens and leaves the last one's logits on the device; tern_gpu_sample
- * draws from them with the sampler's rule (tern_sampler_gpu_rule) and u, and
- * copies back only the id. tern_gpu_forward_sample is a decode step and
- * the next draw together (one captured graph: the token and u go up, the id
- * comes back, one synchronisation). */
+/* Sampling on the GPU (default; TERN_GPU_SAMPLING=0 turns it off):
+ * tern_gpu_forward_sample is a decode step and the draw of the next id with
+ * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured
+ * graph, the token and u go up, only the id comes back, one
+ * synchronisation. */
 int tern_gpu_sampling_enabled(const tern_session *s);
-int tern_gpu_forward_keep(tern_session *s, const int32_t *tokens, int T, tern_error *err);
-int tern_gpu_sample(tern_session *s, const tern_gpu_rule *rule, double u, int32_t *id, tern_error *err);
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err);
 

@@ -137,10 +137,6 @@ static int can_eval(const tern_session *s, int n, tern_error *err) {
     return 0;
 }
 
-int tern_session_eval_keep(tern_session *s, const int32_t *tokens, int n, tern_error *err) {
-    return can_eval(s, n, err) ? -1 : tern_forward_keep(s, tokens, n, err);
-}
-
 int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                              tern_error *err) {
     return can_eval(s, 1, err) ? -1 : tern_forward_sample(s, token, rule, u, next, err);
