@@ -444,6 +444,9 @@ __device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(b0));
 }
+/* The probabilities' scale in the P V products (a power of two). */
+#define TC_PSCALE 32768.0f
+
 /* x as two f16 terms, for a pair of values: hi and lo registers */
 __device__ __forceinline__ void split_f16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
@@ -553,8 +556,12 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
                 o[mt][0] *= a0; o[mt][1] *= a1; o[mt][2] *= a0; o[mt][3] *= a1;
             }
         }
+        /* p <= 1 scaled by 2^15 before the split: small probabilities
+         * (~1/context) would otherwise fall into f16's subnormals, where hi
+         * and lo keep only absolute 2^-24 steps; the scale leaves the
+         * outputs exact up to the final 2^-15 */
         uint32_t ph, pl;
-        split_f16(p0, p1, ph, pl);
+        split_f16(p0 * TC_PSCALE, p1 * TC_PSCALE, ph, pl);
 #pragma unroll
         for (int mp = 0; mp < KS / 2; mp++) {
             uint32_t a[4];   /* V^T: dims 32 mp + {g, 8 + g, 16 + g, 24 + g} x rows 2 tq, 2 tq + 1 */
@@ -580,10 +587,10 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) {
         int d = 16 * mt + g;
-        mw[(2 * tq) * HD + d] = o[mt][0];
-        mw[(2 * tq + 1) * HD + d] = o[mt][1];
-        mw[(2 * tq) * HD + d + 8] = o[mt][2];
-        mw[(2 * tq + 1) * HD + d + 8] = o[mt][3];
+        mw[(2 * tq) * HD + d] = o[mt][0] * (1.0f / TC_PSCALE);
+        mw[(2 * tq + 1) * HD + d] = o[mt][1] * (1.0f / TC_PSCALE);
+        mw[(2 * tq) * HD + d + 8] = o[mt][2] * (1.0f / TC_PSCALE);
+        mw[(2 * tq + 1) * HD + d + 8] = o[mt][3] * (1.0f / TC_PSCALE);
     }
     if (tq == 0) {
         wm[warp * TC_Q + g] = m;

@@ -42,11 +42,12 @@ int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule 
 
 /* Tokens per GPU forward piece (default; TERN_GPU_PIECE=N overrides, and
  * a session's context caps it): bounds every scratch buffer and the
- * prefill ops' workspaces (chunked DeltaNet, grouped experts). Pieces of
- * 2048 were expected to pay (the dense weights dequantized once per piece,
- * fuller expert tiles) but measured the same as 512 (docs/PERFORMANCE.md),
- * so the smaller buffers stay. */
-#define PIECE_DEFAULT 512
+ * prefill ops' workspaces (chunked DeltaNet, grouped experts), ~0.3 MB a
+ * token. Longer pieces fill the experts' 64-row tiles (at 512 tokens an
+ * expert has ~16 rows) and dequantize the dense weights less often: an 8 K
+ * prefill ran 8.8 K tok/s in pieces of 512, 14.9 K in pieces of 4096 and
+ * 15.6 K in one of 8192 (docs/PERFORMANCE.md, fifth round). */
+#define PIECE_DEFAULT 4096
 /* Rows of logits computed and copied back at a time (all_logits callers). */
 #define LOGIT_ROWS 64
 /* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
@@ -331,7 +332,9 @@ const char *tern_gpu_name(const tern_model *m) { return ((const gpu_model *)m->g
 
 /* TERN_KERNEL_STATS=1: GPU time per op role of every decode step (one
  * token), from events recorded around each role's ops, and the share of
- * the step the GPU was busy; printed when the session ends. */
+ * the step the GPU was busy; printed when the session ends.
+ * TERN_KERNEL_STATS=prefill: the same for the prefill pieces (more than
+ * SUB tokens), per prompt token. */
 enum { R_NORM, R_ATTN_PROJ, R_ATTN, R_GDN_PROJ, R_GDN, R_ROUTER, R_MOE, R_HEAD, R_COUNT };
 static const char *const role_names[R_COUNT] = {"rmsnorm + residual", "attention projections", "attention core",
                                                 "DeltaNet projections", "DeltaNet core", "router + top-k",
@@ -342,8 +345,9 @@ typedef struct stats {
     tern_cuda_marks *marks;
     int n_marks, role[MAX_MARKS / 2];
     double ms[R_COUNT], busy_ms, span_ms, wall_ms;
-    long tokens;
+    long tokens, pieces;
     int graph;                    /* TERN_KERNEL_STATS=graph: whole captured steps, timed as one */
+    int prefill;                  /* TERN_KERNEL_STATS=prefill: prefill pieces instead of decode steps */
     double graph_ms, graph_wall_ms;
     long graph_steps;
 } stats;
@@ -477,6 +481,7 @@ static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     if (!(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) return -1;
     g->st->n_marks = -1;
     g->st->graph = !strcmp(ks, "graph");
+    g->st->prefill = !strcmp(ks, "prefill");
     return 0;
 }
 
@@ -580,13 +585,20 @@ static void print_stats(const stats *st) {
                 st->graph_wall_ms > 0 ? 100 * st->graph_ms / st->graph_wall_ms : 0.0);
     if (!st->tokens) return;
     double n = (double)st->tokens;
-    fprintf(stderr, "\nTERN_KERNEL_STATS: %ld decode steps; GPU time per token by role:\n", st->tokens);
+    if (st->prefill)
+        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld prefill tokens in %ld pieces; GPU time per token by role:\n",
+                st->tokens, st->pieces);
+    else
+        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld decode steps; GPU time per token by role:\n", st->tokens);
+    /* a prefill token takes tens of microseconds: us per token there */
+    double f = st->prefill ? 1e3 : 1.0;
+    const char *u = st->prefill ? "us" : "ms";
     for (int r = 0; r < R_COUNT; r++)
-        fprintf(stderr, "  %-28s %8.3f ms  %5.1f %%\n", role_names[r], st->ms[r] / n,
+        fprintf(stderr, "  %-28s %8.3f %s  %5.1f %%\n", role_names[r], f * st->ms[r] / n, u,
                 st->busy_ms > 0 ? 100 * st->ms[r] / st->busy_ms : 0.0);
-    fprintf(stderr, "  GPU busy %.3f ms of a %.3f ms GPU span (%.0f %%); host wall %.3f ms per token "
-                    "(GPU busy %.0f %% of it)\n", st->busy_ms / n, st->span_ms / n,
-            st->span_ms > 0 ? 100 * st->busy_ms / st->span_ms : 0.0, st->wall_ms / n,
+    fprintf(stderr, "  GPU busy %.3f %s of a %.3f %s GPU span (%.0f %%); host wall %.3f %s per token "
+                    "(GPU busy %.0f %% of it)\n", f * st->busy_ms / n, u, f * st->span_ms / n, u,
+            st->span_ms > 0 ? 100 * st->busy_ms / st->span_ms : 0.0, f * st->wall_ms / n, u,
             st->wall_ms > 0 ? 100 * st->busy_ms / st->wall_ms : 0.0);
 }
 
@@ -598,8 +610,8 @@ static void stage(gpu_session *g, int role, int end) {
     tern_cuda_mark(st->marks, st->n_marks++, g->stream);
 }
 
-/* After a step's final sync: add its marks' times. */
-static void collect(stats *st, double wall_ms) {
+/* After a step's final sync: add its marks' times (T tokens). */
+static void collect(stats *st, double wall_ms, int T) {
     int pairs = st->n_marks / 2;
     for (int i = 0; i < pairs; i++) {
         float ms = tern_cuda_marks_ms(st->marks, 2 * i, 2 * i + 1);
@@ -610,7 +622,8 @@ static void collect(stats *st, double wall_ms) {
     }
     if (pairs) st->span_ms += tern_cuda_marks_ms(st->marks, 0, 2 * pairs - 1);
     st->wall_ms += wall_ms;
-    st->tokens++;
+    st->tokens += T;
+    st->pieces++;
 }
 
 /* ---- the forward pass ----------------------------------------------------- */
@@ -695,7 +708,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
         if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
-        return mm(gm, g, g->out, g->o, T, &w->o, err);
+        return attn_out(s, w, T, err);
     }
     /* every row of the piece is in the cache now: each run of SUB tokens
      * attends causally from its own first position */
@@ -779,10 +792,13 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     const tern_pk_tensor *pt = m->man.parts;
     int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
                     H % 32 == 0 && c->expert_inter % 32 == 0;
-    if (T > SUB && groupable && !(g->decode_ops & NO_MOE))   /* grouped by expert: each expert's weights read once per 64 of its tokens */
-        return tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts, g->grouped_work,
-                                     g->grouped_bytes, g->out, g->stream, err);
     stage(g, R_MOE, 0);
+    if (T > SUB && groupable && !(g->decode_ops & NO_MOE)) {   /* grouped by expert: each expert's weights read once per 64 of its tokens */
+        int rc = tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts,
+                                       g->grouped_work, g->grouped_bytes, g->out, g->stream, err);
+        stage(g, R_MOE, 1);
+        return rc;
+    }
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
         if (tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn + t0 * H, n, K, g->ids + (size_t)t0 * K,
@@ -1085,11 +1101,11 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int H = c->hidden, V = c->vocab;
     double t0 = tern_now_s() * 1e3;
     put_step(s, tokens, T, u);
-    if (g->st) g->st->n_marks = T == 1 && !g->st->graph ? 0 : -1;
+    if (g->st) g->st->n_marks = (g->st->prefill ? T > SUB : T == 1 && !g->st->graph) ? 0 : -1;
     int rows = rule ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     if (rule && !small) return tern_fail(err, "GPU: a step with a draw takes at most %d tokens", SUB);
-    int graph = small && g->use_graph && (!g->st || g->st->graph) && !s->route_fn;
+    int graph = small && g->use_graph && (!g->st || g->st->graph || g->st->prefill) && !s->route_fn;
     int rc;
     if (graph) rc = replay_step(s, T, rows, rule, err);
     else if (small) rc = enqueue_step(s, T, rows, rule, err);
@@ -1106,7 +1122,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     }
     if (tern_cuda_sync(g->stream, err)) return -1;
     if (rule) *next = *g->id_host;
-    if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0);
+    if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0, T);
     if (g->st && g->st->graph && graph && T == 1) {
         g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
         g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;

@@ -123,7 +123,9 @@ void tern_session_destroy(tern_session *s) {
 int tern_session_pos(const tern_session *s) { return s->pos; }
 
 /* Long prompts run in pieces so scratch memory stays bounded; a multiple of
- * the GDN chunk keeps the chunk boundaries where one long call puts them. */
+ * the GDN chunk keeps the chunk boundaries where one long call puts them.
+ * A GPU session takes the whole run: the GPU engine cuts it into pieces of
+ * its own size (TERN_GPU_PIECE), bounded by its preallocated buffers. */
 #define EVAL_PIECE 512
 
 /* What every evaluation checks first. */
@@ -146,8 +148,9 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logi
                       tern_error *err) {
     if (can_eval(s, n, err)) return -1;
     size_t V = (size_t)s->m->cfg.vocab;
-    for (int done = 0; done < n; done += EVAL_PIECE) {
-        int T = n - done < EVAL_PIECE ? n - done : EVAL_PIECE;
+    int P = s->gpu ? n : EVAL_PIECE;
+    for (int done = 0; done < n; done += P) {
+        int T = n - done < P ? n - done : P;
         int last = done + T == n;
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * V;
