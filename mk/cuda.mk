@@ -34,8 +34,9 @@ endif
 # Arguments for the checker (e.g. TEST_CUDA_ARGS="--time --out DIR").
 # The one-token GEMV's cases again with each of its kernels forced (some run
 # only when forced), the attention's on the FP32 split kernel (16-bit KV
-# takes the tensor-core one by default) and the experts' on the float
-# gate/up kernel (8-bit experts take the integer dots by default). Then the
+# takes the tensor-core one by default), the experts' on the float
+# gate/up kernel (8-bit experts take the integer dots by default) and with
+# both MoE kernels launched the ordinary way (no PDL). Then the
 # GPU engine against the CPU engine (tests/gpu/check_engine.c).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
@@ -43,4 +44,5 @@ test-cuda:
 	for k in regs staged int; do echo "TERN_GEMV1=$$k"; TERN_GEMV1=$$k build-cuda/tern-cuda-tests --only gemv || exit 1; done
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
+	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
 	build-cuda/tern-cuda-engine-tests

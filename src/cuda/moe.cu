@@ -25,12 +25,18 @@
  *            thread order: no atomics, so the result does not depend on
  *            timing. Shapes past one pass (K x pieces(I) over 128 lanes)
  *            loop over the extra units.
- * Both are launched the ordinary way: with programmatic dependent launch
- * (common.cuh) a replayed graph of MoE blocks measured slower on the H200
- * (staged gate/up and down, T = 1: 26.5 us against 19.6 us without), and
- * again with gate/up in one wave and the down blocks requesting all their
- * weights before waiting (MoE op 18.2 -> 23.2 us, 4-bit decode 445 -> 403
- * tok/s); the router uses it (launch_pdl). */
+ * The integer-dot gate/up is launched with programmatic dependent launch
+ * (common.cuh) behind the router: its blocks are resident before the
+ * router ends, and the shared expert's request their weights before the
+ * wait. The down kernel is launched the ordinary way (with PDL a replayed
+ * graph of MoE blocks measured slower on the H200: staged gate/up and
+ * down, T = 1, 26.5 us against 19.6 us; with gate/up in one wave and the
+ * down blocks requesting all their weights before waiting, MoE op 18.2 ->
+ * 23.2 us, 4-bit decode 445 -> 403 tok/s; waiting at its start, 476.3 /
+ * 480.2 against 476.7 / 476.8 tok/s), but lets its successor launch at
+ * once: the next layer's input projections request their weights while
+ * the experts finish (4-bit decode 460 -> 479 tok/s with both,
+ * docs/PERFORMANCE.md step 32). */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -66,6 +72,7 @@ typedef struct {
      * bytes for a routed segment's rows, the shared expert's, a routed
      * segment's scale or bias array, the shared expert's */
     int R, ntr, nts, nt, dn_wr, dn_ws, dn_sbr, dn_sbs;
+    int dn_trigger;    /* down lets the next kernel (a PDL launch) start at once */
 } moe_args;
 
 __device__ __forceinline__ const uint8_t *expert_blob(const moe_args &a, int e) {
@@ -266,6 +273,11 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     const float *x = a.x + (size_t)t * a.H;
     float *h = a.h + (size_t)seg * a.Imax;
     const bool routed = k < a.K;
+    /* launched with PDL after the router: the ids and x are the router's,
+     * so only the shared expert's weights (in the routed kind) may be
+     * requested before the wait */
+    const bool early = !routed && SK == RK;
+    if (!early) pdl_wait();
     if (routed || SK == RK) {   /* x as digits (every thread of the block takes part) */
         /* the warp's first weights are requested before x turns into
          * digits: the expert id, then its rows, in flight while x is
@@ -284,6 +296,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
             }
             gud_fetch<RK>(w, threadIdx.x & 31, a.H / kind_traits<RK>::E, first);
         }
+        if (early) pdl_wait();
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
@@ -406,6 +419,7 @@ template <int RK, int SK>
 __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     constexpr int SK2 = SK < 0 ? KIND_Q4 : SK;
     extern __shared__ float4 dn_smem[];
+    if (a.dn_trigger) pdl_trigger();   /* the next layer's projections request their weights meanwhile */
     const int K = a.K, R = a.R, nt = a.nt, tid = threadIdx.x, t = blockIdx.y, d0 = blockIdx.x * a.R;
     const int nr = a.H - d0 < R ? a.H - d0 : R;
     uint8_t *wr = (uint8_t *)dn_smem;                    /* [K] routed rows, dn_wr bytes each */
@@ -578,6 +592,21 @@ static int idot8_enabled(void) {
     return on;
 }
 
+/* The integer-dot gate/up launched with PDL behind the router
+ * (TERN_MOE_GU_PDL=0: the ordinary way), and the down kernel letting its
+ * successor launch early (TERN_MOE_DN_TRIGGER=0: not). */
+static int gu_pdl_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = !env_off("TERN_MOE_GU_PDL");
+    return on;
+}
+
+static int dn_trigger_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = !env_off("TERN_MOE_DN_TRIGGER");
+    return on;
+}
+
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
                   tern_stream s, tern_error *err) {
@@ -638,6 +667,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         a.dn_sbs = (R * nps * 2 + 32 + 15) & ~15;
     }
     a.nt = a.ntr + a.nts;
+    a.dn_trigger = dn_trigger_enabled();
     size_t smem2 = (size_t)top_k * a.dn_wr + a.dn_ws + (size_t)top_k * 2 * a.dn_sbr + 2 * (size_t)a.dn_sbs +
                    (size_t)R * a.nt * sizeof(float) + (size_t)top_k * (3 * sizeof(void *) + sizeof(float));
     dim3 g2(ceil_div(a.H, R), T);
@@ -662,7 +692,12 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
         if (smem_attr((const void *)k1, smem1, err)) return -1;
         dim3 gd(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S);
-        k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
+        if (gu_pdl_enabled()) {
+            cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
+            if (e1 != cudaSuccess) return tern_fail(err, "moe gate/up: %s", cudaGetErrorString(e1));
+        } else {
+            k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
+        }
     } else {
         moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
     }
