@@ -584,28 +584,19 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
     return 0;
 }
 
+/* A switch that is on unless its variable is 0, read once per process. */
+static int switch_on(int *on, const char *name) {
+    if (*on < 0) *on = !env_off(name);
+    return *on;
+}
+
 /* 8-bit experts' gate/up on integer dots (TERN_MOE_IDOT8=0: the float
- * kernel, for comparison). */
-static int idot8_enabled(void) {
-    static int on = -1;
-    if (on < 0) on = !env_off("TERN_MOE_IDOT8");
-    return on;
-}
-
-/* The integer-dot gate/up launched with PDL behind the router
- * (TERN_MOE_GU_PDL=0: the ordinary way), and the down kernel letting its
- * successor launch early (TERN_MOE_DN_TRIGGER=0: not). */
-static int gu_pdl_enabled(void) {
-    static int on = -1;
-    if (on < 0) on = !env_off("TERN_MOE_GU_PDL");
-    return on;
-}
-
-static int dn_trigger_enabled(void) {
-    static int on = -1;
-    if (on < 0) on = !env_off("TERN_MOE_DN_TRIGGER");
-    return on;
-}
+ * kernel, for comparison); the integer-dot gate/up launched with PDL behind
+ * the router (TERN_MOE_GU_PDL=0: the ordinary way); the down kernel letting
+ * its successor launch early (TERN_MOE_DN_TRIGGER=0: not). */
+static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_IDOT8"); }
+static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
+static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
