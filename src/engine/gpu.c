@@ -1101,11 +1101,13 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int H = c->hidden, V = c->vocab;
     double t0 = tern_now_s() * 1e3;
     put_step(s, tokens, T, u);
-    if (g->st) g->st->n_marks = (g->st->prefill ? T > SUB : T == 1 && !g->st->graph) ? 0 : -1;
+    /* per-role marks on decode steps (TERN_KERNEL_STATS=1) need them uncaptured */
+    int decode_marks = g->st && !g->st->graph && !g->st->prefill;
+    if (g->st) g->st->n_marks = (g->st->prefill ? T > SUB : decode_marks && T == 1) ? 0 : -1;
     int rows = rule ? 1 : !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     if (rule && !small) return tern_fail(err, "GPU: a step with a draw takes at most %d tokens", SUB);
-    int graph = small && g->use_graph && (!g->st || g->st->graph || g->st->prefill) && !s->route_fn;
+    int graph = small && g->use_graph && !decode_marks && !s->route_fn;
     int rc;
     if (graph) rc = replay_step(s, T, rows, rule, err);
     else if (small) rc = enqueue_step(s, T, rows, rule, err);

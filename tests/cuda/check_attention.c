@@ -306,10 +306,6 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
     float *ref = xmalloc(nc * 4), *sc = xmalloc(nc * 4), *got = xmalloc(no * 4), *sub = xmalloc(nc * 4);
     attp_ref rr = {&L, qg, vabs, K, V, nh, nkv, hd, pos0, every, n_chk, scale, ref, sc};
     tern_pool_for(ck->pool, n_chk, attp_ref_range, &rr);
-    float *ref64 = xmalloc(no * 4);
-    att_ref64(&L, nh, hd, T, pos0, qg, K, V, scale, ref64);
-    double tol_cpu = 4.0 * sqrt((double)n) / 16777216.0;
-    if (tol_cpu < 1e-5) tol_cpu = 1e-5;
     uint8_t *dK = dev_upload(K, cache), *dV = dev_upload(V, cache);
     float *dq = dev_upload(qg, nq * 4), *dout = dev_poison(no);
     attp_run r = {&d, &L, dq, dK, dV, T, pos0, scale, NULL, 0, dout, 0, ck->stream};
