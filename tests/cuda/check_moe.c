@@ -515,3 +515,233 @@ void check_moe_grouped(checker *ck) {
     moeg_case odd = {256, 96, 12, 3, 77, 4, 32, 1, 8, 0, 1};   /* I = 96: a half-empty column tile */
     moeg_check(ck, &odd, 0);
 }
+
+/* ---- the MoE block in one launch (decode) ---------------------------------
+ * tern_cuda_moe_fused against the launches it replaces on the same inputs:
+ * tern_cuda_gemv1_route (checked in check_gemv.c), then tern_cuda_moe
+ * (checked above): x_out, xn, the logits, ids and weights bit for bit (the
+ * same code), out within 1e-5 of max |out| (the down sums are ordered
+ * differently). And against the CPU twin: the logits of tern_rmsnorm_1p +
+ * tern_matmul within the GEMV's 1e-5, out against the block computed on the
+ * CPU with the GPU's ids and weights within 1e-5. Three calls in a row with
+ * the outputs poisoned between them: each writes them again, and the
+ * barrier counter is back at zero after each. */
+
+typedef struct {
+    int64_t H, I;
+    int E, K, bits, group;
+    int use_table, shared_kind;   /* shared_kind: 0 none, 4, 8 */
+    int router_bits, router_dtype;
+    int renorm;
+    int64_t Is;                   /* 0: I */
+} mf_case;
+
+typedef struct {
+    const tern_mat *router;
+    tern_cuda_vec_in in;          /* in.x rotates over n_x inputs */
+    const float *xs;
+    int n_x;
+    size_t H;
+    tern_cuda_route_out ro;
+    float *logits;
+    const tern_cuda_experts *ex;
+    const tern_expert_w *shared;
+    const tern_mat *sg;
+    void *work;
+    float *out;
+    int fused;
+    tern_stream s;
+} mf_run;
+
+static void run_mf(void *arg, int rep) {
+    mf_run *r = arg;
+    tern_error err;
+    tern_cuda_vec_in in = r->in;
+    in.x = r->xs + (size_t)(rep % r->n_x) * r->H;
+    if (r->fused) {
+        if (tern_cuda_moe_fused(r->router, &in, &r->ro, r->logits, r->ex, r->shared, r->sg, r->work, r->out, r->s, &err))
+            die_err("moe_fused", &err);
+        return;
+    }
+    if (tern_cuda_gemv1_route(r->router, &in, r->logits, &r->ro, r->s, &err) ||
+        tern_cuda_moe(r->ex, r->shared, r->sg, in.xn_out, 1, r->ro.top_k, r->ro.ids, r->ro.wts, r->work, r->out, r->s,
+                      &err))
+        die_err("gemv1_route + moe", &err);
+}
+
+static void mf_check(checker *ck, const mf_case *c, int timed) {
+    const int64_t H = c->H, Is = c->Is ? c->Is : c->I;
+    const int E = c->E, K = c->K;
+    expert_fixture f;
+    fixture_make(ck, &f, H, c->I, Is, E, c->bits, c->group, c->use_table, c->shared_kind);
+    test_mat rm;
+    make_mat(ck, &rm, E, H, c->router_bits, c->router_dtype, 64);
+    const tern_expert_w *shp = fixture_shared(&f);
+    const tern_mat *sgp = fixture_gate(&f);
+    char shape[128];
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d %s%s router %s%s", c->bits, c->group, E,
+             (long long)c->I, (long long)H, K, c->use_table ? "table" : "base",
+             c->shared_kind == 4 ? " +sh q4" : c->shared_kind == 8 ? " +sh q8" : "",
+             c->router_bits == 4 ? "q4" : c->router_bits == 8 ? "q8" : c->router_dtype == TERN_DTYPE_F16 ? "f16" : "bf16",
+             c->renorm ? " renorm" : "");
+    tern_cuda_route_out probe = {E, K, c->renorm, NULL, NULL, NULL};
+    if (!tern_cuda_moe_fused_supported(&rm.d, &probe, &f.ex, shp, sgp)) {
+        report_exact(ck, "moe_fused supported", shape, 1, 1);
+        free_mat(&rm);
+        fixture_free(&f);
+        return;
+    }
+    size_t n = (size_t)H;
+    /* delta is the output of a GEMV launched with PDL just before each
+     * call (into a poisoned buffer), as the output projection's is in a
+     * decode step: the fused op's blocks start under it and must wait */
+    test_mat dm;
+    make_mat(ck, &dm, H, 512, 4, 0, 64);
+    float *x = xmalloc(n * 4), *d = xmalloc(n * 4), *w = xmalloc(n * 4), *xs = xmalloc(n * 4), *xn = xmalloc(n * 4);
+    float *x2 = xmalloc(512 * 4);
+    rnd_floats(ck, x, n, 3.0f);
+    rnd_floats(ck, x2, 512, 1.0f);
+    rnd_floats(ck, w, n, 0.2f);
+    float *lref = xmalloc((size_t)E * 4);
+
+    float *dx = dev_upload(x, n * 4), *dd = dev_poison(n), *dw = dev_upload(w, n * 4), *dx2 = dev_upload(x2, 512 * 4);
+    const tern_cuda_vec_in din = {dx2, NULL, NULL, NULL, 0, 0.0f, NULL};
+    float *xo[2] = {dev_poison(n), dev_poison(n)}, *xnd[2] = {dev_poison(n), dev_poison(n)};
+    float *lg[2] = {dev_poison((size_t)E), dev_poison((size_t)E)}, *od[2] = {dev_poison(n), dev_poison(n)};
+    float *wd[2] = {dev_poison((size_t)K), dev_poison((size_t)K)};
+    int32_t *idd[2] = {dev_alloc((size_t)K * 4), dev_alloc((size_t)K * 4)};
+    unsigned zero[2] = {0, 0}, *counter = dev_upload(zero, sizeof zero);
+    size_t wbytes = tern_cuda_moe_workspace(1, K, Is > c->I ? Is : c->I);
+    void *work[2] = {dev_alloc(wbytes), dev_alloc(wbytes)};
+    tern_error err;
+    /* [0]: the three launches, [1]: the fused one */
+    tern_cuda_vec_in in0 = {dx, dd, xo[0], dw, 1, 1e-6f, xnd[0]}, in1 = {dx, dd, xo[1], dw, 1, 1e-6f, xnd[1]};
+    tern_cuda_route_out ro0 = {E, K, c->renorm, idd[0], wd[0], counter}, ro1 = {E, K, c->renorm, idd[1], wd[1], counter + 1};
+    if (tern_cuda_gemv1(&dm.d, &din, dd, ck->stream, &err) ||
+        tern_cuda_gemv1_route(&rm.d, &in0, lg[0], &ro0, ck->stream, &err) ||
+        tern_cuda_moe(&f.ex, shp, sgp, xnd[0], 1, K, idd[0], wd[0], work[0], od[0], ck->stream, &err))
+        die_err("gemv1_route + moe", &err);
+    float *ref_o = xmalloc(n * 4), *ref_x = xmalloc(n * 4), *ref_n = xmalloc(n * 4), *ref_l = xmalloc((size_t)E * 4);
+    float *got_o = xmalloc(n * 4), *got_x = xmalloc(n * 4), *got_n = xmalloc(n * 4), *got_l = xmalloc((size_t)E * 4);
+    float ref_w[32], got_w[32];
+    int32_t ref_i[32], got_i[32];
+    dev_sync(ck, "gemv1_route + moe");
+    dev_download(ref_o, od[0], n * 4);
+    dev_download(ref_x, xo[0], n * 4);
+    dev_download(ref_n, xnd[0], n * 4);
+    dev_download(ref_l, lg[0], (size_t)E * 4);
+    dev_download(ref_w, wd[0], (size_t)K * 4);
+    dev_download(ref_i, idd[0], (size_t)K * 4);
+    /* the CPU twin's input: the GPU's delta (the GEMV's own check is in check_gemv.c) */
+    dev_download(d, dd, n * 4);
+    for (size_t i = 0; i < n; i++) xs[i] = x[i] + d[i];
+    tern_rmsnorm_1p(xn, xs, w, (int)H, 1e-6f);
+    tern_matmul(ck->pool, lref, xn, 1, &rm.h);
+    /* h [S][Imax] and the shared gate after it, in both workspaces */
+    const int S = K + (f.has_shared ? 1 : 0), Imax = (int)(Is > c->I ? Is : c->I);
+    const size_t nh = (size_t)S * Imax + 1;
+    float *ref_h = xmalloc(nh * 4), *got_h = xmalloc(nh * 4);
+    dev_download(ref_h, work[0], nh * 4);
+    long bad = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        if (tern_cuda_fill(dd, 0xff, n * 4, ck->stream, &err) || tern_cuda_fill(work[1], 0xff, wbytes, ck->stream, &err) ||
+            tern_cuda_gemv1(&dm.d, &din, dd, ck->stream, &err) ||
+            tern_cuda_moe_fused(&rm.d, &in1, &ro1, lg[1], &f.ex, shp, sgp, work[1], od[1], ck->stream, &err))
+            die_err("moe_fused", &err);
+        dev_sync(ck, "moe_fused");
+        unsigned left = 1;
+        dev_download(got_o, od[1], n * 4);
+        dev_download(got_x, xo[1], n * 4);
+        dev_download(got_n, xnd[1], n * 4);
+        dev_download(got_l, lg[1], (size_t)E * 4);
+        dev_download(got_w, wd[1], (size_t)K * 4);
+        dev_download(got_i, idd[1], (size_t)K * 4);
+        dev_download(&left, counter + 1, sizeof left);
+        dev_download(got_h, work[1], nh * 4);
+        for (int k = 0; k < S; k++)
+            bad += memcmp(got_h + (size_t)k * Imax, ref_h + (size_t)k * Imax, (size_t)(k < K ? c->I : Is) * 4) != 0;
+        if (f.has_shared) bad += memcmp(got_h + (size_t)S * Imax, ref_h + (size_t)S * Imax, 4) != 0;
+        bad += memcmp(got_x, ref_x, n * 4) != 0;
+        bad += memcmp(got_n, ref_n, n * 4) != 0;
+        bad += memcmp(got_l, ref_l, (size_t)E * 4) != 0;
+        bad += memcmp(got_w, ref_w, (size_t)K * 4) != 0;
+        bad += memcmp(got_i, ref_i, (size_t)K * 4) != 0;
+        bad += left != 0;
+        if (rep == 0) report(ck, "moe_fused ~gemv1_route+moe", shape, got_o, ref_o, n, 1e-5);
+        if (rep == 2) report(ck, "moe_fused (3rd call)", shape, got_o, ref_o, n, 1e-5);
+        /* poison everything the call writes */
+        float *outs[5] = {od[1], xo[1], xnd[1], lg[1], wd[1]};
+        size_t sizes[5] = {n * 4, n * 4, n * 4, (size_t)E * 4, (size_t)K * 4};
+        for (int i = 0; i < 5; i++)
+            if (tern_cuda_fill(outs[i], 0xff, sizes[i], ck->stream, &err)) die_err("fill", &err);
+        if (tern_cuda_fill(idd[1], 0xff, (size_t)K * 4, ck->stream, &err)) die_err("fill", &err);
+    }
+    char sh2[256];
+    snprintf(sh2, sizeof sh2, "%s, 3 calls (x_out, xn, logits, weights, ids, counter, h, gate)", shape);
+    report_exact(ck, "moe_fused =gemv1_route+moe", sh2, bad, 3L * (6 + S + f.has_shared));
+    /* the CPU twin: logits, and the block on the GPU's xn with its routing */
+    report(ck, "moe_fused logits~cpu", shape, got_l, lref, (size_t)E, 1e-5);
+    float *cpu_o = xmalloc(n * 4);
+    memset(cpu_o, 0, n * 4);
+    for (int k = 0; k < K; k++) fixture_ref(ck, &f, ref_i[k], ref_n, ref_w[k], cpu_o);
+    if (f.has_shared) fixture_ref_shared(ck, &f, ref_n, cpu_o);
+    report(ck, "moe_fused ~cpu", shape, got_o, cpu_o, n, 1e-5);
+
+    if (timed && ck->time) {
+        /* 32 inputs: each rep routes to other experts, like successive layers */
+        const int n_x = 32;
+        float *xsets = xmalloc((size_t)n_x * n * 4);
+        rnd_floats(ck, xsets, (size_t)n_x * n, 3.0f);
+        float *dxs = dev_upload(xsets, (size_t)n_x * n * 4);
+        double bytes = (double)K * (double)f.stride + fixture_shared_bytes(&f) + (double)mat_bytes(&rm.h);
+        for (int fused = 0; fused < 2; fused++) {
+            mf_run r = {&rm.d, fused ? in1 : in0, dxs, n_x, n, fused ? ro1 : ro0, lg[fused], &f.ex, shp, sgp,
+                        work[fused], od[fused], fused, ck->stream};
+            report_time(ck, fused ? "moe_fused" : "gemv1_route+moe", shape, time_op(ck, run_mf, &r), bytes);
+            if (fused && getenv("TERN_MOE_FUSED_TRACE")) {   /* its phases, eager calls (moe_fused.cu) */
+                tern_cuda_moe_fused_trace_report(NULL);
+                for (int rep = 0; rep < 64; rep++) run_mf(&r, rep);
+                tern_cuda_moe_fused_trace_report(stdout);
+            }
+        }
+        tern_cuda_free(dxs);
+        free(xsets);
+    }
+    tern_cuda_free(dx); tern_cuda_free(dd); tern_cuda_free(dw); tern_cuda_free(dx2); tern_cuda_free(counter);
+    free(x2); free(ref_h); free(got_h);
+    free_mat(&dm);
+    for (int i = 0; i < 2; i++) {
+        tern_cuda_free(xo[i]); tern_cuda_free(xnd[i]); tern_cuda_free(lg[i]); tern_cuda_free(od[i]);
+        tern_cuda_free(wd[i]); tern_cuda_free(idd[i]); tern_cuda_free(work[i]);
+    }
+    free(x); free(d); free(w); free(xs); free(xn); free(lref); free(cpu_o);
+    free(ref_o); free(ref_x); free(ref_n); free(ref_l); free(got_o); free(got_x); free(got_n); free(got_l);
+    free_mat(&rm);
+    fixture_free(&f);
+}
+
+void check_moe_fused(checker *ck) {
+    /* Qwen3.6: all q4 (the synthetic model), timed; q4 experts with a q8
+     * shared expert and a q8 router (the default pack), timed */
+    mf_case q4 = {2048, 512, 256, 8, 4, 64, 0, 4, 4, 0, 1, 0};
+    mf_check(ck, &q4, 1);
+    mf_case pack = {2048, 512, 256, 8, 4, 64, 0, 8, 8, 0, 1, 0};
+    mf_check(ck, &pack, 1);
+    /* no shared expert, a bf16 router, the table of expert pointers */
+    mf_case none = {2048, 512, 64, 8, 4, 64, 1, 0, 0, TERN_DTYPE_BF16, 1, 0};
+    mf_check(ck, &none, 0);
+    /* small and odd: q8 experts, groups of 32, top 3 of 12, no renorm */
+    mf_case q8 = {256, 96, 12, 3, 8, 32, 1, 8, 8, 0, 0, 0};
+    mf_check(ck, &q8, 0);
+    /* q8 experts with a q4 shared expert (its gate/up on float dots), an f16 router */
+    mf_case q8s4 = {512, 128, 24, 6, 8, 64, 0, 4, 0, TERN_DTYPE_F16, 1, 0};
+    mf_check(ck, &q8s4, 0);
+    mf_case odd = {256, 96, 12, 3, 4, 32, 0, 4, 4, 0, 0, 64};
+    mf_check(ck, &odd, 0);
+    /* top 10, groups of 128; a hidden size of 4096 (two output rows a warp
+     * where a grid has fewer than 4096 warps) with a shared expert of 768 */
+    mf_case wide = {512, 128, 20, 10, 4, 128, 0, 4, 4, 0, 1, 0};
+    mf_check(ck, &wide, 0);
+    mf_case tall = {4096, 256, 16, 4, 4, 64, 1, 4, 4, 0, 1, 768};
+    mf_check(ck, &tall, 0);
+}
