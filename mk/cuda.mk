@@ -36,9 +36,8 @@ endif
 # only when forced), the attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default) and with
-# both MoE kernels launched the ordinary way (no PDL), the one-launch MoE
-# block at one block per SM. Then the GPU engine against the CPU engine
-# (tests/gpu/check_engine.c), and again with the one-launch MoE block.
+# both MoE kernels launched the ordinary way (no PDL). Then the
+# GPU engine against the CPU engine (tests/gpu/check_engine.c).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
@@ -46,6 +45,4 @@ test-cuda:
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
-	echo "TERN_MOE_FUSED_BPS=1"; TERN_MOE_FUSED_BPS=1 build-cuda/tern-cuda-tests --only moe_fused
 	build-cuda/tern-cuda-engine-tests
-	echo "TERN_GPU_MOE_FUSED=1"; TERN_GPU_MOE_FUSED=1 build-cuda/tern-cuda-engine-tests

@@ -19,7 +19,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "cpu/kvquant.h"
 #include "cuda/sample_limits.h"
@@ -194,31 +193,6 @@ size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter);
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work,
                   float *out, tern_stream s, tern_error *err);
-
-/* The MoE half of one decode token in one launch (moe_fused.cu): the
- * router's input made from `in` as tern_cuda_gemv1_route makes it (x +
- * delta into x_out, the RMSNorm, xn into xn_out when set), its logits and
- * top-k (route's ids and weights; route->counter, zero between calls, is
- * the grid's barrier), then the block of tern_cuda_moe on xn into out.
- * The logits, ids and weights equal tern_cuda_gemv1_route's bit for bit;
- * the gate/up values too, and out equals tern_cuda_moe's but for the order
- * of the down sums (with TERN_MOE_IDOT8=0 tern_cuda_moe takes 8-bit
- * experts' gate/up in floats, this op on the integer dots). The grid
- * is resident at once (a block per SM slot), so at most one such launch
- * may run on a GPU at a time. work: tern_cuda_moe_workspace(1, top_k,
- * inter). _supported: the shapes and encodings it takes (routed q4/q8;
- * shared q4/q8 or none; router any gemv encoding, at most 256 experts, top
- * 32; hidden a multiple of 64 up to 8192) at a grid that fits. */
-int tern_cuda_moe_fused_supported(const tern_mat *router, const tern_cuda_route_out *route,
-                                  const tern_cuda_experts *ex, const tern_expert_w *shared,
-                                  const tern_mat *shared_gate);
-int tern_cuda_moe_fused(const tern_mat *router, const tern_cuda_vec_in *in, const tern_cuda_route_out *route,
-                        float *logits, const tern_cuda_experts *ex, const tern_expert_w *shared,
-                        const tern_mat *shared_gate, void *work, float *out, tern_stream s, tern_error *err);
-/* With TERN_MOE_FUSED_TRACE=1 each (eager) call above synchronises and
- * records its phases' times; this prints their medians to f (NULL:
- * nothing) and starts over. */
-void tern_cuda_moe_fused_trace_report(FILE *f);
 
 /* The same block for a prefill of T tokens, grouped by expert: the
  * tokens that chose an expert are gathered and multiplied together (bf16

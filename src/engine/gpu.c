@@ -375,7 +375,6 @@ typedef struct gpu_session {
     int32_t *d_id;                /* the sampled id */
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
     int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
-    int moe_fused;                /* TERN_GPU_MOE_FUSED=1: a decode token's MoE half in one launch */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -463,9 +462,8 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
 static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
     const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
-    const char *pc = getenv("TERN_GPU_PIECE"), *mf = getenv("TERN_GPU_MOE_FUSED");
+    const char *pc = getenv("TERN_GPU_PIECE");
     g->use_graph = !(gr && !strcmp(gr, "0"));
-    g->moe_fused = mf && !strcmp(mf, "1");
     g->sampling = !(gs && !strcmp(gs, "0"));
     g->piece = PIECE_DEFAULT;
     if (pc) {
@@ -934,34 +932,21 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     return out_proj1(g, gm, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
 
-/* The router's input (the pending residual, normed), its top-k, then the
- * experts: in one launch (tern_cuda_moe_fused) when switched on and it
- * takes the layer's shapes and no routing observer waits for the ids
- * between the two, else the fused router and tern_cuda_moe. */
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     gpu_session *g = s->gpu;
+    stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
-    tern_cuda_experts ex = experts_of(s->m, l);
-    int rc;
-    if (g->moe_fused && !s->route_fn &&
-        tern_cuda_moe_fused_supported(&w->router, &ro, &ex, &w->shared, &w->shared_gate)) {
-        stage(g, R_MOE, 0);
-        rc = tern_cuda_moe_fused(&w->router, &in, &ro, g->rlog, &ex, &w->shared, &w->shared_gate, g->moe_work,
-                                 g->out2, g->stream, err);
-        stage(g, R_MOE, 1);
-    } else {
-        stage(g, R_ROUTER, 0);
-        if (tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err)) return -1;
-        stage(g, R_ROUTER, 1);
-        if (s->route_fn && observe(s, l, 1, err)) return -1;
-        stage(g, R_MOE, 0);
-        rc = tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work,
-                           g->out2, g->stream, err);
-        stage(g, R_MOE, 1);
-    }
+    if (tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err)) return -1;
     resid_taken(r);
+    stage(g, R_ROUTER, 1);
+    if (s->route_fn && observe(s, l, 1, err)) return -1;
+    tern_cuda_experts ex = experts_of(s->m, l);
+    stage(g, R_MOE, 0);
+    int rc = tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work, g->out2,
+                           g->stream, err);
+    stage(g, R_MOE, 1);
     r->delta = g->out2;
     return rc;
 }

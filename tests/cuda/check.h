@@ -99,7 +99,6 @@ void check_embed(checker *ck);
 void check_gemm(checker *ck);
 void check_gdn_chunked(checker *ck);
 void check_moe_grouped(checker *ck);
-void check_moe_fused(checker *ck);
 void check_attention_prefill(checker *ck);
 
 #endif

@@ -309,7 +309,6 @@ static const check_entry checks[] = {
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
     {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},
     {"attention_prefill", check_attention_prefill}, {"embed", check_embed},
-    {"moe_fused", check_moe_fused},
 };
 
 /* name is one of the comma-separated names in list */
