@@ -54,12 +54,21 @@ typedef struct {
  * lane: more would cost every GEMV variant registers). */
 __device__ __forceinline__ void g1_route(const g1_args &a) {
     __shared__ int last;
-    __threadfence();   /* this block's rows are visible before it counts */
+    /* the block's rows are written (by its warps' lane 0); thread 0 counts
+     * the block with one acquire-release atomic: release publishes the
+     * rows the barrier ordered before it, acquire (in the last block) makes
+     * every block's rows visible to the warp that routes after the second
+     * barrier (the arrive/wait pattern of CUTLASS's GenericBarrier; a
+     * fence in every thread before the count, and another in the last
+     * block, did the same at more cost) */
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.route.counter, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(a.route.counter) : "memory");
+        last = old == gridDim.x - 1;
+    }
     __syncthreads();
     if (!last || threadIdx.x >= 32) return;
-    __threadfence();
     route_row<8>(a.y, a.route.n_experts, a.route.top_k, a.route.renorm, a.route.ids, a.route.wts);
     if (threadIdx.x == 0) *a.route.counter = 0;
 }
