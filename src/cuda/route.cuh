@@ -8,12 +8,9 @@
 
 #include "cuda/common.cuh"
 
-/* The K rounds for 8 keys a lane (key[i] of index lane + 32 i): each lane
- * sorts its keys first (larger first, ties to the lower index: Batcher's
- * 19 comparators), so a round's owner drops its head by a shift instead of
- * rescanning its keys for the next best: the same picks in the same order
- * as the rescanning rounds below, with a shorter chain per round (the
- * router's top-k sits between the router and the experts every layer). */
+/* 8 keys of a lane (key[i] of index lane + 32 i, ix[i] = i) sorted larger
+ * first, ties to the lower index (Batcher's 19 comparators): the lane's
+ * best is then key[0], and taking it is a shift (route_row). */
 __device__ __forceinline__ void route_cmpx(uint32_t (&k)[8], int (&ix)[8], int a, int b) {
     const bool keep = k[a] > k[b] || (k[a] == k[b] && ix[a] < ix[b]);
     const uint32_t ka = k[a], kb = k[b];
@@ -24,40 +21,13 @@ __device__ __forceinline__ void route_cmpx(uint32_t (&k)[8], int (&ix)[8], int a
     ix[b] = keep ? ib : ia;
 }
 
-__device__ __forceinline__ void route_rounds_sorted(const uint32_t (&key)[8], int K, int lane, float &mine,
-                                                    float &total, int &my_id) {
-    uint32_t k[8];
-    int ix[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        k[i] = key[i];
-        ix[i] = i;
-    }
+__device__ __forceinline__ void route_sort8(uint32_t (&k)[8], int (&ix)[8]) {
     route_cmpx(k, ix, 0, 1); route_cmpx(k, ix, 2, 3); route_cmpx(k, ix, 4, 5); route_cmpx(k, ix, 6, 7);
     route_cmpx(k, ix, 0, 2); route_cmpx(k, ix, 1, 3); route_cmpx(k, ix, 4, 6); route_cmpx(k, ix, 5, 7);
     route_cmpx(k, ix, 1, 2); route_cmpx(k, ix, 5, 6);
     route_cmpx(k, ix, 0, 4); route_cmpx(k, ix, 1, 5); route_cmpx(k, ix, 2, 6); route_cmpx(k, ix, 3, 7);
     route_cmpx(k, ix, 2, 4); route_cmpx(k, ix, 3, 5);
     route_cmpx(k, ix, 1, 2); route_cmpx(k, ix, 3, 4); route_cmpx(k, ix, 5, 6);
-#pragma unroll 1
-    for (int r = 0; r < K; r++) {
-        const uint32_t top = __reduce_max_sync(0xffffffffu, k[0]);
-        const uint32_t e = __reduce_min_sync(0xffffffffu, k[0] == top ? (uint32_t)(lane + 32 * ix[0]) : 0xffffffffu);
-        const float p = __uint_as_float(top - 1u);
-        total += p;
-        if (lane == r) {
-            mine = p;
-            my_id = (int)e;
-        }
-        if ((int)(e & 31) == lane) {   /* the owner's head is taken: the next in line moves up */
-#pragma unroll
-            for (int i = 0; i < 7; i++) {
-                k[i] = k[i + 1];
-                ix[i] = ix[i + 1];
-            }
-            k[7] = 0;
-        }
-    }
 }
 
 /* V = ceil(E / 32) logits per lane (lane + 32 i): softmax, then K rounds of
@@ -90,30 +60,49 @@ __device__ __forceinline__ void route_row(const float *l, int E, int K, int reno
     uint32_t key[V];
 #pragma unroll
     for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? __float_as_uint(v[i] / sum) + 1u : 0u;
-    float mine = 0.0f, total = 0.0f;
-    int my_id = 0;
+    /* the lane's best (bk, index lane + 32 bi): with 8 keys the head of its
+     * sorted keys, so taking it is a shift; otherwise found by a rescan
+     * (the sort's shorter chain per round: docs/PERFORMANCE.md step 35) */
+    int ix[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) ix[i] = i;
+    uint32_t bk = 0;
+    int bi = 0;
     if constexpr (V == 8) {
-        route_rounds_sorted(key, K, lane, mine, total, my_id);
+        route_sort8(key, ix);
+        bk = key[0];
+        bi = ix[0];
     } else {
-        uint32_t bk = 0;
-        int bi = 0;
 #pragma unroll
         for (int i = 0; i < V; i++)
             if (key[i] > bk) {
                 bk = key[i];
                 bi = i;
             }
+    }
+    float mine = 0.0f, total = 0.0f;
+    int my_id = 0;
 #pragma unroll 1
-        for (int r = 0; r < K; r++) {
-            const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
-            const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
-            const float p = __uint_as_float(top - 1u);
-            total += p;
-            if (lane == r) {
-                mine = p;
-                my_id = (int)e;
-            }
-            if ((int)(e & 31) == lane) {   /* the owner drops it and finds its next best */
+    for (int r = 0; r < K; r++) {
+        const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
+        const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
+        const float p = __uint_as_float(top - 1u);
+        total += p;
+        if (lane == r) {
+            mine = p;
+            my_id = (int)e;
+        }
+        if ((int)(e & 31) == lane) {   /* the owner's best is taken: its next one */
+            if constexpr (V == 8) {
+#pragma unroll
+                for (int i = 0; i < 7; i++) {
+                    key[i] = key[i + 1];
+                    ix[i] = ix[i + 1];
+                }
+                key[7] = 0;
+                bk = key[0];
+                bi = ix[0];
+            } else {
                 bk = 0;
                 bi = 0;
 #pragma unroll
