@@ -9,6 +9,12 @@ CUDA_HOME  ?= /usr/local/cuda
 CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra -Iinclude -Isrc
 
+# TRACE=1: a measurement build with the decode kernels' phase trace
+# (src/cuda/trace.cuh; TERN_PHASE_TRACE=FILE at run time writes it).
+ifeq ($(TRACE),1)
+NVCCFLAGS  += -DTERN_PHASE_TRACE
+endif
+
 CUDA_SRC      := $(sort $(wildcard src/cuda/*.cu))
 CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/*.c))
 
@@ -26,6 +32,12 @@ $(B)/src/cuda/%.o: src/cuda/%.cu
 $(B)/tern-cuda-tests: $(CUDA_TEST_OBJ) $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
 
+# A CUPTI injection library that records every kernel's start and end
+# (tools/gpu/kernel_timeline.c; a profiling tool, not part of tern).
+$(B)/libtern-timeline.so: tools/gpu/kernel_timeline.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib -L$(CUDA_HOME)/lib64 -lcupti
+
 # (the Makefile includes the .d files of LIB_OBJ, which now holds CUDA_OBJ)
 -include $(CUDA_TEST_OBJ:.o=.d)
 endif
@@ -33,7 +45,8 @@ endif
 .PHONY: test-cuda
 # Arguments for the checker (e.g. TEST_CUDA_ARGS="--time --out DIR").
 # The one-token GEMV's cases again with each of its kernels forced (some run
-# only when forced), the attention's on the FP32 split kernel (16-bit KV
+# only when forced) and with the norm's weights read after the wait, the
+# attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default) and with
 # both MoE kernels launched the ordinary way (no PDL). Then the
@@ -42,6 +55,7 @@ test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
 	for k in regs staged int; do echo "TERN_GEMV1=$$k"; TERN_GEMV1=$$k build-cuda/tern-cuda-tests --only gemv || exit 1; done
+	echo "TERN_GEMV1_NORM_PRE=0"; TERN_GEMV1_NORM_PRE=0 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe

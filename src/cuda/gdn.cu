@@ -322,6 +322,7 @@ static cudaError_t launch_step(const step_plan &p, int blocks, size_t smem, cuda
     at[1].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
     cfg.attrs = at;
     cfg.numAttrs = 2;
+    carveout_max((const void *)gdn_step_kernel<KC, KS, SKT>);
     return cudaLaunchKernelEx(&cfg, gdn_step_kernel<KC, KS, SKT>, g);
 }
 

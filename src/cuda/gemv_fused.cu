@@ -9,6 +9,10 @@
  * q4 row of 2,048 is 1 KB, a whole projection a few MB, so a kernel is
  * over in a few microseconds and most of that is the DRAM latency of its
  * first loads. So:
+ *   - the successor (a PDL launch) may launch once this kernel's input is
+ *     built: launched at the start, its weight requests queued ahead of
+ *     this kernel's input reads (docs/PERFORMANCE.md step 38;
+ *     TERN_CUDA_TRIGGER_LATE=0 triggers at the start again);
  *   - every lane issues its first tile's loads (R rows x U 16-byte chunks,
  *     with their scales and biases) before anything else, before even
  *     waiting for the previous kernel (programmatic dependent launch: the
@@ -32,6 +36,7 @@
 #include "cuda/common.cuh"
 #include "cuda/idot.cuh"
 #include "cuda/route.cuh"
+#include "cuda/trace.cuh"
 
 #define G1_THREADS 256
 #define G1_WARPS (G1_THREADS / 32)
@@ -46,13 +51,15 @@ typedef struct {
     tern_cuda_vec_in in;
     float *y;
     tern_cuda_route_out route;   /* counter NULL: no routing epilogue */
+    int norm_pre;                /* the norm's weights requested before the wait (TERN_GEMV1_NORM_PRE=0: not) */
+    int late;                    /* the successor may launch once the input is built, not at the start */
 } g1_args;
 
 /* The router's epilogue (one-token path): the block that finishes last
  * (a counter, reset by that block for the next call) routes the logits
  * y[0..E) with tern_cuda_route's code (route.cuh), E <= 256 (8 logits a
  * lane: more would cost every GEMV variant registers). */
-__device__ __forceinline__ void g1_route(const g1_args &a) {
+__device__ __forceinline__ bool g1_route_last(const g1_args &a) {
     __shared__ int last;
     /* the block's rows are written (by its warps' lane 0); thread 0 counts
      * the block with one acquire-release atomic: release publishes the
@@ -68,7 +75,10 @@ __device__ __forceinline__ void g1_route(const g1_args &a) {
         last = old == gridDim.x - 1;
     }
     __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
+    return last;
+}
+
+__device__ __forceinline__ void g1_route(const g1_args &a) {
     route_row<8>(a.y, a.route.n_experts, a.route.top_k, a.route.renorm, a.route.ids, a.route.wts);
     if (threadIdx.x == 0) *a.route.counter = 0;
 }
@@ -152,7 +162,8 @@ __device__ float g1_block_sum(float v, float *red) {
  * element tid + k * G1_THREADS): x (+ delta, which block 0 writes to
  * x_out), then the RMSNorm when asked (block 0 keeps the result in
  * xn_out). Shared by the three kernels, which then lay it out their way. */
-__device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV]) {
+template <int WG>
+__device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV], const float4 *wsm) {
     const tern_cuda_vec_in &in = a.in;
     int n4 = a.cols / 4, tid = threadIdx.x;
     bool first = blockIdx.x == 0;
@@ -171,13 +182,16 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
         }
     }
     float r = 1.0f;
-    if (in.norm_w) r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
+    if (in.norm_w) {
+        if (wsm) cp_async_wait<WG>();   /* this thread's copies of the norm weights; the sum's barrier: everyone's */
+        r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
+    }
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
         if (i < n4) {
             if (in.norm_w) {
-                float4 w = ((const float4 *)in.norm_w)[i];
+                float4 w = wsm ? wsm[i] : ((const float4 *)in.norm_w)[i];
                 if (in.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
                 v[k].x = v[k].x * r * w.x; v[k].y = v[k].y * r * w.y; v[k].z = v[k].z * r * w.z; v[k].w = v[k].w * r * w.w;
             }
@@ -186,14 +200,28 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
     }
 }
 
+/* The norm's weights are constant: requested into shared memory before
+ * the wait, as a commit group of their own, so that the norm does not wait
+ * a DRAM round trip after the input arrives (they were read after the
+ * block's sum of squares; docs/PERFORMANCE.md step 37). They land where the
+ * input will go (xs4): in g1_input each thread reads the entries it later
+ * writes, and the permuted layout of g1_stage writes after a barrier. */
+__device__ __forceinline__ const float4 *g1_norm_prefetch(const g1_args &a, float4 *xs4) {
+    if (!a.in.norm_w || !a.norm_pre) return NULL;
+    for (int i = threadIdx.x; i < a.cols / 4; i += G1_THREADS) cp_async<16>(xs4 + i, (const float4 *)a.in.norm_w + i);
+    cp_async_commit();
+    return xs4;
+}
+
 /* The input into shared memory (permuted, see the header) and, for
  * quantized kinds, each chunk's sum. */
-template <int KIND>
-__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red) {
+template <int KIND, int WG>
+__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red, const float4 *wsm) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     int n4 = a.cols / 4, nch = a.cols / E, tid = threadIdx.x;
     float4 v[G1_MAXV];
-    g1_input(a, red, v);
+    g1_input<WG>(a, red, v, wsm);
+    if (wsm) __syncthreads();   /* every thread has read its norm weights from where the input goes */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
@@ -227,11 +255,18 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     int nb = ((nch + 31) / 32 + U - 1) / U;
     int64_t tiles = gw < ngrp ? ((ngrp - 1 - gw) / nw + 1) * nb : 0;
 
-    pdl_trigger();
+    TRACE_DECL;
+    TRACE_MARK(0);
+    if (!a.late) pdl_trigger();
     g1_tile<R, U> cur;
+    const float4 *wsm = g1_norm_prefetch(a, xs4);
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
+    TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
-    g1_stage<KIND>(a, xs4, csum, red);
+    TRACE_MARK(2);
+    g1_stage<KIND, 0>(a, xs4, csum, red, wsm);
+    if (a.late) pdl_trigger();
+    TRACE_MARK(3);
 
     float acc[R];
 #pragma unroll
@@ -267,7 +302,16 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         }
         if (more) cur = nxt;
     }
-    if (a.route.counter) g1_route(a);
+    TRACE_MARK(4);
+    if (a.route.counter) {
+        const bool last = g1_route_last(a);
+        TRACE_MARK(5);
+        if (last && threadIdx.x < 32) g1_route(a);
+        TRACE_MARK(6);
+        TRACE_END(TRACE_GEMV1_ROUTE, last ? 1u : 0u);
+        return;
+    }
+    TRACE_END(TRACE_GEMV1, (unsigned)a.rows);
 }
 
 static int g1_sms(void);
@@ -362,17 +406,22 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * nch);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt;
 
-    pdl_trigger();
+    TRACE_DECL;
+    TRACE_MARK(0);
+    if (!a.late) pdl_trigger();
+    const float4 *wsm = g1_norm_prefetch(a, xs4);   /* its group precedes the stages' */
 #pragma unroll
     for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
         cp_async_commit();
     }
+    TRACE_MARK(1);
     pdl_wait();
+    TRACE_MARK(2);
     if (ID) {
         float4 v[G1_MAXV];
-        g1_input(a, red, v);
+        g1_input<GS_STAGES - 1>(a, red, v, wsm);
 #pragma unroll
         for (int k = 0; k < G1_MAXV; k++) {
             int i = threadIdx.x + k * G1_THREADS;
@@ -382,14 +431,17 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         xd_build<KIND == KIND_Q8 ? KIND_Q8 : KIND_Q4>((const float *)xs4, a.cols, xd, cx, G1_WARPS);
         __syncthreads();
     } else {
-        g1_stage<KIND>(a, xs4, csum, red);
+        g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm);
     }
+    if (a.late) pdl_trigger();
+    TRACE_MARK(3);
 
     for (int k = 0;; k++) {
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t >= tiles) break;
         cp_async_wait<GS_STAGES - 2>();   /* this thread's copies of tile t have landed */
         __syncthreads();            /* and everyone's; stage (k - 1) is free again */
+        if (k == 0) TRACE_MARK(4);
         int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
         if (tn < tiles) gs_issue<KIND>(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
         cp_async_commit();
@@ -436,6 +488,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         }
     }
     cp_async_wait<0>();
+    TRACE_END(TRACE_GEMV1S, (unsigned)a.rows);
 }
 
 /* Rows per warp for a tile of ~GS_TILE_BYTES; 0 when the staged kernel does
@@ -529,6 +582,12 @@ static int gemv1_forced(void) {
     return f;
 }
 
+static int norm_pre_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = !env_off("TERN_GEMV1_NORM_PRE");
+    return on;
+}
+
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
                  tern_stream s, tern_error *err) {
     if (!tern_cuda_gemv1_supported(W))
@@ -541,7 +600,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late()};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
@@ -588,3 +647,5 @@ int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *
                          route->top_k, (long long)W->rows, (long long)W->cols);
     return gemv1(W, in, route, logits, s, err);
 }
+
+TRACE_DUMP_FN(tern_cuda_trace_dump_gemv_fused)

@@ -33,15 +33,19 @@
  * down, T = 1, 26.5 us against 19.6 us; with gate/up in one wave and the
  * down blocks requesting all their weights before waiting, MoE op 18.2 ->
  * 23.2 us, 4-bit decode 445 -> 403 tok/s; waiting at its start, 476.3 /
- * 480.2 against 476.7 / 476.8 tok/s), but lets its successor launch at
- * once: the next layer's input projections request their weights while
- * the experts finish (4-bit decode 460 -> 479 tok/s with both,
- * docs/PERFORMANCE.md step 32). */
+ * 480.2 against 476.7 / 476.8 tok/s; as a PDL launch requesting its rows
+ * before the wait, with gate/up letting it launch once its blocks had
+ * built their digits: 497 -> 485 tok/s, docs/PERFORMANCE.md step 38), but
+ * lets its successor launch once its rows are in (at its start before,
+ * step 32; the late trigger, step 38): the next layer's input projections
+ * request their weights while the experts compute, not while their rows
+ * are in flight. */
 #include <float.h>
 
 #include "cuda/common.cuh"
 #include "cuda/idot.cuh"
 #include "cuda/route.cuh"
+#include "cuda/trace.cuh"
 
 typedef struct {
     const uint8_t *q;
@@ -72,7 +76,8 @@ typedef struct {
      * bytes for a routed segment's rows, the shared expert's, a routed
      * segment's scale or bias array, the shared expert's */
     int R, ntr, nts, nt, dn_wr, dn_ws, dn_sbr, dn_sbs;
-    int dn_trigger;    /* down lets the next kernel (a PDL launch) start at once */
+    int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
+    int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
 
 __device__ __forceinline__ const uint8_t *expert_blob(const moe_args &a, int e) {
@@ -261,6 +266,27 @@ __device__ void gate_up_rows_d(const gud_rows &w, const gud_step &first, int i0,
     }
 }
 
+/* x of a gate/up block: float4 tid + j * blockDim of x in registers
+ * (GUD_XV of them: H <= 2304 at 288 threads), then into shared memory with
+ * whatever lies beyond them read directly. */
+#define GUD_XV 2
+__device__ __forceinline__ void gud_x_load(const float4 *x4, int H, float4 (&xv)[GUD_XV]) {
+#pragma unroll
+    for (int j = 0; j < GUD_XV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < H / 4) xv[j] = x4[i];
+    }
+}
+
+__device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float4 (&xv)[GUD_XV], float4 *xf4) {
+#pragma unroll
+    for (int j = 0; j < GUD_XV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < H / 4) xf4[i] = xv[j];
+    }
+    for (int i = threadIdx.x + GUD_XV * blockDim.x; i < H / 4; i += blockDim.x) xf4[i] = x4[i];
+}
+
 /* SK: the shared expert's kind (-1: none), a template argument so the
  * kernel holds only the code it runs (a block runs for a few microseconds:
  * instruction-cache misses of a kernel carrying every kind's loop measured
@@ -277,7 +303,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
      * so only the shared expert's weights (in the routed kind) may be
      * requested before the wait */
     const bool early = !routed && SK == RK;
+    TRACE_DECL;
+    TRACE_MARK(0);
     if (!early) pdl_wait();
+    TRACE_MARK(1);
     if (routed || SK == RK) {   /* x as digits (every thread of the block takes part) */
         /* the warp's first weights are requested before x turns into
          * digits: the expert id, then its rows, in flight while x is
@@ -285,6 +314,14 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
          * one id read, not x, the digits and the id in a row) */
         const int n = routed ? a.I : a.s_inter;
         const bool mine = i0 < n;
+        /* x is requested before the weights when it is ready (after the
+         * wait): a load issued behind a block's ~36 KB of weight requests
+         * waits for them (measured: x as digits 2.8 us after the weights
+         * were requested, docs/PERFORMANCE.md step 37) */
+        const float4 *x4 = (const float4 *)x;
+        float4 xv[GUD_XV];
+        const bool x_now = a.x_first && !early;
+        if (x_now) gud_x_load(x4, a.H, xv);
         gud_rows w;
         gud_step first;
         if (mine) {
@@ -296,15 +333,19 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
             }
             gud_fetch<RK>(w, threadIdx.x & 31, a.H / kind_traits<RK>::E, first);
         }
+        TRACE_MARK(2);
         if (early) pdl_wait();
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
-        for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) ((float4 *)xf)[i] = ((const float4 *)x)[i];
+        if (!x_now) gud_x_load(x4, a.H, xv);
+        gud_x_store(x4, a.H, xv, (float4 *)xf);
         __syncthreads();
         xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
         __syncthreads();
+        TRACE_MARK(3);
         if (mine) gate_up_rows_d<RK>(w, first, i0, n, a.H, xd, cx, h);
+        TRACE_MARK(4);
     } else if (SK >= 0 && i0 < a.s_inter) {
         gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     }
@@ -312,6 +353,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, x) : dot_any(a.sg_kind, a.sg_p, a.H, x);
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
+    TRACE_END(TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
 
 /* ---- launch 2: down ------------------------------------------------------- */
@@ -410,6 +452,21 @@ __device__ __forceinline__ float row_dot(const uint8_t *row, int p, int cols, co
     return d;
 }
 
+/* A down lane's first piece of h (routed lanes: segment tid / NP, piece
+ * tid % NP; shared lanes: piece tid - ntr of the shared segment hs) and,
+ * for shared lanes, the shared expert's gate. */
+template <int SK>
+__device__ __forceinline__ void dn_h_first(const moe_args &a, int t, int NP, int I, int Is, int units, const float *hs,
+                                           float (&xr)[32], float &sg) {
+    const int tid = threadIdx.x;
+    if (tid < a.ntr) {
+        if (tid < units) x_piece_global(a.h + ((size_t)t * a.S + tid / NP) * a.Imax, tid % NP, I, xr);
+    } else if (SK >= 0) {
+        x_piece_global(hs, tid - a.ntr, Is, xr);
+        sg = a.sg[t];
+    }
+}
+
 /* RK the routed kind, SK the shared expert's (-1: none). Block (d, t):
  * output rows d0 = d * R .. d0 + nr - 1 of token t. Routed lanes (tid <
  * ntr) take units u = (k, p) = (u / NP, u % NP), u = tid, tid + ntr, ...;
@@ -419,7 +476,9 @@ template <int RK, int SK>
 __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     constexpr int SK2 = SK < 0 ? KIND_Q4 : SK;
     extern __shared__ float4 dn_smem[];
-    if (a.dn_trigger) pdl_trigger();   /* the next layer's projections request their weights meanwhile */
+    TRACE_DECL;
+    TRACE_MARK(0);
+    if (a.dn_trigger == 1) pdl_trigger();   /* TERN_CUDA_TRIGGER_LATE=0: the successor launches at once */
     const int K = a.K, R = a.R, nt = a.nt, tid = threadIdx.x, t = blockIdx.y, d0 = blockIdx.x * a.R;
     const int nr = a.H - d0 < R ? a.H - d0 : R;
     uint8_t *wr = (uint8_t *)dn_smem;                    /* [K] routed rows, dn_wr bytes each */
@@ -454,15 +513,14 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
         mb[kk] = D.b + (int64_t)d0 * ngr;
         mw[kk] = a.wts[t * K + kk];
     }
-    /* the lane's first piece of h, in flight with the copies */
+    /* the lane's first piece of h and, for the shared lanes, the shared
+     * expert's gate (gate/up's outputs), in flight with the copies */
     float xr[32];
+    float sg_early = 0.0f;
     const float *hs = a.h + ((size_t)t * a.S + K) * a.Imax;
-    if (tid < a.ntr) {
-        if (tid < units) x_piece_global(a.h + ((size_t)t * a.S + tid / NP) * a.Imax, tid % NP, I, xr);
-    } else if (SK >= 0) {
-        x_piece_global(hs, tid - a.ntr, Is, xr);
-    }
+    dn_h_first<SK>(a, t, NP, I, Is, units, hs, xr, sg_early);
     __syncthreads();
+    TRACE_MARK(1);
     const int n16 = nr * rbr / 16;
 #pragma unroll 4
     for (int i = tid; i < K * n16; i += nt) {
@@ -476,8 +534,11 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
             stage_sb(sbr + (size_t)(2 * kk + 1) * a.dn_sbr, mb[kk], nr * ngr * 2, tid, nt);
         }
     }
+    TRACE_MARK(2);
     cp_async_wait_all();
     __syncthreads();
+    if (a.dn_trigger == 2) pdl_trigger();   /* late: once this block's rows are in */
+    TRACE_MARK(3);
 
     if (tid < a.ntr) {
 #pragma unroll 1
@@ -499,7 +560,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
         }
     } else if (SK >= 0) {
         const int NPs = (Is + 31) >> 5;
-        const float gate = a.sg[t];
+        const float gate = sg_early;
         const uint16_t *s0 = a.sdown_p.s + (int64_t)d0 * ngs, *b0 = a.sdown_p.b + (int64_t)d0 * ngs;
 #pragma unroll 1
         for (int p = tid - a.ntr; p < NPs; p += a.nts) {
@@ -518,6 +579,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
         }
     }
     __syncthreads();
+    TRACE_MARK(4);
     /* row r: the nt shares in thread order */
     const int warp = tid >> 5, lane = tid & 31, nw = nt >> 5;
 #pragma unroll 1
@@ -528,6 +590,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
         v = warp_sum(v);
         if (lane == 0) out[(size_t)t * a.H + d0 + r] = v;
     }
+    TRACE_END(TRACE_MOE_DOWN, 0u);
 }
 
 /* ---- host side ----------------------------------------------------------- */
@@ -597,6 +660,7 @@ static int switch_on(int *on, const char *name) {
 static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_IDOT8"); }
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
+static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
@@ -658,7 +722,8 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         a.dn_sbs = (R * nps * 2 + 32 + 15) & ~15;
     }
     a.nt = a.ntr + a.nts;
-    a.dn_trigger = dn_trigger_enabled();
+    a.dn_trigger = dn_trigger_enabled() ? (tern_cuda_trigger_late() ? 2 : 1) : 0;
+    a.x_first = x_first_enabled();
     size_t smem2 = (size_t)top_k * a.dn_wr + a.dn_ws + (size_t)top_k * 2 * a.dn_sbr + 2 * (size_t)a.dn_sbs +
                    (size_t)R * a.nt * sizeof(float) + (size_t)top_k * (3 * sizeof(void *) + sizeof(float));
     dim3 g2(ceil_div(a.H, R), T);
@@ -687,6 +752,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
             cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
             if (e1 != cudaSuccess) return tern_fail(err, "moe gate/up: %s", cudaGetErrorString(e1));
         } else {
+            carveout_max((const void *)k1);
             k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
         }
     } else {
@@ -694,6 +760,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     }
     if (launch_check("moe gate/up", err)) return -1;
     void *args[] = {&a, &out};
+    carveout_max((const void *)k2);
     cudaError_t e = cudaLaunchKernel((const void *)k2, g2, dim3(a.nt), args, smem2, s);
     if (e != cudaSuccess) return tern_fail(err, "moe down: %s", cudaGetErrorString(e));
     return 0;
@@ -723,3 +790,5 @@ int tern_cuda_route(const float *logits, int T, int n_experts, int top_k, int re
     if (e != cudaSuccess) return tern_fail(err, "route: %s", cudaGetErrorString(e));
     return 0;
 }
+
+TRACE_DUMP_FN(tern_cuda_trace_dump_moe)

@@ -35,6 +35,34 @@ int tern_cuda_pdl_enabled(void) {
     return on;
 }
 
+int tern_cuda_carveout_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = !env_off("TERN_CUDA_CARVEOUT");
+    return on;
+}
+
+int tern_cuda_trigger_late(void) {
+    static int on = -1;
+    if (on < 0) {
+        on = !env_off("TERN_CUDA_TRIGGER_LATE");
+    }
+    return on;
+}
+
+/* The phase trace's records (trace.cuh; a build with TERN_PHASE_TRACE) as
+ * CSV into path: kernel id, aux, block, then the marks in ns. */
+extern "C" int tern_cuda_trace_dump_gemv_fused(FILE *f);
+extern "C" int tern_cuda_trace_dump_moe(FILE *f);
+int tern_cuda_trace_dump(const char *path, tern_error *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return tern_fail(err, "cannot write the phase trace to %s", path);
+    fprintf(f, "kid,aux,block,m0,m1,m2,m3,m4,m5,m6,m7\n");
+    int a = tern_cuda_trace_dump_gemv_fused(f), b = tern_cuda_trace_dump_moe(f);
+    fclose(f);
+    if (a < 0 || b < 0) return tern_fail(err, "phase trace: could not read the device's records");
+    return 0;
+}
+
 void *tern_cuda_alloc(size_t bytes, tern_error *err) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);

@@ -531,6 +531,9 @@ void tern_gpu_session_free(tern_session *s) {
     }
     if (!g) return;
     if (g->stream) tern_cuda_sync(g->stream, NULL);
+    const char *trace = getenv("TERN_PHASE_TRACE");   /* a measurement build's records (src/cuda/trace.cuh) */
+    tern_error terr;
+    if (trace && *trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
     float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
                      g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""phase_trace.py TRACE.csv
+
+The phase trace of a measurement build (make CUDA=1 TRACE=1, run with
+TERN_PHASE_TRACE=TRACE.csv; src/cuda/trace.cuh): one record per block of an
+instrumented kernel, thread 0's %globaltimer at the kernel's marks. Records
+of one kernel and aux value are cut into calls (a call's blocks start within
+a few microseconds; calls of one kernel are a layer apart), the calls with the
+most common block count kept, and per mark the median over calls of (the
+median block's, the last block's) time since the call's reference: the
+first block's release from the wait (mark 2 for the GEMVs, 1 for the
+experts' gate/up; the first start for the down kernel, an ordinary launch).
+Prints a Markdown table per kernel."""
+import csv
+import statistics
+import sys
+from collections import Counter, defaultdict
+
+KERNELS = {
+    1: ("one-token GEMV (register tiles)", ["start", "first weights requested", "wait released", "input built",
+                                            "rows written", "", "", "end"], 2),
+    2: ("fused router (register tiles + top-k in the last block)",
+        ["start", "first weights requested", "wait released", "input built", "rows written", "block counted",
+         "routed (last block)", "end"], 2),
+    3: ("one-token GEMV (staged)", ["start", "first tiles requested", "wait released", "input built",
+                                    "first tile landed", "", "", "end"], 2),
+    4: ("experts' gate/up", ["start", "wait released", "first weights requested", "x as digits", "h written", "",
+                             "", "end"], 1),
+    5: ("experts' down", ["start", "ids read", "rows requested", "rows landed", "products", "", "", "end"], 0),
+}
+GAP_NS = 8000   # blocks of one call start within this of the previous block
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    groups = defaultdict(list)
+    with open(sys.argv[1]) as f:
+        for r in csv.DictReader(f):
+            m = [int(r[f"m{i}"]) for i in range(8)]
+            groups[(int(r["kid"]), int(r["aux"]))].append(m)
+    # the router's aux says whether the block was the last; trace both together
+    merged = defaultdict(list)
+    for (kid, aux), recs in groups.items():
+        merged[(kid, 0 if kid == 2 else aux)].extend((aux, m) for m in recs)
+    for (kid, aux), recs in sorted(merged.items()):
+        name, marks, ref = KERNELS.get(kid, (f"kernel {kid}", [f"m{i}" for i in range(8)], 0))
+        recs.sort(key=lambda am: am[1][0])
+        calls, cur, last0 = [], [], None
+        for am in recs:
+            if last0 is not None and am[1][0] - last0 > GAP_NS:
+                calls.append(cur)
+                cur = []
+            cur.append(am)
+            last0 = am[1][0]
+        if cur:
+            calls.append(cur)
+        n = Counter(len(c) for c in calls).most_common(1)[0][0]
+        calls = [c for c in calls if len(c) == n]
+        med = defaultdict(list)
+        mx = defaultdict(list)
+        for c in calls:
+            t0 = min(m[ref] for _, m in c)
+            for i in range(8):
+                vals = [m[i] - t0 for a, m in c if m[i]]
+                if kid == 2 and i == 6:
+                    vals = [m[i] - t0 for a, m in c if a == 1 and m[i]]
+                if vals:
+                    med[i].append(statistics.median(vals))
+                    mx[i].append(max(vals))
+        print(f"### {name}, aux {aux}: {len(calls)} calls of {n} blocks (us since the first block's "
+              f"'{marks[ref]}')\n")
+        print("| mark | median block | last block |")
+        print("|---|---:|---:|")
+        for i in range(8):
+            if i in med and marks[i]:
+                print(f"| {marks[i]} | {statistics.median(med[i]) / 1e3:.2f} | {statistics.median(mx[i]) / 1e3:.2f} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
