@@ -76,6 +76,7 @@ typedef struct {
      * bytes for a routed segment's rows, the shared expert's, a routed
      * segment's scale or bias array, the shared expert's */
     int R, ntr, nts, nt, dn_wr, dn_ws, dn_sbr, dn_sbs;
+    int rs;            /* down: lanes a unit's rows are split over (TERN_MOE_DN_SPLIT=1: one lane) */
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
@@ -460,9 +461,10 @@ __device__ __forceinline__ void dn_h_first(const moe_args &a, int t, int NP, int
                                            float (&xr)[32], float &sg) {
     const int tid = threadIdx.x;
     if (tid < a.ntr) {
-        if (tid < units) x_piece_global(a.h + ((size_t)t * a.S + tid / NP) * a.Imax, tid % NP, I, xr);
+        const int u = tid / a.rs;
+        if (u < units) x_piece_global(a.h + ((size_t)t * a.S + u / NP) * a.Imax, u % NP, I, xr);
     } else if (SK >= 0) {
-        x_piece_global(hs, tid - a.ntr, Is, xr);
+        x_piece_global(hs, (tid - a.ntr) / a.rs, Is, xr);
         sg = a.sg[t];
     }
 }
@@ -473,7 +475,7 @@ __device__ __forceinline__ void dn_h_first(const moe_args &a, int t, int NP, int
  * shared lanes take pieces tid - ntr, + nts, ... Lane shares of row r
  * accumulate in red[r][tid]. */
 template <int RK, int SK>
-__global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
+__global__ void __launch_bounds__(512) moe_down_kernel(moe_args a, float *out) {
     constexpr int SK2 = SK < 0 ? KIND_Q4 : SK;
     extern __shared__ float4 dn_smem[];
     TRACE_DECL;
@@ -540,16 +542,21 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     if (a.dn_trigger == 2) pdl_trigger();   /* late: once this block's rows are in */
     TRACE_MARK(3);
 
+    /* a unit's rows are split over rs lanes side by side (lane slot * rs +
+     * part takes rows part * rh ..): each lane's chain of dependent dots is
+     * rs times shorter; the shares of a row still sum in the units' order */
+    const int rh = (nr + a.rs - 1) / a.rs;
     if (tid < a.ntr) {
+        const int slot = tid / a.rs, part = tid - slot * a.rs, r_lo = part * rh, r_hi = min(nr, r_lo + rh);
 #pragma unroll 1
-        for (int u = tid; u < units; u += a.ntr) {
+        for (int u = slot; u < units; u += a.ntr / a.rs) {
             const int kk = u / NP, p = u - kk * NP, g = (32 * p) >> gshr;
-            if (u != tid) x_piece_global(a.h + ((size_t)t * a.S + kk) * a.Imax, p, I, xr);
+            if (u != slot) x_piece_global(a.h + ((size_t)t * a.S + kk) * a.Imax, p, I, xr);
             const float xs = piece_sum(xr), w = mw[kk];
             const uint8_t *rows = wr + (size_t)kk * a.dn_wr;
             const uint8_t *sc = sbr + (size_t)2 * kk * a.dn_sbr, *bi = sc + a.dn_sbr;
 #pragma unroll 1
-            for (int r = 0; r < nr; r++) {
+            for (int r = r_lo; r < r_hi; r++) {
                 uint32_t s = 0, b = 0;
                 if (kind_traits<RK>::QUANT) {
                     s = sb_at(sc, ms[kk], r * ngr + g);
@@ -562,13 +569,15 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
         const int NPs = (Is + 31) >> 5;
         const float gate = sg_early;
         const uint16_t *s0 = a.sdown_p.s + (int64_t)d0 * ngs, *b0 = a.sdown_p.b + (int64_t)d0 * ngs;
+        const int slot = (tid - a.ntr) / a.rs, part = tid - a.ntr - slot * a.rs, r_lo = part * rh,
+                  r_hi = min(nr, r_lo + rh);
 #pragma unroll 1
-        for (int p = tid - a.ntr; p < NPs; p += a.nts) {
+        for (int p = slot; p < NPs; p += a.nts / a.rs) {
             const int g = (32 * p) >> a.sdown_p.gsh;
-            if (p != tid - a.ntr) x_piece_global(hs, p, Is, xr);
+            if (p != slot) x_piece_global(hs, p, Is, xr);
             const float xs = piece_sum(xr);
 #pragma unroll 1
-            for (int r = 0; r < nr; r++) {
+            for (int r = r_lo; r < r_hi; r++) {
                 uint32_t s = 0, b = 0;
                 if (kind_traits<SK2>::QUANT) {
                     s = sb_at(sbs, s0, r * ngs + g);
@@ -661,6 +670,15 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
+/* Lanes a down unit's rows are split over: 2, or TERN_MOE_DN_SPLIT=1. */
+static int dn_split(void) {
+    static int rs = 0;
+    if (!rs) {
+        const char *e = getenv("TERN_MOE_DN_SPLIT");
+        rs = e && !strcmp(e, "1") ? 1 : 2;
+    }
+    return rs;
+}
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
@@ -709,7 +727,8 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     int R = DN_ROW_BYTES / (top_k * rbr);
     R = R < 1 ? 1 : R > 16 ? 16 : R;
     a.R = R;
-    a.ntr = units < 128 ? round32(units) : 128;
+    a.rs = dn_split();
+    a.ntr = a.rs * (units < 128 ? round32(units) : 128);
     a.nts = 0;
     a.dn_wr = R * rbr;
     a.dn_ws = 0;
@@ -717,7 +736,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.dn_sbs = 0;
     if (shared) {
         int nps = (a.s_inter + 31) / 32;
-        a.nts = nps < 128 ? round32(nps) : 128;
+        a.nts = a.rs * (nps < 128 ? round32(nps) : 128);
         a.dn_ws = R * (int)kind_row_bytes(a.s_kind, a.s_inter);
         a.dn_sbs = (R * nps * 2 + 32 + 15) & ~15;
     }
