@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""timeline_steps.py RUN.csv [--kernels N] [--steps-out FILE]
+"""timeline_steps.py RUN.csv [--kernels N] [--steps-out FILE] [--roles]
 
 The decode step's timeline from tools/gpu/kernel_timeline.c's CSV: the
 graph-launched kernels cut into steps at each embed_kernel, the steps of the
@@ -9,7 +9,10 @@ latest end before it in the step; for PDL launches the start can be earlier
 than the predecessor's end, so durations overlap and only the marginal
 times add up to the step). Prints, as Markdown: the step's span, the gaps
 between steps, then per kernel name the count a step, the median duration and
-the median marginal time each, their sum a step and its share."""
+the median marginal time each, their sum a step and its share. --roles adds
+the same by role of tern's one-token step (a one-token GEMV is the input
+projections of a DeltaNet or an attention layer, the lm_head, the output
+projection or the router, by its template and the kernel after it)."""
 import csv
 import re
 import statistics
@@ -30,6 +33,22 @@ def short(name):
         end = rest.find("Ev")
         return f"{base}<{rest[1:end]}>" if end > 0 else base
     return base
+
+
+def role_of(name, nxt):
+    """The role of a kernel of tern's one-token step (src/engine/gpu.c, step1)."""
+    if name.startswith("gemv1s_kernel"):
+        return ("input projections (DeltaNet)" if nxt.startswith("gdn") else
+                "input projections (attention)" if nxt.startswith("attn") else "lm_head")
+    if name.startswith("gemv1_kernel"):
+        # the router is the only GEMV followed by the experts
+        return "router + top-k" if nxt.startswith("moe_gate") else "output projection"
+    for prefix, role in (("gdn_step", "DeltaNet step"), ("moe_gate", "experts' gate/up"),
+                         ("moe_down", "experts' down"), ("attn_", "attention core"), ("topk_", "sampling"),
+                         ("argmax", "sampling"), ("embed", "embedding")):
+        if name.startswith(prefix):
+            return role
+    return name
 
 
 def steps_of(rows):
@@ -104,6 +123,16 @@ def main():
         t = sum(b["marg"])
         print(f"| {nm} | {b['n']} | {statistics.median(b['dur']) / 1e3:.2f} | {statistics.median(b['marg']) / 1e3:.2f} | "
               f"{statistics.median(b['lead']) / 1e3:.2f} | {t / 1e3:.1f} | {100 * t / total:.1f} % |")
+    if "--roles" in args:
+        roles = defaultdict(list)
+        for i, nm in enumerate(names):
+            nxt = names[i + 1] if i + 1 < len(names) else ""
+            roles[role_of(nm, nxt)].append(statistics.median(marg[i]))
+        print("\n| role | count | marginal us (median) | us a step | share |")
+        print("|---|---:|---:|---:|---:|")
+        for role, v in sorted(roles.items(), key=lambda kv: -sum(kv[1])):
+            print(f"| {role} | {len(v)} | {statistics.median(v) / 1e3:.2f} | {sum(v) / 1e3:.1f} | "
+                  f"{100 * sum(v) / total:.1f} % |")
     if "--steps-out" in args:
         with open(args[args.index("--steps-out") + 1], "w") as f:
             f.write("position,name,duration_us,marginal_us,lead_us\n")
