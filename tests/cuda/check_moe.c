@@ -221,7 +221,9 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     }
     int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, (size_t)T * c->H * sizeof(float));
-    void *work = dev_alloc(tern_cuda_moe_workspace(T, K, Is > c->I ? Is : c->I));
+    size_t mwb = tern_cuda_moe_workspace(T, K, Is > c->I ? Is : c->I, c->H);
+    void *work = dev_alloc(mwb);
+    dev_zero(work, mwb);   /* the one-launch MoE's counters start at zero */
     float *dout = dev_poison((size_t)T * c->H);
     tern_error err;
     const tern_expert_w *shp = fixture_shared(&f);
@@ -461,7 +463,9 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, TH * sizeof(float));
     int64_t Is = c->shared_kind ? c->I : 0;
     size_t wb = tern_cuda_moe_grouped_workspace(T, K, c->E, c->H, c->I, Is);
-    void *work = dev_alloc(wb), *pwork = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
+    size_t pwb = tern_cuda_moe_workspace(T, K, c->I, c->H);
+    void *work = dev_alloc(wb), *pwork = dev_alloc(pwb);
+    dev_zero(pwork, pwb);
     float *dout = dev_poison(TH), *dpt = dev_poison(TH);
     const tern_expert_w *shp = fixture_shared(&f);
     const tern_mat *sgp = fixture_gate(&f);
