@@ -57,8 +57,8 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 int tern_cuda_pdl_enabled(void);   /* runtime.cu: the device is sm_90+ and TERN_CUDA_PDL is not 0 */
-int tern_cuda_carveout_enabled(void);   /* runtime.cu: TERN_CUDA_CARVEOUT is not 0 */
 int tern_cuda_trigger_late(void);       /* runtime.cu: TERN_CUDA_TRIGGER_LATE is not 0 */
+void tern_cuda_carveout_max(const void *kernel);   /* runtime.cu: once per kernel (carveout_max below) */
 
 /* A block of a PDL launch becomes resident beside its predecessor's blocks
  * only if the SM's split of L1 and shared memory suits both; a kernel's
@@ -68,12 +68,7 @@ int tern_cuda_trigger_late(void);       /* runtime.cu: TERN_CUDA_TRIGGER_LATE is
  * their weight requests could not start under it. Every kernel of the
  * step therefore asks for the largest shared-memory split (the streamed
  * weights bypass L1 anyway). TERN_CUDA_CARVEOUT=0 leaves the defaults. */
-static inline void carveout_max(const void *kernel) {
-    if (!tern_cuda_carveout_enabled()) return;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-        cudaSuccess)
-        cudaGetLastError();   /* a hint: without it the kernel still runs */
-}
+static inline void carveout_max(const void *kernel) { tern_cuda_carveout_max(kernel); }
 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,

@@ -57,7 +57,7 @@ void tern_cuda_host_free(void *p);
 int tern_cuda_copy_host(void *dst, const void *src, size_t bytes, int to_host, tern_stream s, tern_error *err);
 int tern_cuda_sync(tern_stream s, tern_error *err);             /* waits; reports kernel faults */
 /* A measurement build's phase trace (src/cuda/trace.cuh) into a CSV file;
- * in other builds the file gets only its header. */
+ * in other builds an error saying so. */
 int tern_cuda_trace_dump(const char *path, tern_error *err);
 
 tern_stream tern_cuda_stream_create(tern_error *err);

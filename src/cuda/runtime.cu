@@ -2,6 +2,7 @@
  * handle + dequantization scratch): thin wrappers that turn CUDA status
  * codes into tern_error messages, so callers stay plain C. */
 #include <cublas_v2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,25 +36,47 @@ int tern_cuda_pdl_enabled(void) {
     return on;
 }
 
-int tern_cuda_carveout_enabled(void) {
+int tern_cuda_trigger_late(void) {
     static int on = -1;
-    if (on < 0) on = !env_off("TERN_CUDA_CARVEOUT");
+    if (on < 0) on = !env_off("TERN_CUDA_TRIGGER_LATE");
     return on;
 }
 
-int tern_cuda_trigger_late(void) {
-    static int on = -1;
-    if (on < 0) {
-        on = !env_off("TERN_CUDA_TRIGGER_LATE");
+/* The largest shared-memory carveout for a kernel (common.cuh,
+ * carveout_max), set once per kernel: the attribute lasts for the process,
+ * and launches outside a graph (prefill pieces, an uncaptured step) would
+ * otherwise pay a driver call each. The kernels seen are a pure function of
+ * the code, so a process-wide set is safe to share; past its size the
+ * attribute is set again at each launch, which is only slower. */
+#define CARVEOUT_SEEN 256
+void tern_cuda_carveout_max(const void *kernel) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static const void *seen[CARVEOUT_SEEN];
+    static int n_seen, on = -1;
+    pthread_mutex_lock(&mu);
+    if (on < 0) on = !env_off("TERN_CUDA_CARVEOUT");
+    int done = !on;
+    for (int i = 0; i < n_seen && !done; i++) done = seen[i] == kernel;
+    if (!done) {
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+            cudaGetLastError();   /* a hint: without it the kernel still runs */
+        else if (n_seen < CARVEOUT_SEEN)
+            seen[n_seen++] = kernel;
     }
-    return on;
+    pthread_mutex_unlock(&mu);
 }
 
 /* The phase trace's records (trace.cuh; a build with TERN_PHASE_TRACE) as
  * CSV into path: kernel id, aux, block, then the marks in ns. */
+#ifdef TERN_PHASE_TRACE
 extern "C" int tern_cuda_trace_dump_gemv_fused(FILE *f);
 extern "C" int tern_cuda_trace_dump_moe(FILE *f);
+#endif
 int tern_cuda_trace_dump(const char *path, tern_error *err) {
+#ifndef TERN_PHASE_TRACE
+    return tern_fail(err, "TERN_PHASE_TRACE=%s: this build has no phase trace (build with make CUDA=1 TRACE=1)", path);
+#else
     FILE *f = fopen(path, "w");
     if (!f) return tern_fail(err, "cannot write the phase trace to %s", path);
     fprintf(f, "kid,aux,block,m0,m1,m2,m3,m4,m5,m6,m7\n");
@@ -61,6 +84,7 @@ int tern_cuda_trace_dump(const char *path, tern_error *err) {
     fclose(f);
     if (a < 0 || b < 0) return tern_fail(err, "phase trace: could not read the device's records");
     return 0;
+#endif
 }
 
 void *tern_cuda_alloc(size_t bytes, tern_error *err) {

@@ -508,7 +508,7 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
 void check_moe_grouped(checker *ck) {
     moeg_case real = {2048, 512, 256, 8, 4096, 4, 64, 0, 8, 0, 16};
     moeg_check(ck, &real, 1);
-    moeg_case piece = {2048, 512, 256, 8, 512, 4, 64, 0, 8, 0, 16};   /* the engine's prefill piece */
+    moeg_case piece = {2048, 512, 256, 8, 512, 4, 64, 0, 8, 0, 16};   /* a piece of 512 (TERN_GPU_PIECE=512, short prompts) */
     moeg_check(ck, &piece, 1);
     moeg_case one = {2048, 512, 256, 8, 1, 4, 64, 1, 16, 0, 1};
     moeg_check(ck, &one, 0);
