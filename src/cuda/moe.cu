@@ -76,7 +76,6 @@ typedef struct {
      * bytes for a routed segment's rows, the shared expert's, a routed
      * segment's scale or bias array, the shared expert's */
     int R, ntr, nts, nt, dn_wr, dn_ws, dn_sbr, dn_sbs;
-    int rs;            /* down: lanes a unit's rows are split over (TERN_MOE_DN_SPLIT=1: one lane) */
     /* one launch for gate/up and down (moe_gate_up_d_kernel<.., true>):
      * per-expert partial outputs [S][H], and the counters: per segment,
      * per row chunk, and the blocks done (zero between calls) */
@@ -489,10 +488,9 @@ __device__ __forceinline__ void dn_h_first(const moe_args &a, int t, int NP, int
                                            float (&xr)[32], float &sg) {
     const int tid = threadIdx.x;
     if (tid < a.ntr) {
-        const int u = tid / a.rs;
-        if (u < units) x_piece_global(a.h + ((size_t)t * a.S + u / NP) * a.Imax, u % NP, I, xr);
+        if (tid < units) x_piece_global(a.h + ((size_t)t * a.S + tid / NP) * a.Imax, tid % NP, I, xr);
     } else if (SK >= 0) {
-        x_piece_global(hs, (tid - a.ntr) / a.rs, Is, xr);
+        x_piece_global(hs, tid - a.ntr, Is, xr);
         sg = a.sg[t];
     }
 }
@@ -503,7 +501,7 @@ __device__ __forceinline__ void dn_h_first(const moe_args &a, int t, int NP, int
  * shared lanes take pieces tid - ntr, + nts, ... Lane shares of row r
  * accumulate in red[r][tid]. */
 template <int RK, int SK>
-__global__ void __launch_bounds__(512) moe_down_kernel(moe_args a, float *out) {
+__global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     constexpr int SK2 = SK < 0 ? KIND_Q4 : SK;
     extern __shared__ float4 dn_smem[];
     TRACE_DECL;
@@ -570,21 +568,16 @@ __global__ void __launch_bounds__(512) moe_down_kernel(moe_args a, float *out) {
     if (a.dn_trigger == 2) pdl_trigger();   /* late: once this block's rows are in */
     TRACE_MARK(3);
 
-    /* a unit's rows are split over rs lanes side by side (lane slot * rs +
-     * part takes rows part * rh ..): each lane's chain of dependent dots is
-     * rs times shorter; the shares of a row still sum in the units' order */
-    const int rh = (nr + a.rs - 1) / a.rs;
     if (tid < a.ntr) {
-        const int slot = tid / a.rs, part = tid - slot * a.rs, r_lo = part * rh, r_hi = min(nr, r_lo + rh);
 #pragma unroll 1
-        for (int u = slot; u < units; u += a.ntr / a.rs) {
+        for (int u = tid; u < units; u += a.ntr) {
             const int kk = u / NP, p = u - kk * NP, g = (32 * p) >> gshr;
-            if (u != slot) x_piece_global(a.h + ((size_t)t * a.S + kk) * a.Imax, p, I, xr);
+            if (u != tid) x_piece_global(a.h + ((size_t)t * a.S + kk) * a.Imax, p, I, xr);
             const float xs = piece_sum(xr), w = mw[kk];
             const uint8_t *rows = wr + (size_t)kk * a.dn_wr;
             const uint8_t *sc = sbr + (size_t)2 * kk * a.dn_sbr, *bi = sc + a.dn_sbr;
 #pragma unroll 1
-            for (int r = r_lo; r < r_hi; r++) {
+            for (int r = 0; r < nr; r++) {
                 uint32_t s = 0, b = 0;
                 if (kind_traits<RK>::QUANT) {
                     s = sb_at(sc, ms[kk], r * ngr + g);
@@ -597,15 +590,13 @@ __global__ void __launch_bounds__(512) moe_down_kernel(moe_args a, float *out) {
         const int NPs = (Is + 31) >> 5;
         const float gate = sg_early;
         const uint16_t *s0 = a.sdown_p.s + (int64_t)d0 * ngs, *b0 = a.sdown_p.b + (int64_t)d0 * ngs;
-        const int slot = (tid - a.ntr) / a.rs, part = tid - a.ntr - slot * a.rs, r_lo = part * rh,
-                  r_hi = min(nr, r_lo + rh);
 #pragma unroll 1
-        for (int p = slot; p < NPs; p += a.nts / a.rs) {
+        for (int p = tid - a.ntr; p < NPs; p += a.nts) {
             const int g = (32 * p) >> a.sdown_p.gsh;
-            if (p != slot) x_piece_global(hs, p, Is, xr);
+            if (p != tid - a.ntr) x_piece_global(hs, p, Is, xr);
             const float xs = piece_sum(xr);
 #pragma unroll 1
-            for (int r = r_lo; r < r_hi; r++) {
+            for (int r = 0; r < nr; r++) {
                 uint32_t s = 0, b = 0;
                 if (kind_traits<SK2>::QUANT) {
                     s = sb_at(sbs, s0, r * ngs + g);
@@ -791,18 +782,25 @@ static int check_shared(const tern_expert_w *sh, const tern_mat *sg, int64_t H, 
     return 0;
 }
 
-/* h [T * S, Imax] and the shared gates [T]; then, for the one-launch MoE
- * at T = 1, the partial outputs [S][hidden] and its counters (S segments,
- * a chunk per gate/up block, one for the grid) */
-static size_t seg_counters(int top_k, int64_t inter) { return (size_t)(top_k + 1) + (size_t)ceil_div(inter, 2 * GUD_WARPS) + 1; }
+/* The workspace: first, at offsets that do not depend on T (a call of
+ * several tokens must not write over them), the one-launch MoE's counters
+ * (S segments, a chunk per gate/up block, one for the grid: zero between
+ * calls) and its partial outputs [S][hidden]; then h [T * S, Imax] and the
+ * shared gates [T]. */
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static size_t moe_h_bytes(int T, int top_k, int64_t inter) {
-    return (((size_t)T * (size_t)(top_k + 1) * (size_t)inter + (size_t)T) * sizeof(float) + 255) & ~(size_t)255;
+static size_t seg_counters(int top_k, int64_t inter) {
+    return (size_t)(top_k + 1) + (size_t)ceil_div(inter, 2 * GUD_WARPS) + 1;
+}
+
+static size_t moe_seg_bytes(int top_k, int64_t inter, int64_t hidden) {
+    return align256(seg_counters(top_k, inter) * sizeof(unsigned)) +
+           align256((size_t)(top_k + 1) * (size_t)hidden * sizeof(float));
 }
 
 size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden) {
-    return moe_h_bytes(T, top_k, inter) + (size_t)(top_k + 1) * (size_t)hidden * sizeof(float) +
-           seg_counters(top_k, inter) * sizeof(unsigned) + 256;
+    return moe_seg_bytes(top_k, inter, hidden) +
+           ((size_t)T * (size_t)(top_k + 1) * (size_t)inter + (size_t)T) * sizeof(float) + 256;
 }
 
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
@@ -838,15 +836,6 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
-/* Lanes a down unit's rows are split over: 2, or TERN_MOE_DN_SPLIT=1. */
-static int dn_split(void) {
-    static int rs = 0;
-    if (!rs) {
-        const char *e = getenv("TERN_MOE_DN_SPLIT");
-        rs = e && !strcmp(e, "1") ? 1 : 2;
-    }
-    return rs;
-}
 
 /* The one-launch MoE if it applies: 0 launched, 1 not applicable, -1 error. */
 static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
@@ -910,12 +899,12 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.ids = ids;
     a.wts = wts;
     a.x = x;
-    a.h = (float *)work;
-    a.sg = a.h + (size_t)T * a.S * a.Imax;
-    a.part = (float *)((uint8_t *)work + moe_h_bytes(T, top_k, a.Imax));
-    a.seg_cnt = (unsigned *)(a.part + (size_t)a.S * a.H);
+    a.seg_cnt = (unsigned *)work;
     a.chunk_cnt = a.seg_cnt + a.S;
     a.done_cnt = a.chunk_cnt + ceil_div(a.Imax, 2 * GUD_WARPS);
+    a.part = (float *)((uint8_t *)work + align256(seg_counters(top_k, a.Imax) * sizeof(unsigned)));
+    a.h = (float *)((uint8_t *)work + moe_seg_bytes(top_k, a.Imax, a.H));
+    a.sg = a.h + (size_t)T * a.S * a.Imax;
     a.out = out;
 
     if ((int64_t)T * a.S > 65535) return tern_fail(err, "moe: %d tokens too many for one launch", T);
@@ -927,8 +916,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     int R = DN_ROW_BYTES / (top_k * rbr);
     R = R < 1 ? 1 : R > 16 ? 16 : R;
     a.R = R;
-    a.rs = dn_split();
-    a.ntr = a.rs * (units < 128 ? round32(units) : 128);
+    a.ntr = units < 128 ? round32(units) : 128;
     a.nts = 0;
     a.dn_wr = R * rbr;
     a.dn_ws = 0;
@@ -936,7 +924,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.dn_sbs = 0;
     if (shared) {
         int nps = (a.s_inter + 31) / 32;
-        a.nts = a.rs * (nps < 128 ? round32(nps) : 128);
+        a.nts = nps < 128 ? round32(nps) : 128;
         a.dn_ws = R * (int)kind_row_bytes(a.s_kind, a.s_inter);
         a.dn_sbs = (R * nps * 2 + 32 + 15) & ~15;
     }
