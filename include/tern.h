@@ -366,6 +366,8 @@ int tern_verify(const char *dir, FILE *report, tern_error *err);
 typedef struct tern_synth_params {
     const char *shape;           /* a name tern_synth_list prints; NULL = "qwen3.6-35b-a3b" */
     int bits;                    /* every matrix 4 or 8 bits; 0 = 4 */
+    int expert_bits;             /* the routed experts' bits, 4 or 8; 0 = bits (--bits 8 with 4 here
+                                  * is tern pack's default mix) */
     uint64_t seed;
     const char *routing;         /* "prose" (NULL: calibrated to real traffic) or "uniform" (pessimistic) */
     /* tern_synth only: where and how to write */

@@ -295,6 +295,8 @@ Test(synth, commands_refuse_bad_input) {
         {"bench --synth nope --force", 1, "unknown shape 'nope'"},
         {"synth", 2, "usage: tern synth DST"},
         {"synth /tmp/x --bits 3", 1, "--bits must be 4 or 8"},
+        {"synth /tmp/x --expert-bits 5", 1, "--expert-bits must be 4 or 8"},
+        {"bench --synth small --expert-bits 5 --force", 1, "expert bits must be 4 or 8 (got 5)"},
         {"synth /tmp/x --seed -1", 2, "--seed needs a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -326,6 +328,24 @@ Test(synth, decode_bytes_and_device) {
     cr_assert_eq(E, 16);
     cr_assert_eq(K, 4);
     tern_model_free(m);
+}
+
+/* --expert-bits sets the routed experts alone: the bytes a token reads lie
+ * between the all-4-bit and the all-8-bit model's. */
+Test(synth, expert_bits_mix) {
+    uint64_t bytes[3];
+    const int bits[3][2] = {{4, 0}, {8, 4}, {8, 0}};
+    for (int i = 0; i < 3; i++) {
+        tern_error err;
+        tern_synth_params sp = {.shape = "small", .bits = bits[i][0], .expert_bits = bits[i][1]};
+        tern_load_params lp = {.n_threads = 1};
+        tern_model *m = tern_model_synth(&sp, &lp, &err);
+        cr_assert_not_null(m, "%s", err.msg);
+        bytes[i] = tern_model_decode_bytes(m, 0, 16);
+        tern_model_free(m);
+    }
+    cr_assert(bytes[0] < bytes[1] && bytes[1] < bytes[2], "%llu %llu %llu", (unsigned long long)bytes[0],
+              (unsigned long long)bytes[1], (unsigned long long)bytes[2]);
 }
 
 Test(synth, cuda_device_without_cuda_is_named) {

@@ -30,7 +30,7 @@
 
 typedef struct {
     const char *model, *synth_shape, *routing, *json_path, *device;
-    int bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
+    int bits, expert_bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
     uint64_t seed, budget, bandwidth;   /* bandwidth: GB/s given instead of measured (a GPU's HBM) */
     int prompt[MAX_LIST], n_prompt;
     int gen[MAX_LIST], n_gen;
@@ -49,7 +49,8 @@ static void bench_usage(FILE *f) {
             "options:\n"
             "  -m DIR               a model directory (packed or Hugging Face)\n"
             "  --synth SHAPE        an in-memory synthetic model (tern synth --list), with --bits 4|8 (4),\n"
-            "                       --seed N (0), --routing prose|uniform (prose)\n"
+            "                       --expert-bits 4|8 (--bits; --bits 8 --expert-bits 4: tern pack's default\n"
+            "                       mix), --seed N (0), --routing prose|uniform (prose)\n"
             "  -p LIST              prefill prompt lengths (default 512,4096,32768)\n"
             "  -n LIST              decode lengths (default 128,512)\n"
             "  -c LIST              decode contexts (default 512,4096,32768)\n"
@@ -129,6 +130,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-n")) rc = parse_list(a, v, o->gen, &o->n_gen);
         else if (!strcmp(a, "-c")) rc = parse_list(a, v, o->ctx, &o->n_ctx);
         else if (!strcmp(a, "--bits")) { rc = cli_parse_u64("bench", a, v, 8, &n); o->bits = (int)n; }
+        else if (!strcmp(a, "--expert-bits")) { rc = cli_parse_u64("bench", a, v, 8, &n); o->expert_bits = (int)n; }
         else if (!strcmp(a, "--seed")) rc = cli_parse_u64("bench", a, v, ~0ull, &o->seed);
         else if (!strcmp(a, "--bandwidth")) rc = cli_parse_u64("bench", a, v, 1000000, &o->bandwidth);
         else if (!strcmp(a, "-r")) { rc = cli_parse_u64("bench", a, v, 1000, &n); o->reps = (int)n; }
@@ -572,7 +574,8 @@ static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
                            .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device};
     if (o->model) return tern_model_load(o->model, &lp, err);
-    tern_synth_params sp = {.shape = o->synth_shape, .bits = o->bits, .seed = o->seed, .routing = o->routing};
+    tern_synth_params sp = {.shape = o->synth_shape, .bits = o->bits, .expert_bits = o->expert_bits, .seed = o->seed,
+                            .routing = o->routing};
     return tern_model_synth(&sp, &lp, err);
 }
 

@@ -18,6 +18,8 @@ static void synth_usage(FILE *f) {
             "options:\n"
             "  --shape NAME       the shape (default qwen3.6-35b-a3b); --list shows them\n"
             "  --bits 4|8         bits of every matrix (default 4)\n"
+            "  --expert-bits 4|8  bits of the routed experts (default: --bits; --bits 8 --expert-bits 4 is\n"
+            "                     tern pack's default mix)\n"
             "  --seed N           (default 0)\n"
             "  --routing MODE     prose (default): routers shaped so expert popularity and token-to-token\n"
             "                     reuse follow published traces of the real model; uniform: plain random\n"
@@ -40,6 +42,10 @@ static int parse_synth(int argc, char **argv, tern_synth_params *p) {
         else if (!strcmp(a, "--bits")) {
             if (cli_parse_u64("synth", a, v, 8, &n) != 0) return 2;
             p->bits = (int)n;
+            i++;
+        } else if (!strcmp(a, "--expert-bits")) {
+            if (cli_parse_u64("synth", a, v, 8, &n) != 0) return 2;
+            p->expert_bits = (int)n;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_u64("synth", a, v, ~0ull, &n) != 0) return 2;

@@ -192,7 +192,7 @@ typedef struct tern_cuda_experts {
  * routing weights applied and summed in expert order (no atomics: the sum
  * is deterministic). The workspace is sized with inter = the larger of the
  * routed and the shared intermediate size. */
-size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter);
+size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden);   /* zero it once after allocating */
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work,
                   float *out, tern_stream s, tern_error *err);

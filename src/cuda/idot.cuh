@@ -48,7 +48,7 @@ typedef struct {
 
 /* Shared memory for an input of cols floats, its digits and its chunks
  * (E elements each): room for q4's six uint4 per chunk (q8 uses three). */
-static inline size_t xd_smem_bytes(int64_t cols, int E) {
+__host__ __device__ static inline size_t xd_smem_bytes(int64_t cols, int E) {
     return (size_t)cols * sizeof(float) + (size_t)(cols / E) * (XD_VEC4 * 16 + sizeof(xd_chunk));
 }
 

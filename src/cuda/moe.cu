@@ -76,6 +76,13 @@ typedef struct {
      * bytes for a routed segment's rows, the shared expert's, a routed
      * segment's scale or bias array, the shared expert's */
     int R, ntr, nts, nt, dn_wr, dn_ws, dn_sbr, dn_sbs;
+    /* one launch for gate/up and down (moe_gate_up_d_kernel<.., true>):
+     * per-expert partial outputs [S][H], and the counters: per segment,
+     * per row chunk, and the blocks done (zero between calls) */
+    float *part;
+    unsigned *seg_cnt, *chunk_cnt, *done_cnt;
+    int dc;            /* down rows of a block's chunk */
+    float *out;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
@@ -291,7 +298,18 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
  * kernel holds only the code it runs (a block runs for a few microseconds:
  * instruction-cache misses of a kernel carrying every kind's loop measured
  * 30 % of its stalls). */
-template <int RK, int SK>
+template <int RK, bool SH>
+__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm);
+template <int RK, bool SH>
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm);
+
+/* FUSED: the down projection too (one-token decode, q4, the grid in one
+ * wave): a block of segment k also owns rows chunk b of that expert's down
+ * projection; it requests them (into shared memory after the digits'
+ * region) once its expert is known, and after its h rows are written and
+ * its segment's blocks have all counted themselves, computes them from
+ * that segment's h (seg_down). */
+template <int RK, int SK, bool FUSED = false>
 __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
     const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
@@ -324,14 +342,19 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         if (x_now) gud_x_load(x4, a.H, xv);
         gud_rows w;
         gud_step first;
+        const uint8_t *blob = routed && (mine || FUSED) ? expert_blob(a, a.ids[t * a.K + k]) : NULL;
         if (mine) {
             if (routed) {
-                const uint8_t *blob = expert_blob(a, a.ids[t * a.K + k]);
                 w = gud_setup<RK>(blob_part(blob, a.gate), blob_part(blob, a.up), i0, n, a.H);
             } else {
                 w = gud_setup<RK>(a.sgate_p, a.sup_p, i0, n, a.H);
             }
             gud_fetch<RK>(w, threadIdx.x & 31, a.H / kind_traits<RK>::E, first);
+        }
+        if (FUSED) {
+            const part_ptr D = routed ? blob_part(blob, a.down) : a.sdown_p;
+            if (routed) seg_stage<RK, false>(a, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
+            else seg_stage<RK, true>(a, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
         }
         TRACE_MARK(2);
         if (early) pdl_wait();
@@ -352,6 +375,11 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     if (SK >= 0 && !routed && blockIdx.x == 0 && warp == 0) {
         float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, x) : dot_any(a.sg_kind, a.sg_p, a.H, x);
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
+    }
+    if (FUSED) {
+        const part_ptr D = routed ? blob_part(expert_blob(a, a.ids[t * a.K + k]), a.down) : a.sdown_p;
+        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
+        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
     }
     TRACE_END(TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
@@ -593,6 +621,131 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     TRACE_END(TRACE_MOE_DOWN, 0u);
 }
 
+/* ---- gate/up and down in one launch (FUSED) --------------------------------
+ * The down projection of expert k needs only that expert's h, so the
+ * dependency between the two launches is per segment, not grid-wide: a
+ * segment's blocks count themselves done on seg_cnt[k] and wait for the
+ * count (every block of the grid is resident: the host launches this only
+ * when the grid fits one wave, and the next kernel may launch only once
+ * every block has passed its wait). Block b of segment k then computes rows
+ * [b dc, b dc + dc) of down_k h_k, weighted, into part[k]; the last of the S
+ * segments to finish chunk b (chunk_cnt[b]) sums part[0..S)[chunk] in
+ * segment order into out, so the result does not depend on timing. The
+ * last block of the grid (done_cnt) puts the segment counters back to 0.
+ * Shared memory after the digits' region: the chunk's rows, its scales and
+ * biases (stage_sb regions), h permuted like the GEMVs' input (float4 q of
+ * chunk c at [q * n_chunks + c]: the 16 lanes of a row read 16 banks), a
+ * flag. */
+struct seg_layout {
+    int rbd, ng, sbb, sb_off, h_off, flag_off, bytes;
+};
+
+__host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int dc) {
+    seg_layout L;
+    L.rbd = I / 2;   /* q4 */
+    L.ng = I >> gsh;
+    L.sbb = (dc * L.ng * 2 + 32 + 15) & ~15;
+    L.sb_off = (dc * L.rbd + 15) & ~15;
+    L.h_off = L.sb_off + 2 * L.sbb;
+    L.flag_off = L.h_off + I * 4;
+    L.bytes = L.flag_off + 16;
+    return L;
+}
+
+template <int RK, bool SH>
+__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm) {
+    const int I = SH ? a.s_inter : a.I, d0 = blockIdx.x * a.dc, nr = min(a.dc, a.H - d0);
+    const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
+    if (nr <= 0) return;
+    stage(sm, D.q + (int64_t)d0 * L.rbd, nr * L.rbd, threadIdx.x, blockDim.x);
+    stage_sb(sm + L.sb_off, D.s + (int64_t)d0 * L.ng, nr * L.ng * 2, threadIdx.x, blockDim.x);
+    stage_sb(sm + L.sb_off + L.sbb, D.b + (int64_t)d0 * L.ng, nr * L.ng * 2, threadIdx.x, blockDim.x);
+}
+
+__device__ __forceinline__ void red_release(unsigned *p) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+
+template <int RK, bool SH>
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm) {
+    const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
+    const int I = SH ? a.s_inter : a.I, nch = I / 32, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
+    const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
+    int *flag = (int *)(sm + L.flag_off);
+    /* the segment's h rows: every block of it has written its own */
+    __syncthreads();
+    if (tid == 0) {
+        red_release(a.seg_cnt + k);
+        while (ld_acquire(a.seg_cnt + k) < (unsigned)B) __nanosleep(32);
+    }
+    __syncthreads();
+    pdl_trigger();   /* every block is resident and past its wait: the next kernel may launch */
+    const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
+    float4 *h4 = (float4 *)(sm + L.h_off);
+    for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
+    const float w = SH ? __ldcg(a.sg + t) : __ldcg(a.wts + t * a.K + k);
+    cp_async_wait_all();
+    __syncthreads();
+    /* rows: a half warp each, lane c of the half chunks c, c + 16, ... */
+    const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
+    const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
+    float *part = a.part + ((size_t)t * a.S + k) * a.H;
+#pragma unroll 1
+    for (int rp = warp; rp * 2 < nr; rp += nw) {
+        const int r = rp * 2 + half;
+        const bool ok = r < nr;
+        float acc = 0.0f;
+#pragma unroll 1
+        for (int c = c0; c < nch; c += 16) {
+            if (!ok) continue;
+            float x[32];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float4 v = h4[q * nch + c];
+                x[4 * q] = v.x;
+                x[4 * q + 1] = v.y;
+                x[4 * q + 2] = v.z;
+                x[4 * q + 3] = v.w;
+            }
+            const int g = (32 * c) >> D.gsh;
+            const uint32_t sc = sb_at(sm + L.sb_off, s0, r * L.ng + g), bi = sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g);
+            acc += row_dot<RK>(sm + (size_t)r * L.rbd, c, I, x, piece_sum(x), sc, bi);
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (ok && c0 == 0) part[d0 + r] = w * acc;
+    }
+    /* the chunk over the segments, by the last segment to finish it */
+    __syncthreads();
+    if (tid == 0) *flag = atom_acq_rel(a.chunk_cnt + b) == (unsigned)(a.S - 1);
+    __syncthreads();
+    if (*flag) {
+        const float *p0 = a.part + (size_t)t * a.S * a.H + d0;
+        for (int i = tid; i < nr; i += nt) {
+            float v = 0.0f;
+            for (int kk = 0; kk < a.S; kk++) v += __ldcg(p0 + (size_t)kk * a.H + i);
+            a.out[(size_t)t * a.H + d0 + i] = v;
+        }
+        if (tid == 0) a.chunk_cnt[b] = 0;
+    }
+    /* the last block of the grid: the segment counters back to 0 (every
+     * block has left its wait before it counts itself here) */
+    if (tid == 0 && atom_acq_rel(a.done_cnt) == (unsigned)(B * gridDim.y - 1)) {
+        for (int kk = 0; kk < (int)gridDim.y; kk++) a.seg_cnt[kk] = 0;
+        *a.done_cnt = 0;
+    }
+}
+
 /* ---- host side ----------------------------------------------------------- */
 
 static int part_ok(const tern_cuda_expert_part *p, int64_t rows, int64_t cols) {
@@ -629,9 +782,31 @@ static int check_shared(const tern_expert_w *sh, const tern_mat *sg, int64_t H, 
     return 0;
 }
 
-size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter) {
-    return ((size_t)T * (size_t)(top_k + 1) * (size_t)inter + (size_t)T) * sizeof(float) + 256;
+/* The workspace: first, at offsets that do not depend on T (a call of
+ * several tokens must not write over them), the one-launch MoE's counters
+ * (S segments, a chunk per gate/up block, one for the grid: zero between
+ * calls) and its partial outputs [S][hidden]; then h [T * S, Imax] and the
+ * shared gates [T]. */
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static size_t seg_counters(int top_k, int64_t inter) {
+    return (size_t)(top_k + 1) + (size_t)ceil_div(inter, 2 * GUD_WARPS) + 1;
 }
+
+static size_t moe_seg_bytes(int top_k, int64_t inter, int64_t hidden) {
+    return align256(seg_counters(top_k, inter) * sizeof(unsigned)) +
+           align256((size_t)(top_k + 1) * (size_t)hidden * sizeof(float));
+}
+
+size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden) {
+    return moe_seg_bytes(top_k, inter, hidden) +
+           ((size_t)T * (size_t)(top_k + 1) * (size_t)inter + (size_t)T) * sizeof(float) + 256;
+}
+
+/* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
+ * token, q4 routed experts on the integer dots, a q4 shared expert of the
+ * same width or none, and the grid in one wave. */
+static int seg_enabled(void) { static int on = -1; if (on < 0) on = !env_off("TERN_MOE_SEG"); return on; }
 
 static int round32(int v) { return (v + 31) & ~31; }
 
@@ -661,6 +836,33 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
+
+/* The one-launch MoE if it applies: 0 launched, 1 not applicable, -1 error. */
+static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
+    if (gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 ||
+        !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
+        a->I % 32 || a->H % XD_SPAN)
+        return 1;
+    a->dc = ceil_div(a->H, gd.x);
+    int gshd = log2i(a->down.group);
+    seg_layout L = seg_layout_of(a->I, gshd, a->dc);
+    size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
+    void (*k)(moe_args) = a->s_kind < 0 ? moe_gate_up_d_kernel<KIND_Q4, -1, true>
+                                        : moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>;
+    if (smem_attr((const void *)k, smem, err)) return -1;
+    carveout_max((const void *)k);
+    int occ = 0, dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, GUD_WARPS * 32, smem) != cudaSuccess ||
+        (int64_t)occ * sms < (int64_t)gd.x * gd.y) {
+        cudaGetLastError();
+        return 1;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
+    }
+    cudaError_t e = launch_pdl(k, gd, dim3(GUD_WARPS * 32), smem, s, *a);
+    if (e != cudaSuccess) return tern_fail(err, "moe (one launch): %s", cudaGetErrorString(e));
+    return launch_check("moe (one launch)", err);
+}
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
@@ -697,8 +899,13 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.ids = ids;
     a.wts = wts;
     a.x = x;
-    a.h = (float *)work;
+    a.seg_cnt = (unsigned *)work;
+    a.chunk_cnt = a.seg_cnt + a.S;
+    a.done_cnt = a.chunk_cnt + ceil_div(a.Imax, 2 * GUD_WARPS);
+    a.part = (float *)((uint8_t *)work + align256(seg_counters(top_k, a.Imax) * sizeof(unsigned)));
+    a.h = (float *)((uint8_t *)work + moe_seg_bytes(top_k, a.Imax, a.H));
     a.sg = a.h + (size_t)T * a.S * a.Imax;
+    a.out = out;
 
     if ((int64_t)T * a.S > 65535) return tern_fail(err, "moe: %d tokens too many for one launch", T);
     dim3 g1(ceil_div(a.Imax, 8), T * a.S);
@@ -746,8 +953,10 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
              moe_gate_up_d_kernel<KIND_Q8, KIND_Q8>, moe_gate_up_d_kernel<KIND_Q8, KIND_BF16>,
              moe_gate_up_d_kernel<KIND_Q8, KIND_F16>}};
         void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
-        if (smem_attr((const void *)k1, smem1, err)) return -1;
         dim3 gd(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S);
+        int rc = moe_seg(&a, gd, s, err);
+        if (rc <= 0) return rc;   /* launched (0) or failed (-1) */
+        if (smem_attr((const void *)k1, smem1, err)) return -1;
         if (gu_pdl_enabled()) {
             cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
             if (e1 != cudaSuccess) return tern_fail(err, "moe gate/up: %s", cudaGetErrorString(e1));

@@ -450,7 +450,8 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, g->piece);
     g->grouped_bytes = tern_cuda_moe_grouped_workspace(g->piece, c->top_k, c->n_experts, (int64_t)c->hidden,
                                                        c->expert_inter, c->shared_inter);
-    if (!(g->moe_work = tern_cuda_alloc(tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter), err)) ||
+    size_t moe_bytes = tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter, (int64_t)c->hidden);
+    if (!(g->moe_work = tern_cuda_alloc(moe_bytes, err)) || tern_cuda_fill(g->moe_work, 0, moe_bytes, NULL, err) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
         !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
         !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))

@@ -91,6 +91,8 @@ static int fill_experts(tern_model *m, const pk_plan *p, tern_error *err) {
 
 static int build(tern_model *m, const tern_synth_params *sp, const tern_load_params *lp, tern_error *err) {
     if (sp->bits && sp->bits != 4 && sp->bits != 8) return tern_fail(err, "bits must be 4 or 8 (got %d)", sp->bits);
+    if (sp->expert_bits && sp->expert_bits != 4 && sp->expert_bits != 8)
+        return tern_fail(err, "expert bits must be 4 or 8 (got %d)", sp->expert_bits);
     if (lp && lp->expert_budget)
         return tern_fail(err, "an in-memory synthetic model has no files to stream experts from: write it with "
                               "tern synth and load that directory with a budget");
@@ -98,6 +100,7 @@ static int build(tern_model *m, const tern_synth_params *sp, const tern_load_par
     if (pk_source_synth(&src, sp, err) != 0) return -1;
     pk_options o = {.group = 64};
     for (int q = 0; q < TERN_QC_COUNT; q++) o.bits[q] = sp->bits ? sp->bits : 4;
+    if (sp->expert_bits) o.bits[TERN_QC_EXPERTS] = sp->expert_bits;
     m->cfg = src.synth->cfg;
     pk_plan p;
     int rc = pk_plan_build(&p, &src, &m->cfg, &o, err);

@@ -646,7 +646,9 @@ int tern_pack(const tern_pack_params *p, tern_error *err) { return pack_run(p, N
 
 int tern_synth(const tern_synth_params *p, tern_error *err) {
     if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(err, "--bits must be 4 or 8 (got %d)", p->bits);
-    tern_pack_params pp = {.dst = p->dst, .bits = p->bits ? p->bits : 4, .resume = p->resume,
+    if (p->expert_bits && p->expert_bits != 4 && p->expert_bits != 8)
+        return tern_fail(err, "--expert-bits must be 4 or 8 (got %d)", p->expert_bits);
+    tern_pack_params pp = {.dst = p->dst, .bits = p->bits ? p->bits : 4, .expert_bits = p->expert_bits, .resume = p->resume,
                            .n_threads = p->n_threads, .progress = p->progress, .min_free_bytes = p->min_free_bytes};
     return pack_run(&pp, p, err);
 }

@@ -36,6 +36,7 @@ void *dev_alloc(size_t bytes);
 void *dev_upload(const void *host, size_t bytes);
 void dev_download(void *host, const void *dev, size_t bytes);
 float *dev_poison(size_t n);              /* n floats of NaN (0xff bytes): unwritten outputs show */
+void dev_zero(void *p, size_t bytes);
 void dev_sync(checker *ck, const char *what);
 void die_err(const char *what, const tern_error *err);
 /* GPU milliseconds of what is enqueued on ck->stream between the two. */

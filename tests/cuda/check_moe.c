@@ -202,6 +202,38 @@ static void random_routing(checker *ck, int T, int K, int E, int32_t *ids, float
     }
 }
 
+enum { MOE_TW = 4 };
+
+/* A call of MOE_TW random tokens through work, then three of the one-token
+ * case (dx, dids, dw): the last one's output into got. A one-launch MoE
+ * whose counters a wider call overwrote, or that does not put them back to
+ * zero, computes from h rows not yet written. */
+static void moe_after_wide(checker *ck, const expert_fixture *f, const moe_case *c, const float *dx,
+                           const int32_t *dids, const float *dw, void *work, float *dout, float *got) {
+    int K = c->K;
+    int32_t ids[MOE_TW * 16];
+    float wts[MOE_TW * 16];
+    float *x = xmalloc((size_t)MOE_TW * c->H * sizeof(float));
+    random_routing(ck, MOE_TW, K, c->E, ids, wts);
+    rnd_floats(ck, x, (size_t)MOE_TW * c->H, 1.0f);
+    int32_t *wids = dev_upload(ids, sizeof(int32_t) * MOE_TW * K);
+    float *ww = dev_upload(wts, sizeof(float) * MOE_TW * K), *wx = dev_upload(x, (size_t)MOE_TW * c->H * sizeof(float));
+    float *wout = dev_poison((size_t)MOE_TW * c->H);
+    tern_error err;
+    if (tern_cuda_moe(&f->ex, fixture_shared(f), fixture_gate(f), wx, MOE_TW, K, wids, ww, work, wout, ck->stream, &err))
+        die_err("moe", &err);
+    for (int i = 0; i < 3; i++)
+        if (tern_cuda_moe(&f->ex, fixture_shared(f), fixture_gate(f), dx, 1, K, dids, dw, work, dout, ck->stream, &err))
+            die_err("moe", &err);
+    dev_sync(ck, "moe");
+    dev_download(got, dout, (size_t)c->H * sizeof(float));
+    tern_cuda_free(wids);
+    tern_cuda_free(ww);
+    tern_cuda_free(wx);
+    tern_cuda_free(wout);
+    free(x);
+}
+
 static void moe_check(checker *ck, const moe_case *c, int timed) {
     int64_t Is = c->Is ? c->Is : c->I;
     expert_fixture f;
@@ -221,7 +253,12 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     }
     int32_t *dids = dev_upload(ids, (size_t)T * K * sizeof(int32_t));
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, (size_t)T * c->H * sizeof(float));
-    void *work = dev_alloc(tern_cuda_moe_workspace(T, K, Is > c->I ? Is : c->I));
+    /* room for MOE_TW tokens: a one-token case is checked again after a
+     * call of MOE_TW tokens through the same workspace (as the engine's
+     * prefill pieces then decode steps do) */
+    size_t mwb = tern_cuda_moe_workspace(T > MOE_TW ? T : MOE_TW, K, Is > c->I ? Is : c->I, c->H);
+    void *work = dev_alloc(mwb);
+    dev_zero(work, mwb);   /* the one-launch MoE's counters start at zero */
     float *dout = dev_poison((size_t)T * c->H);
     tern_error err;
     const tern_expert_w *shp = fixture_shared(&f);
@@ -236,6 +273,12 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
              c->shared_kind == 4 ? "+sh q4" : c->shared_kind == 8 ? "+sh q8" : c->shared_kind == 16 ? "+sh bf16" : "",
              sis);
     report(ck, "moe", shape, got, ref, (size_t)T * c->H, 1e-5);
+    if (T == 1) {
+        moe_after_wide(ck, &f, c, dx, dids, dw, work, dout, got);
+        char again[128];
+        snprintf(again, sizeof again, "%s, again x3 after T=%d", shape, MOE_TW);
+        report(ck, "moe", again, got, ref, (size_t)c->H, 1e-5);
+    }
     if (timed && ck->time) {
         /* 32 id sets: each rep reads other experts, like successive layers */
         int n_sets = 32;
@@ -291,6 +334,12 @@ void check_moe(checker *ck) {
     /* top 10 (more than 8 segments per token), groups of 128 */
     moe_case wide = {512, 128, 20, 10, 3, 4, 128, 0, 4, 0};
     moe_check(ck, &wide, 0);
+    /* one token, all q4 (the one-launch MoE): no shared expert, a table;
+     * top 10 with groups of 128 */
+    moe_case q4ns = {2048, 512, 64, 8, 1, 4, 64, 1, 0, 0};
+    moe_check(ck, &q4ns, 0);
+    moe_case wide1 = {512, 128, 20, 10, 1, 4, 128, 0, 4, 0};
+    moe_check(ck, &wide1, 0);
 }
 
 /* ---- router ------------------------------------------------------------------ */
@@ -461,7 +510,9 @@ static void moeg_check(checker *ck, const moeg_case *c, int timed) {
     float *dw = dev_upload(wts, (size_t)T * K * sizeof(float)), *dx = dev_upload(x, TH * sizeof(float));
     int64_t Is = c->shared_kind ? c->I : 0;
     size_t wb = tern_cuda_moe_grouped_workspace(T, K, c->E, c->H, c->I, Is);
-    void *work = dev_alloc(wb), *pwork = dev_alloc(tern_cuda_moe_workspace(T, K, c->I));
+    size_t pwb = tern_cuda_moe_workspace(T, K, c->I, c->H);
+    void *work = dev_alloc(wb), *pwork = dev_alloc(pwb);
+    dev_zero(pwork, pwb);
     float *dout = dev_poison(TH), *dpt = dev_poison(TH);
     const tern_expert_w *shp = fixture_shared(&f);
     const tern_mat *sgp = fixture_gate(&f);

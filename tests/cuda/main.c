@@ -72,6 +72,11 @@ float *dev_poison(size_t n) {
     return p;
 }
 
+void dev_zero(void *p, size_t bytes) {
+    tern_error err;
+    if (tern_cuda_fill(p, 0, bytes, NULL, &err) || tern_cuda_sync(NULL, &err)) die_err("zero", &err);
+}
+
 void dev_sync(checker *ck, const char *what) {
     tern_error err;
     if (tern_cuda_sync(ck->stream, &err)) die_err(what, &err);
