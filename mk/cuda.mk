@@ -60,4 +60,5 @@ test-cuda:
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_SEG=0"; TERN_MOE_SEG=0 build-cuda/tern-cuda-tests --only moe
+	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

@@ -196,6 +196,18 @@ size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden);
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                   const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work,
                   float *out, tern_stream s, tern_error *err);
+/* One token routed inside the experts' launch: the router's logits
+ * [n_experts] (tern_cuda_gemv1, without tern_cuda_gemv1_route's top-k)
+ * instead of ids and weights; every routed block takes the top k with
+ * tern_cuda_route's code, and the ids and weights are also written to
+ * ids/wts, the same bit for bit. Only where tern_cuda_moe_routes_itself
+ * says so (the one-launch MoE applies, n_experts <= 256;
+ * TERN_MOE_ROUTE=0: never), else an error. */
+int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                                int top_k, int n_experts);
+int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                        const float *x, int top_k, const float *logits, int n_experts, int renorm, int32_t *ids,
+                        float *wts, void *work, float *out, tern_stream s, tern_error *err);
 
 /* The same block for a prefill of T tokens, grouped by expert: the
  * tokens that chose an expert are gathered and multiplied together (bf16

@@ -83,6 +83,13 @@ typedef struct {
     unsigned *seg_cnt, *chunk_cnt, *done_cnt;
     int dc;            /* down rows of a block's chunk */
     float *out;
+    /* routing inside the one launch (tern_cuda_moe_route): the router's
+     * logits [n_e] instead of ids and weights, which block 0 of segment 0
+     * writes to ids_out / wts_out; NULL: ids and wts are given */
+    const float *logits;
+    int n_e, renorm;
+    int32_t *ids_out;
+    float *wts_out;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
@@ -301,7 +308,7 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
 template <int RK, bool SH>
 __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm);
 template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm);
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr);
 
 /* FUSED: the down projection too (one-token decode, q4, the grid in one
  * wave): a block of segment k also owns rows chunk b of that expert's down
@@ -321,6 +328,8 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
      * so only the shared expert's weights (in the routed kind) may be
      * requested before the wait */
     const bool early = !routed && SK == RK;
+    int eid = 0;       /* FUSED: the routed segment's expert and (routing itself) weight */
+    float ew = 0.0f;
     TRACE_DECL;
     TRACE_MARK(0);
     if (!early) pdl_wait();
@@ -342,7 +351,29 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         if (x_now) gud_x_load(x4, a.H, xv);
         gud_rows w;
         gud_step first;
-        const uint8_t *blob = routed && (mine || FUSED) ? expert_blob(a, a.ids[t * a.K + k]) : NULL;
+        if (FUSED && routed) {
+            if (a.logits) {
+                /* every routed block routes the token itself (route.cuh: the
+                 * same ids and weights in each block, and as the router's
+                 * last block gives them), in warp 0 while the others' x
+                 * loads are in flight */
+                __shared__ int32_t r_ids[32];
+                __shared__ float r_wts[32];
+                if (warp == 0) {
+                    route_row<8>(a.logits, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                    if (blockIdx.x == 0 && k == 0 && (threadIdx.x & 31) < a.K) {
+                        a.ids_out[threadIdx.x] = r_ids[threadIdx.x];
+                        a.wts_out[threadIdx.x] = r_wts[threadIdx.x];
+                    }
+                }
+                __syncthreads();
+                eid = r_ids[k];
+                ew = r_wts[k];
+            } else {
+                eid = a.ids[t * a.K + k];
+            }
+        }
+        const uint8_t *blob = routed && (mine || FUSED) ? expert_blob(a, FUSED ? eid : a.ids[t * a.K + k]) : NULL;
         if (mine) {
             if (routed) {
                 w = gud_setup<RK>(blob_part(blob, a.gate), blob_part(blob, a.up), i0, n, a.H);
@@ -377,9 +408,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
     if (FUSED) {
-        const part_ptr D = routed ? blob_part(expert_blob(a, a.ids[t * a.K + k]), a.down) : a.sdown_p;
-        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
-        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
+        if (!a.logits && routed) ew = __ldcg(a.wts + t * a.K + k);
+        const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
+        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), ew);
+        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), 0.0f);
     }
     TRACE_END(TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
@@ -677,7 +709,7 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
 }
 
 template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm) {
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr) {
     const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
     const int I = SH ? a.s_inter : a.I, nch = I / 32, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
@@ -693,7 +725,7 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
     float4 *h4 = (float4 *)(sm + L.h_off);
     for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
-    const float w = SH ? __ldcg(a.sg + t) : __ldcg(a.wts + t * a.K + k);
+    const float w = SH ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
     cp_async_wait_all();
     __syncthreads();
     /* rows: a half warp each, lane c of the half chunks c, c + 16, ... */
@@ -837,12 +869,13 @@ static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TER
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
 
-/* The one-launch MoE if it applies: 0 launched, 1 not applicable, -1 error. */
-static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
-    if (gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 ||
+/* Whether the one-launch MoE applies (1, with its kernel and shared
+ * memory; 0 not; -1 error). */
+static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p, tern_error *err) {
+    if (gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
         !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
-        a->I % 32 || a->H % XD_SPAN)
-        return 1;
+        a->I % 32)
+        return 0;
     a->dc = ceil_div(a->H, gd.x);
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
@@ -857,20 +890,31 @@ static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, GUD_WARPS * 32, smem) != cudaSuccess ||
         (int64_t)occ * sms < (int64_t)gd.x * gd.y) {
         cudaGetLastError();
-        return 1;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
+        return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
     }
+    *kp = k;
+    *smem_p = smem;
+    return 1;
+}
+
+/* The one-launch MoE if it applies: 0 launched, 1 not applicable, -1 error. */
+static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
+    void (*k)(moe_args) = NULL;
+    size_t smem = 0;
+    int rc = seg_plan(a, gd, &k, &smem, err);
+    if (rc <= 0) return rc < 0 ? -1 : 1;
     cudaError_t e = launch_pdl(k, gd, dim3(GUD_WARPS * 32), smem, s, *a);
     if (e != cudaSuccess) return tern_fail(err, "moe (one launch): %s", cudaGetErrorString(e));
     return launch_check("moe (one launch)", err);
 }
 
-int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
-                  const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
-                  tern_stream s, tern_error *err) {
+/* The launch arguments every path shares (shapes, weights, workspace). */
+static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                    const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
+                    tern_error *err) {
     if (check_experts(ex, err)) return -1;
     if (shared && check_shared(shared, shared_gate, ex->gate.cols, err)) return -1;
     if (T < 1 || top_k < 1) return tern_fail(err, "moe: T = %d, top_k = %d", T, top_k);
-    moe_args a;
     memset(&a, 0, sizeof a);
     a.blobs = ex->blobs;
     a.base = ex->base;
@@ -899,15 +943,59 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     a.ids = ids;
     a.wts = wts;
     a.x = x;
-    a.seg_cnt = (unsigned *)work;
-    a.chunk_cnt = a.seg_cnt + a.S;
-    a.done_cnt = a.chunk_cnt + ceil_div(a.Imax, 2 * GUD_WARPS);
-    a.part = (float *)((uint8_t *)work + align256(seg_counters(top_k, a.Imax) * sizeof(unsigned)));
-    a.h = (float *)((uint8_t *)work + moe_seg_bytes(top_k, a.Imax, a.H));
-    a.sg = a.h + (size_t)T * a.S * a.Imax;
+    if (work) {   /* (none: tern_cuda_moe_routes_itself's plan) */
+        a.seg_cnt = (unsigned *)work;
+        a.chunk_cnt = a.seg_cnt + a.S;
+        a.done_cnt = a.chunk_cnt + ceil_div(a.Imax, 2 * GUD_WARPS);
+        a.part = (float *)((uint8_t *)work + align256(seg_counters(top_k, a.Imax) * sizeof(unsigned)));
+        a.h = (float *)((uint8_t *)work + moe_seg_bytes(top_k, a.Imax, a.H));
+        a.sg = a.h + (size_t)T * a.S * a.Imax;
+    }
     a.out = out;
-
+    a.x_first = x_first_enabled();
     if ((int64_t)T * a.S > 65535) return tern_fail(err, "moe: %d tokens too many for one launch", T);
+    return 0;
+}
+
+static dim3 gud_grid(const moe_args &a, int T) { return dim3(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S); }
+
+/* Routing inside the one launch (TERN_MOE_ROUTE=0: the router's epilogue
+ * routes). */
+static int route_in_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_ROUTE"); }
+
+int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                                int top_k, int n_experts) {
+    moe_args a;
+    tern_error err;
+    void (*k)(moe_args) = NULL;
+    size_t smem = 0;
+    if (!route_in_enabled() || n_experts < top_k || n_experts > 256 || top_k > 32 ||
+        moe_fill(a, ex, shared, shared_gate, NULL, 1, top_k, NULL, NULL, NULL, NULL, &err))
+        return 0;
+    return seg_plan(&a, gud_grid(a, 1), &k, &smem, &err) == 1;
+}
+
+int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                        const float *x, int top_k, const float *logits, int n_experts, int renorm, int32_t *ids,
+                        float *wts, void *work, float *out, tern_stream s, tern_error *err) {
+    moe_args a;
+    if (moe_fill(a, ex, shared, shared_gate, x, 1, top_k, NULL, NULL, work, out, err)) return -1;
+    if (!tern_cuda_moe_routes_itself(ex, shared, shared_gate, top_k, n_experts))
+        return tern_fail(err, "moe_route: routing inside the experts' launch does not apply here");
+    a.logits = logits;
+    a.n_e = n_experts;
+    a.renorm = renorm;
+    a.ids_out = ids;
+    a.wts_out = wts;
+    int rc = moe_seg(&a, gud_grid(a, 1), (cudaStream_t)s, err);
+    return rc == 1 ? tern_fail(err, "moe_route: the one launch did not apply") : rc;
+}
+
+int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                  const float *x, int T, int top_k, const int32_t *ids, const float *wts, void *work, float *out,
+                  tern_stream s, tern_error *err) {
+    moe_args a;
+    if (moe_fill(a, ex, shared, shared_gate, x, T, top_k, ids, wts, work, out, err)) return -1;
     dim3 g1(ceil_div(a.Imax, 8), T * a.S);
 
     /* down: R rows per block, 16 KB of routed rows (1 to 16); routed lanes
@@ -930,7 +1018,6 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     }
     a.nt = a.ntr + a.nts;
     a.dn_trigger = dn_trigger_enabled() ? (tern_cuda_trigger_late() ? 2 : 1) : 0;
-    a.x_first = x_first_enabled();
     size_t smem2 = (size_t)top_k * a.dn_wr + a.dn_ws + (size_t)top_k * 2 * a.dn_sbr + 2 * (size_t)a.dn_sbs +
                    (size_t)R * a.nt * sizeof(float) + (size_t)top_k * (3 * sizeof(void *) + sizeof(float));
     dim3 g2(ceil_div(a.H, R), T);
@@ -953,7 +1040,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
              moe_gate_up_d_kernel<KIND_Q8, KIND_Q8>, moe_gate_up_d_kernel<KIND_Q8, KIND_BF16>,
              moe_gate_up_d_kernel<KIND_Q8, KIND_F16>}};
         void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
-        dim3 gd(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S);
+        dim3 gd = gud_grid(a, T);
         int rc = moe_seg(&a, gd, s, err);
         if (rc <= 0) return rc;   /* launched (0) or failed (-1) */
         if (smem_attr((const void *)k1, smem1, err)) return -1;

@@ -939,17 +939,25 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     gpu_session *g = s->gpu;
+    tern_cuda_experts ex = experts_of(s->m, l);
+    /* the experts' one launch may take the top k itself (no router
+     * epilogue, its count and its last block in the chain); not when the
+     * host observes the ids between the two */
+    int self = !s->route_fn && tern_cuda_moe_routes_itself(&ex, &w->shared, &w->shared_gate, c->top_k, c->n_experts);
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
-    if (tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err)) return -1;
+    if (self ? tern_cuda_gemv1(&w->router, &in, g->rlog, g->stream, err)
+             : tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err))
+        return -1;
     resid_taken(r);
     stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, 1, err)) return -1;
-    tern_cuda_experts ex = experts_of(s->m, l);
     stage(g, R_MOE, 0);
-    int rc = tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work, g->out2,
-                           g->stream, err);
+    int rc = self ? tern_cuda_moe_route(&ex, &w->shared, &w->shared_gate, g->xn, c->top_k, g->rlog, c->n_experts,
+                                        c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream, err)
+                  : tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work,
+                                  g->out2, g->stream, err);
     stage(g, R_MOE, 1);
     r->delta = g->out2;
     return rc;

@@ -307,6 +307,97 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     free(got);
 }
 
+static void route_ref(float *probs, int E, int K, int renorm, int *idx, float *wt);
+
+static int switched_off(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0");
+}
+
+/* The one-launch MoE routing the token itself (tern_cuda_moe_route) from
+ * random logits: ids exactly the CPU's top k, weights and output within
+ * the MoE check's tolerance of the CPU's, and all three bit for bit those
+ * of tern_cuda_route then tern_cuda_moe (the same kernels' code). must:
+ * the shape is the engine's, where it has to apply. */
+static void moe_route_check(checker *ck, const moe_case *c, int must) {
+    expert_fixture f;
+    fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
+    const tern_expert_w *shp = fixture_shared(&f);
+    const tern_mat *sgp = fixture_gate(&f);
+    char shape[96];
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d %s%s", c->bits, c->group, c->E, (long long)c->I,
+             (long long)c->H, c->K, c->use_table ? "table" : "base", c->shared_kind ? "+sh q4" : "");
+    if (!tern_cuda_moe_routes_itself(&f.ex, shp, sgp, c->K, c->E)) {
+        if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_route", shape, 1, 1);   /* the engine's shape must take it */
+        else printf("moe_route %s: does not apply on this device, skipped\n", shape);
+        fixture_free(&f);
+        return;
+    }
+    int E = c->E, K = c->K;
+    float *l = xmalloc((size_t)E * sizeof(float)), *p = xmalloc((size_t)E * sizeof(float));
+    float *x = xmalloc((size_t)c->H * sizeof(float)), *ref = xmalloc((size_t)c->H * sizeof(float));
+    float *got = xmalloc((size_t)c->H * sizeof(float)), *two = xmalloc((size_t)c->H * sizeof(float));
+    int idx[32];
+    float wt[32], gw[32], tw[32];
+    int32_t gi[32], ti[32];
+    rnd_floats(ck, l, (size_t)E, 2.0f);
+    rnd_floats(ck, x, (size_t)c->H, 1.0f);
+    memcpy(p, l, (size_t)E * sizeof(float));
+    route_ref(p, E, K, 1, idx, wt);
+    memset(ref, 0, (size_t)c->H * sizeof(float));
+    for (int k = 0; k < K; k++) fixture_ref(ck, &f, idx[k], x, wt[k], ref);
+    if (f.has_shared) fixture_ref_shared(ck, &f, x, ref);
+    float *dl = dev_upload(l, (size_t)E * sizeof(float)), *dx = dev_upload(x, (size_t)c->H * sizeof(float));
+    float *dw = dev_poison((size_t)K), *dw2 = dev_poison((size_t)K);
+    int32_t *di = dev_alloc((size_t)K * sizeof(int32_t)), *di2 = dev_alloc((size_t)K * sizeof(int32_t));
+    size_t wb = tern_cuda_moe_workspace(1, K, c->I, c->H);
+    void *work = dev_alloc(wb);
+    dev_zero(work, wb);
+    float *dout = dev_poison((size_t)c->H), *dout2 = dev_poison((size_t)c->H);
+    tern_error err;
+    for (int i = 0; i < 3; i++)   /* again and again: its counters back to zero each time */
+        if (tern_cuda_moe_route(&f.ex, shp, sgp, dx, K, dl, E, 1, di, dw, work, dout, ck->stream, &err))
+            die_err("moe_route", &err);
+    if (tern_cuda_route(dl, 1, E, K, 1, di2, dw2, ck->stream, &err) ||
+        tern_cuda_moe(&f.ex, shp, sgp, dx, 1, K, di2, dw2, work, dout2, ck->stream, &err))
+        die_err("route + moe", &err);
+    dev_sync(ck, "moe_route");
+    dev_download(got, dout, (size_t)c->H * sizeof(float));
+    dev_download(two, dout2, (size_t)c->H * sizeof(float));
+    dev_download(gi, di, (size_t)K * sizeof(int32_t));
+    dev_download(gw, dw, (size_t)K * sizeof(float));
+    dev_download(ti, di2, (size_t)K * sizeof(int32_t));
+    dev_download(tw, dw2, (size_t)K * sizeof(float));
+    long bad = 0, diff = 0;
+    for (int k = 0; k < K; k++) bad += gi[k] != idx[k];
+    for (int k = 0; k < K; k++) diff += gi[k] != ti[k] || memcmp(&gw[k], &tw[k], sizeof(float));
+    diff += memcmp(got, two, (size_t)c->H * sizeof(float)) != 0;
+    char what[128];
+    snprintf(what, sizeof what, "%s ids", shape);
+    report_exact(ck, "moe_route", what, bad, K);
+    snprintf(what, sizeof what, "%s weights", shape);
+    report(ck, "moe_route", what, gw, wt, (size_t)K, 1e-5);
+    report(ck, "moe_route", shape, got, ref, (size_t)c->H, 1e-5);
+    snprintf(what, sizeof what, "%s = route + moe (bitwise)", shape);
+    report_exact(ck, "moe_route", what, diff, K + 1);
+    tern_cuda_free(dl);
+    tern_cuda_free(dx);
+    tern_cuda_free(dw);
+    tern_cuda_free(dw2);
+    tern_cuda_free(di);
+    tern_cuda_free(di2);
+    tern_cuda_free(work);
+    tern_cuda_free(dout);
+    tern_cuda_free(dout2);
+    fixture_free(&f);
+    free(l);
+    free(p);
+    free(x);
+    free(ref);
+    free(got);
+    free(two);
+}
+
 void check_moe(checker *ck) {
     /* Qwen3.6 shapes, timed: the default pack (q4 experts, q8 shared), all
      * q4 at T = 1 and T = 8 (an MTP verification), all q8 */
@@ -340,6 +431,11 @@ void check_moe(checker *ck) {
     moe_check(ck, &q4ns, 0);
     moe_case wide1 = {512, 128, 20, 10, 1, 4, 128, 0, 4, 0};
     moe_check(ck, &wide1, 0);
+    /* routing inside the one launch: the engine's shape (q4 experts and
+     * shared expert), no shared expert, top 10 of 20 */
+    moe_route_check(ck, &q4, 1);
+    moe_route_check(ck, &q4ns, 0);
+    moe_route_check(ck, &wide1, 0);
 }
 
 /* ---- router ------------------------------------------------------------------ */
