@@ -43,6 +43,8 @@ def role_of(name, nxt):
     if name.startswith("gemv1_kernel"):
         # the router is the only GEMV followed by the experts
         return "router + top-k" if nxt.startswith("moe_gate") else "output projection"
+    if name.startswith("moe_gate") and name.endswith("Lb1E>"):   # FUSED = true
+        return "experts (gate/up and down, one launch)"
     for prefix, role in (("gdn_step", "DeltaNet step"), ("moe_gate", "experts' gate/up"),
                          ("moe_down", "experts' down"), ("attn_", "attention core"), ("topk_", "sampling"),
                          ("argmax", "sampling"), ("embed", "embedding")):
