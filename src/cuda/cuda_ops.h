@@ -180,6 +180,12 @@ typedef struct tern_cuda_experts {
     const uint8_t *base;
     size_t stride;
     tern_cuda_expert_part gate, up, down;   /* [I, H], [I, H], [H, I] */
+    /* 1: tern_cuda_moe may run one token's gate/up and down as one grid
+     * whose blocks wait for each other (docs/CUDA.md, "the experts in one
+     * launch"). Only when no other such grid can run beside it on the
+     * device: two grids sharing the SMs could each wait for blocks the
+     * other keeps from starting. 0: the two launches. */
+    int one_launch;
 } tern_cuda_experts;
 
 /* One MoE block for T tokens (T small: decode, MTP verification):

@@ -81,6 +81,7 @@ typedef struct {
      * per row chunk, and the blocks done (zero between calls) */
     float *part;
     unsigned *seg_cnt, *chunk_cnt, *done_cnt;
+    int one_launch;    /* the caller allows it (tern_cuda_experts.one_launch) */
     int dc;            /* down rows of a block's chunk */
     float *out;
     /* routing inside the one launch (tern_cuda_moe_route): the router's
@@ -872,7 +873,7 @@ static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TE
 /* Whether the one-launch MoE applies (1, with its kernel and shared
  * memory; 0 not; -1 error). */
 static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p, tern_error *err) {
-    if (gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
+    if (!a->one_launch || gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
         !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
         a->I % 32)
         return 0;
@@ -923,6 +924,7 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
     a.up = ex->up;
     a.down = ex->down;
     a.r_kind = ex->gate.bits == 4 ? KIND_Q4 : KIND_Q8;
+    a.one_launch = ex->one_launch;
     a.H = (int)ex->gate.cols;
     a.I = (int)ex->gate.rows;
     a.K = top_k;

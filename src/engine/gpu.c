@@ -1,5 +1,6 @@
 #include "engine/gpu.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +85,13 @@ typedef struct gpu_model {
     int n_vecs, cap_vecs;
     float *inv_freq;
     int w_layers;
+    /* live GPU sessions of this model: the experts' one launch (blocks
+     * that wait for each other) is used only while there is one, so two
+     * such grids never share the SMs */
+    atomic_int sessions;
 } gpu_model;
+
+static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
 
 /* A pointer into the host map of resident.bin, moved to the device copy. */
 static const void *dev_of(const tern_model *m, const gpu_model *g, const void *host) {
@@ -313,6 +320,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
+    atomic_init(&g->sessions, 0);
     if (build(m, g, device, err) != 0) {
         gpu_model_free(g);
         return -1;
@@ -364,7 +372,9 @@ typedef struct gpu_session {
     tern_graph graph;             /* the decode step, re-captured and updated each token */
     int use_graph;
     int piece;                    /* tokens per forward piece */
-    struct { int T, rows, n_plan; } key;   /* what g->graph was captured for */
+    struct { int T, rows, n_plan, one_launch; } key;   /* what g->graph was captured for */
+    int counted;                  /* in the model's sessions */
+    int one_launch;               /* this step may take the experts' one launch (the only session) */
     const uint8_t **kv_key;       /* and the KV caches it points at: [layer][k, v] */
     const int *pos_dev;           /* during a capture: the step's position, read on the device */
     int n_plan;                   /* and the context the attention's splits are planned for */
@@ -511,6 +521,8 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     if (read_switches(g, s->max_ctx, err) || alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) ||
         !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
         return -1;
+    atomic_fetch_add(sessions_of(s->m), 1);
+    g->counted = 1;
     return 0;
 }
 
@@ -532,6 +544,7 @@ void tern_gpu_session_free(tern_session *s) {
     }
     if (!g) return;
     if (g->stream) tern_cuda_sync(g->stream, NULL);
+    if (g->counted) atomic_fetch_sub(sessions_of(s->m), 1);   /* its last grid has ended */
     const char *trace = getenv("TERN_PHASE_TRACE");   /* a measurement build's records (src/cuda/trace.cuh) */
     tern_error terr;
     if (trace && *trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
@@ -767,7 +780,7 @@ static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
 static tern_cuda_experts experts_of(const tern_model *m, int l) {
     const gpu_model *gm = m->gpu;
     return (tern_cuda_experts){NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]),
-                               part_of(&m->man.parts[1]), part_of(&m->man.parts[2])};
+                               part_of(&m->man.parts[1]), part_of(&m->man.parts[2]), 0};
 }
 
 static int observe(tern_session *s, int l, int T, tern_error *err) {
@@ -940,6 +953,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     const tern_config *c = &s->m->cfg;
     gpu_session *g = s->gpu;
     tern_cuda_experts ex = experts_of(s->m, l);
+    ex.one_launch = g->one_launch;
     /* the experts' one launch may take the top k itself (no router
      * epilogue, its count and its last block in the chain); not when the
      * host observes the ids between the two */
@@ -1060,7 +1074,8 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
         g->kv_key[2 * l + 1] = s->kv[l].v;
     }
     int other_rule = g->key_rule.on != (rule != NULL) || (rule && memcmp(&g->key_rule.r, rule, sizeof *rule));
-    if (!g->graph || moved || other_rule || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan) {
+    if (!g->graph || moved || other_rule || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan ||
+        g->key.one_launch != g->one_launch) {
         g->pos_dev = (const int *)(g->step_dev + STEP_POS);
         g->n_plan = n_plan;
         if (tern_cuda_capture_begin(g->stream, err)) return -1;
@@ -1078,6 +1093,7 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
         g->key.T = T;
         g->key.rows = rows;
         g->key.n_plan = n_plan;
+        g->key.one_launch = g->one_launch;
         g->key_rule.on = rule != NULL;
         if (rule) g->key_rule.r = *rule;
     }
@@ -1120,6 +1136,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int small = T <= SUB && rows <= LOGIT_ROWS;
     if (rule && !small) return tern_fail(err, "GPU: a step with a draw takes at most %d tokens", SUB);
     int graph = small && g->use_graph && !decode_marks && !s->route_fn;
+    g->one_launch = atomic_load(sessions_of(m)) == 1;   /* read once: the whole step (and its graph) agree */
     int rc;
     if (graph) rc = replay_step(s, T, rows, rule, err);
     else if (small) rc = enqueue_step(s, T, rows, rule, err);

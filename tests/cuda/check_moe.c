@@ -92,6 +92,7 @@ static void fixture_make(checker *ck, expert_fixture *f, int64_t H, int64_t I, i
     memset(f, 0, sizeof *f);
     f->stride = layout_parts(&f->ex, H, I, bits, group);
     f->ex.stride = f->stride;
+    f->ex.one_launch = 1;   /* the checker runs one grid at a time */
     f->E = E;
     f->use_table = use_table;
     f->blobs = xmalloc(f->stride * (size_t)E);
@@ -333,6 +334,12 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
         fixture_free(&f);
         return;
     }
+    /* not allowed by the caller (another session on the device): never */
+    tern_cuda_experts no = f.ex;
+    no.one_launch = 0;
+    char what[160];
+    snprintf(what, sizeof what, "%s, one launch not allowed: not taken", shape);
+    report_exact(ck, "moe_route", what, tern_cuda_moe_routes_itself(&no, shp, sgp, c->K, c->E) != 0, 1);
     int E = c->E, K = c->K;
     float *l = xmalloc((size_t)E * sizeof(float)), *p = xmalloc((size_t)E * sizeof(float));
     float *x = xmalloc((size_t)c->H * sizeof(float)), *ref = xmalloc((size_t)c->H * sizeof(float));
@@ -372,7 +379,6 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     for (int k = 0; k < K; k++) bad += gi[k] != idx[k];
     for (int k = 0; k < K; k++) diff += gi[k] != ti[k] || memcmp(&gw[k], &tw[k], sizeof(float));
     diff += memcmp(got, two, (size_t)c->H * sizeof(float)) != 0;
-    char what[128];
     snprintf(what, sizeof what, "%s ids", shape);
     report_exact(ck, "moe_route", what, bad, K);
     snprintf(what, sizeof what, "%s weights", shape);

@@ -132,6 +132,26 @@ static void one_at_a_time(const char *name, tern_model *cpu, tern_model *gpu, in
     free(b);
 }
 
+/* With a second session of the same model alive: its decode steps take
+ * the experts' two launches (the one launch is only for a model's only
+ * session), still the CPU's numbers. */
+static void two_sessions(const char *name, const char *dir, int kv_bits) {
+    tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
+    tern_session_params sp = {.kv_bits = kv_bits};
+    tern_error err;
+    tern_session *other = tern_session_create(gpu, &sp, &err);
+    if (!other) { fprintf(stderr, "session: %s\n", err.msg); exit(2); }
+    int V = tern_model_vocab_size(cpu);
+    int32_t ids[41];
+    for (int i = 0; i < 41; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    char what[128];
+    snprintf(what, sizeof what, "%s, a second session alive", name);
+    one_at_a_time(what, cpu, gpu, kv_bits, ids, V);
+    tern_session_destroy(other);
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
 static void compare(const char *name, const char *dir, int kv_bits) {
     tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
     int V = tern_model_vocab_size(cpu), P = 600, n = 6;
@@ -304,6 +324,7 @@ int main(void) {
         snprintf(n4, sizeof n4, "%s q4", fx[i].name);
         compare(n8, d8, 16);
         compare(n4, d4, 8);
+        if (i == 1) two_sessions(n4, d4, 8);
         free(d8);
         free(d4);
     }
