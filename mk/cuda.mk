@@ -48,9 +48,11 @@ endif
 # only when forced) and with the norm's weights read after the wait, the
 # attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
-# gate/up kernel (8-bit experts take the integer dots by default) and with
-# both MoE kernels launched the ordinary way (no PDL). Then the
-# GPU engine against the CPU engine (tests/gpu/check_engine.c).
+# gate/up kernel (8-bit experts take the integer dots by default), with
+# both MoE kernels launched the ordinary way (no PDL) and in two launches
+# instead of the one-token one launch. Then the GPU engine against the CPU
+# engine (tests/gpu/check_engine.c), also with the router's epilogue taking
+# the top k instead of the experts' one launch.
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
