@@ -212,8 +212,12 @@ enum { MOE_TW = 4 };
 static void moe_after_wide(checker *ck, const expert_fixture *f, const moe_case *c, const float *dx,
                            const int32_t *dids, const float *dw, void *work, float *dout, float *got) {
     int K = c->K;
-    int32_t ids[MOE_TW * 16];
-    float wts[MOE_TW * 16];
+    int32_t ids[MOE_TW * 32];   /* top k <= 32 (the router's limit) */
+    float wts[MOE_TW * 32];
+    if (K > 32) {
+        fprintf(stderr, "tern-cuda-tests: moe: top %d over the checker's 32\n", K);
+        exit(2);
+    }
     float *x = xmalloc((size_t)MOE_TW * c->H * sizeof(float));
     random_routing(ck, MOE_TW, K, c->E, ids, wts);
     rnd_floats(ck, x, (size_t)MOE_TW * c->H, 1.0f);
