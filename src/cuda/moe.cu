@@ -840,11 +840,6 @@ size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden) 
            ((size_t)T * (size_t)(top_k + 1) * (size_t)inter + (size_t)T) * sizeof(float) + 256;
 }
 
-/* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
- * token, q4 routed experts on the integer dots, a q4 shared expert of the
- * same width or none, and the grid in one wave. */
-static int seg_enabled(void) { static int on = -1; if (on < 0) on = !env_off("TERN_MOE_SEG"); return on; }
-
 static int round32(int v) { return (v + 31) & ~31; }
 
 /* Past the default 48 KB of dynamic shared memory (large shapes only) a
@@ -873,6 +868,10 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
+/* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
+ * token, q4 routed experts on the integer dots, a q4 shared expert of the
+ * same width or none, and the grid in one wave. */
+static int seg_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_SEG"); }
 
 /* Whether the one-launch MoE applies (1, with its kernel and shared
  * memory; 0 not; -1 error). */
@@ -966,8 +965,11 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
 static dim3 gud_grid(const moe_args &a, int T) { return dim3(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S); }
 
 /* Routing inside the one launch (TERN_MOE_ROUTE=0: the router's epilogue
- * routes). */
-static int route_in_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_ROUTE"); }
+ * routes), within route_row<8>'s limits. */
+static int route_in_ok(int top_k, int n_experts) {
+    static int on = -1;
+    return switch_on(&on, "TERN_MOE_ROUTE") && n_experts >= top_k && n_experts <= 256 && top_k <= 32;
+}
 
 int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                                 int top_k, int n_experts) {
@@ -975,8 +977,7 @@ int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w
     tern_error err;
     void (*k)(moe_args) = NULL;
     size_t smem = 0;
-    if (!route_in_enabled() || n_experts < top_k || n_experts > 256 || top_k > 32 ||
-        moe_fill(a, ex, shared, shared_gate, NULL, 1, top_k, NULL, NULL, NULL, NULL, &err))
+    if (!route_in_ok(top_k, n_experts) || moe_fill(a, ex, shared, shared_gate, NULL, 1, top_k, NULL, NULL, NULL, NULL, &err))
         return 0;
     return seg_plan(&a, gud_grid(a, 1), &k, &smem, &err) == 1;
 }
@@ -986,7 +987,7 @@ int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared
                         float *wts, void *work, float *out, tern_stream s, tern_error *err) {
     moe_args a;
     if (moe_fill(a, ex, shared, shared_gate, x, 1, top_k, NULL, NULL, work, out, err)) return -1;
-    if (!tern_cuda_moe_routes_itself(ex, shared, shared_gate, top_k, n_experts))
+    if (!route_in_ok(top_k, n_experts))
         return tern_fail(err, "moe_route: routing inside the experts' launch does not apply here");
     a.logits = logits;
     a.n_e = n_experts;

@@ -89,6 +89,9 @@ typedef struct gpu_model {
      * that wait for each other) is used only while there is one, so two
      * such grids never share the SMs */
     atomic_int sessions;
+    /* per layer: its experts' one launch can route the token itself (shapes,
+     * kinds and the device's room; fixed for the model, planned once) */
+    unsigned char *moe_self;
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
@@ -186,6 +189,7 @@ static void gpu_model_free(gpu_model *g) {
     free(g->experts);
     tern_cuda_free(g->resident);
     free(g->w.layers);
+    free(g->moe_self);
     tern_cuda_ctx_destroy(g->ctx);
     free(g);
 }
@@ -317,6 +321,8 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     return upload_experts(m, g, err);
 }
 
+static int plan_moe_self(tern_model *m, tern_error *err);
+
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
@@ -326,6 +332,10 @@ int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
         return -1;
     }
     m->gpu = g;
+    if (plan_moe_self(m, err) != 0) {
+        tern_gpu_model_free(m);
+        return -1;
+    }
     return 0;
 }
 
@@ -783,6 +793,22 @@ static tern_cuda_experts experts_of(const tern_model *m, int l) {
                                part_of(&m->man.parts[1]), part_of(&m->man.parts[2]), 0};
 }
 
+/* gpu_model.moe_self: asked once per layer (with the one launch allowed;
+ * a step still takes it only while the model has one session). */
+static int plan_moe_self(tern_model *m, tern_error *err) {
+    gpu_model *gm = m->gpu;
+    const tern_config *c = &m->cfg;
+    if (!(gm->moe_self = calloc((size_t)c->n_layers, 1))) return tern_fail(err, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        const tern_moe_w *w = &gm->w.layers[l].moe;
+        tern_cuda_experts ex = experts_of(m, l);
+        ex.one_launch = 1;
+        gm->moe_self[l] = (unsigned char)tern_cuda_moe_routes_itself(&ex, &w->shared, &w->shared_gate, c->top_k,
+                                                                    c->n_experts);
+    }
+    return 0;
+}
+
 static int observe(tern_session *s, int l, int T, tern_error *err) {
     gpu_session *g = s->gpu;
     int K = s->m->cfg.top_k;
@@ -952,12 +978,13 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     gpu_session *g = s->gpu;
+    const gpu_model *gm = s->m->gpu;
     tern_cuda_experts ex = experts_of(s->m, l);
     ex.one_launch = g->one_launch;
     /* the experts' one launch may take the top k itself (no router
      * epilogue, its count and its last block in the chain); not when the
      * host observes the ids between the two */
-    int self = !s->route_fn && tern_cuda_moe_routes_itself(&ex, &w->shared, &w->shared_gate, c->top_k, c->n_experts);
+    int self = g->one_launch && !s->route_fn && gm->moe_self[l];
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};

@@ -212,8 +212,12 @@ enum { MOE_TW = 4 };
 static void moe_after_wide(checker *ck, const expert_fixture *f, const moe_case *c, const float *dx,
                            const int32_t *dids, const float *dw, void *work, float *dout, float *got) {
     int K = c->K;
-    int32_t ids[MOE_TW * 16];
-    float wts[MOE_TW * 16];
+    int32_t ids[MOE_TW * 32];   /* top k <= 32 (the router's limit) */
+    float wts[MOE_TW * 32];
+    if (K > 32) {
+        fprintf(stderr, "tern-cuda-tests: moe: top %d over the checker's 32\n", K);
+        exit(2);
+    }
     float *x = xmalloc((size_t)MOE_TW * c->H * sizeof(float));
     random_routing(ck, MOE_TW, K, c->E, ids, wts);
     rnd_floats(ck, x, (size_t)MOE_TW * c->H, 1.0f);
@@ -223,6 +227,8 @@ static void moe_after_wide(checker *ck, const expert_fixture *f, const moe_case 
     tern_error err;
     if (tern_cuda_moe(&f->ex, fixture_shared(f), fixture_gate(f), wx, MOE_TW, K, wids, ww, work, wout, ck->stream, &err))
         die_err("moe", &err);
+    /* NaN first: an output the calls below do not all write shows */
+    if (tern_cuda_fill(dout, 0xff, (size_t)c->H * sizeof(float), ck->stream, &err)) die_err("poison", &err);
     for (int i = 0; i < 3; i++)
         if (tern_cuda_moe(&f->ex, fixture_shared(f), fixture_gate(f), dx, 1, K, dids, dw, work, dout, ck->stream, &err))
             die_err("moe", &err);
@@ -362,13 +368,24 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     dev_zero(work, wb);
     float *dout = dev_poison((size_t)c->H), *dout2 = dev_poison((size_t)c->H);
     tern_error err;
-    for (int i = 0; i < 3; i++)   /* again and again: its counters back to zero each time */
+    /* first on other logits (other experts' h in the workspace), then
+     * twice on these into a poisoned output: counters not back at zero
+     * would let a segment read h rows of the earlier call */
+    float *l2 = xmalloc((size_t)E * sizeof(float));
+    rnd_floats(ck, l2, (size_t)E, 2.0f);
+    float *dl2 = dev_upload(l2, (size_t)E * sizeof(float));
+    if (tern_cuda_moe_route(&f.ex, shp, sgp, dx, K, dl2, E, 1, di, dw, work, dout, ck->stream, &err) ||
+        tern_cuda_fill(dout, 0xff, (size_t)c->H * sizeof(float), ck->stream, &err))
+        die_err("moe_route", &err);
+    for (int i = 0; i < 2; i++)
         if (tern_cuda_moe_route(&f.ex, shp, sgp, dx, K, dl, E, 1, di, dw, work, dout, ck->stream, &err))
             die_err("moe_route", &err);
     if (tern_cuda_route(dl, 1, E, K, 1, di2, dw2, ck->stream, &err) ||
         tern_cuda_moe(&f.ex, shp, sgp, dx, 1, K, di2, dw2, work, dout2, ck->stream, &err))
         die_err("route + moe", &err);
     dev_sync(ck, "moe_route");
+    tern_cuda_free(dl2);
+    free(l2);
     dev_download(got, dout, (size_t)c->H * sizeof(float));
     dev_download(two, dout2, (size_t)c->H * sizeof(float));
     dev_download(gi, di, (size_t)K * sizeof(int32_t));
