@@ -309,7 +309,8 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
 template <int RK, bool SH>
 __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm);
 template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr);
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr,
+                         unsigned long long *tm);
 
 /* FUSED: the down projection too (one-token decode, q4, the grid in one
  * wave): a block of segment k also owns rows chunk b of that expert's down
@@ -411,10 +412,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     if (FUSED) {
         if (!a.logits && routed) ew = __ldcg(a.wts + t * a.K + k);
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
-        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), ew);
-        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), 0.0f);
+        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), ew, TRACE_PTR);
+        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), 0.0f, TRACE_PTR);
     }
-    TRACE_END(TRACE_MOE_GATE_UP, routed ? 0u : 1u);
+    TRACE_END(FUSED ? TRACE_MOE_ONE : TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
 
 /* ---- launch 2: down ------------------------------------------------------- */
@@ -710,7 +711,8 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
 }
 
 template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr) {
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr,
+                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
     const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
     const int I = SH ? a.s_inter : a.I, nch = I / 32, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
@@ -722,6 +724,7 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
         while (ld_acquire(a.seg_cnt + k) < (unsigned)B) __nanosleep(32);
     }
     __syncthreads();
+    TRACE_MARK_AT(tm, 5);
     pdl_trigger();   /* every block is resident and past its wait: the next kernel may launch */
     const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
     float4 *h4 = (float4 *)(sm + L.h_off);
@@ -760,6 +763,7 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     }
     /* the chunk over the segments, by the last segment to finish it */
     __syncthreads();
+    TRACE_MARK_AT(tm, 6);
     if (tid == 0) *flag = atom_acq_rel(a.chunk_cnt + b) == (unsigned)(a.S - 1);
     __syncthreads();
     if (*flag) {

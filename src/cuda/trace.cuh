@@ -35,6 +35,12 @@ __device__ __forceinline__ unsigned long long trace_now() {
     do {                                               \
         if (threadIdx.x == 0) trace_m_[i] = trace_now(); \
     } while (0)
+/* marks set in a device function the kernel calls: it takes TRACE_PTR */
+#define TRACE_PTR trace_m_
+#define TRACE_MARK_AT(p, i)                        \
+    do {                                           \
+        if (threadIdx.x == 0) (p)[i] = trace_now(); \
+    } while (0)
 #define TRACE_END(kid_, aux_)                                                          \
     do {                                                                               \
         if (threadIdx.x == 0) {                                                        \
@@ -70,11 +76,14 @@ __device__ __forceinline__ unsigned long long trace_now() {
 #else
 #define TRACE_DECL do { } while (0)
 #define TRACE_MARK(i) do { } while (0)
+#define TRACE_PTR nullptr
+#define TRACE_MARK_AT(p, i) do { (void)(p); } while (0)
 #define TRACE_END(kid, aux) do { } while (0)
 #define TRACE_DUMP_FN(name)
 #endif
 
 /* kernel ids of the records */
-enum { TRACE_GEMV1 = 1, TRACE_GEMV1_ROUTE = 2, TRACE_GEMV1S = 3, TRACE_MOE_GATE_UP = 4, TRACE_MOE_DOWN = 5 };
+enum { TRACE_GEMV1 = 1, TRACE_GEMV1_ROUTE = 2, TRACE_GEMV1S = 3, TRACE_MOE_GATE_UP = 4, TRACE_MOE_DOWN = 5,
+       TRACE_MOE_ONE = 6 };
 
 #endif

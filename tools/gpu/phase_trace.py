@@ -27,6 +27,8 @@ KERNELS = {
     4: ("experts' gate/up", ["start", "wait released", "first weights requested", "x as digits", "h written", "",
                              "", "end"], 1),
     5: ("experts' down", ["start", "ids read", "rows requested", "rows landed", "products", "", "", "end"], 0),
+    6: ("experts in one launch", ["start", "wait released", "first weights requested", "x as digits", "h written",
+                                  "segment done", "down rows written", "end"], 1),
 }
 GAP_NS = 8000   # blocks of one call start within this of the previous block
 
