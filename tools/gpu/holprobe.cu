@@ -2,7 +2,7 @@
  * the weight requests the block issued just before it?
  *
  * Every GEMV of the decode step requests its first weight tiles into shared
- * memory, then (after the previous kernel) loads its input vector, which
+ * memory or registers, then (after the previous kernel) loads its input vector, which
  * that kernel has just written and which sits in L2. The phase trace
  * (docs/PERFORMANCE.md, rounds 7-8) has the input built ~2-3 us after the
  * release, about the time the SM's share of HBM takes to serve the tiles.
@@ -11,9 +11,11 @@
  * 8 KB of a vector written by the kernel before (L2 hits), and records per
  * block, with %globaltimer: the requests' issue time, the vector's arrival
  * after the requests were issued, and the weights' arrival. Three ways to
- * request the weights: cp.async of 16 bytes per thread (the GEMVs' way),
- * one cp.async.bulk per block (the TMA unit, completion on an mbarrier), and
- * none (the vector's latency alone). Medians over blocks and 20 launches.
+ * request the weights: cp.async of 16 bytes per thread (the staged GEMV's
+ * way), one cp.async.bulk per block (the TMA unit, completion on an
+ * mbarrier), 16-byte loads into registers held until after the vector (the
+ * register-tile GEMVs' and the experts' gate/up way), and none (the vector's
+ * latency alone). Medians over blocks and 20 launches.
  *
  *   nvcc -O3 -gencode arch=compute_90,code=sm_90 -o holprobe tools/gpu/holprobe.cu && ./holprobe */
 #include <cuda_runtime.h>
@@ -35,7 +37,8 @@
 #define WBUF (512u << 20)
 #define LAUNCHES 20
 
-enum { MODE_NONE, MODE_CPASYNC, MODE_BULK };
+enum { MODE_NONE, MODE_CPASYNC, MODE_BULK, MODE_REGS };
+#define REGS_MAX 12   /* 16-byte loads a thread holds in MODE_REGS: 48 KB a block */
 
 __device__ __forceinline__ unsigned long long gtime() {
     unsigned long long t;
@@ -79,6 +82,14 @@ __global__ void __launch_bounds__(THREADS) probe(const uint8_t *w, size_t per_bl
                 : "memory");
         }
     }
+    uint4 held[REGS_MAX];
+    if (mode == MODE_REGS) {
+#pragma unroll
+        for (int j = 0; j < REGS_MAX; j++) {
+            size_t i = 16 * (threadIdx.x + (size_t)j * THREADS);
+            held[j] = i < per_block ? __ldcs((const uint4 *)(src + i)) : make_uint4(0, 0, 0, 0);
+        }
+    }
     const unsigned long long t1 = gtime();
     /* the vector: 2 float4 a thread, then a block sum (the norm's shape) */
     const float4 *x4 = (const float4 *)x;
@@ -90,6 +101,11 @@ __global__ void __launch_bounds__(THREADS) probe(const uint8_t *w, size_t per_bl
     const unsigned long long t2 = gtime();
     if (mode == MODE_CPASYNC) {
         asm volatile("cp.async.wait_all;" ::: "memory");
+    } else if (mode == MODE_REGS) {
+        unsigned v = 0;
+#pragma unroll
+        for (int j = 0; j < REGS_MAX; j++) v ^= held[j].x ^ held[j].y ^ held[j].z ^ held[j].w;
+        if (v == 0x9e3779b9u) sm[0] = 1;   /* (keeps the loads) */
     } else if (mode == MODE_BULK) {
         unsigned done = 0;
         while (!done)
@@ -104,7 +120,7 @@ __global__ void __launch_bounds__(THREADS) probe(const uint8_t *w, size_t per_bl
     if (threadIdx.x == 0) {
         float tot = 0.0f;
         for (int i = 0; i < THREADS / 32; i++) tot += red[i];
-        if (mode != MODE_NONE) tot += (float)sm[per_block - 1];
+        if (mode == MODE_CPASYNC || mode == MODE_BULK) tot += (float)sm[per_block - 1];
         sink[blockIdx.x] = tot;
         rec[3 * blockIdx.x] = t1 - t0;
         rec[3 * blockIdx.x + 1] = t2 - t1;
@@ -138,14 +154,15 @@ int main(void) {
     CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10));
     unsigned long long *h = (unsigned long long *)malloc(3 * (size_t)blocks * LAUNCHES * sizeof *h);
     unsigned long long *col = (unsigned long long *)malloc((size_t)blocks * LAUNCHES * sizeof *col);
-    static const char *names[] = {"none", "cp.async 16 B a thread", "cp.async.bulk (TMA) a block"};
+    static const char *names[] = {"none", "cp.async 16 B a thread", "cp.async.bulk (TMA) a block",
+                                  "16 B loads into registers"};
     printf("%d blocks of %d threads (3 a SM); medians over blocks and %d launches, us after the block's start\n\n",
            blocks, THREADS, LAUNCHES);
     printf("| weights a block | requested by | issue | vector in, after the issue | weights in |\n");
     printf("|---:|---|---:|---:|---:|\n");
     const size_t sizes[] = {16 << 10, 32 << 10, 48 << 10};
     for (int si = 0; si < 3; si++)
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) {
             size_t per = sizes[si], span = per * blocks, off = 0;
             if (mode == MODE_NONE && si > 0) continue;
             for (int l = 0; l < LAUNCHES + 2; l++) {
