@@ -700,17 +700,6 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
 
 /* ---- planning and launch --------------------------------------------------- */
 
-static int att_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0, v = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-        n = v > 0 ? v : 1;
-    }
-    return n;
-}
-
 /* 8-value pieces per lane: 1 up to head_dim 256, 2 up to 512 */
 static int att_cpl(int hd) { return hd <= 256 ? 1 : 2; }
 
@@ -719,7 +708,7 @@ static int att_cpl(int hd) { return hd <= 256 ? 1 : 2; }
 static int att_splits(const tern_cuda_attn_dims *d, int T, int n) {
     int Q = 8 / att_cpl(d->head_dim), G = d->n_heads / d->n_kv;
     int groups = d->n_kv * ((G + Q - 1) / Q) * T;
-    int want = (ATT_PLAN_PER_SM * att_sms() + groups - 1) / groups, cap = (n + ATT_GRAN - 1) / ATT_GRAN;
+    int want = (ATT_PLAN_PER_SM * tern_cuda_sm_count() + groups - 1) / groups, cap = (n + ATT_GRAN - 1) / ATT_GRAN;
     int ns = want < cap ? want : cap;
     return ns < 1 ? 1 : ns;
 }

@@ -33,6 +33,13 @@ static inline int env_off(const char *name) {
     return e && !strcmp(e, "0");
 }
 
+/* A switch that is on unless its variable is 0, read once into *on (a
+ * static of the caller, -1 before). */
+static inline int switch_on(int *on, const char *name) {
+    if (*on < 0) *on = !env_off(name);
+    return *on;
+}
+
 /* ---- programmatic dependent launch (Hopper) ------------------------------
  * A decode step is a chain of small kernels, each a few microseconds; most
  * of a kernel's time is the DRAM latency of its first weight loads and the
@@ -58,6 +65,37 @@ __device__ __forceinline__ void pdl_trigger() {
 
 int tern_cuda_pdl_enabled(void);   /* runtime.cu: the device is sm_90+ and TERN_CUDA_PDL is not 0 */
 int tern_cuda_trigger_late(void);       /* runtime.cu: TERN_CUDA_TRIGGER_LATE is not 0 */
+int tern_cuda_sm_count(void);           /* runtime.cu: the device's SMs, asked once */
+
+/* Resident blocks per SM of a kernel at `threads` threads and `smem` bytes
+ * of dynamic shared memory, cached per kernel (a static cache for each)
+ * and size: the CUDA queries cost microseconds, and a step launched
+ * outside a graph would pay them every call. The kernel's shared-memory
+ * limit is raised to the largest size asked; 1 when a query fails. A pure
+ * function of the kernel and the device, so the cache is safe to share. */
+typedef struct {
+    size_t smem[8], limit;
+    int occ[8], n;
+} occ_cache;
+
+template <typename Kernel>
+static int blocks_per_sm(occ_cache &c, Kernel kernel, int threads, size_t smem) {
+    for (int i = 0; i < c.n; i++)
+        if (c.smem[i] == smem) return c.occ[i];
+    if (smem > c.limit && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
+                              cudaSuccess)
+        c.limit = smem;
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess || occ < 1) {
+        cudaGetLastError();
+        occ = 1;
+    }
+    if (c.n < 8) {
+        c.smem[c.n] = smem;
+        c.occ[c.n++] = occ;
+    }
+    return occ;
+}
 void tern_cuda_carveout_max(const void *kernel);   /* runtime.cu: once per kernel (carveout_max below) */
 
 /* A block of a PDL launch becomes resident beside its predecessor's blocks

@@ -314,34 +314,6 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     TRACE_END(TRACE_GEMV1, (unsigned)a.rows);
 }
 
-static int g1_sms(void);
-
-/* Resident blocks per SM of a kernel at `smem` bytes of dynamic shared
- * memory, cached per kernel and size (the CUDA queries cost microseconds,
- * and a step launched outside a graph would pay them every call); the
- * kernel's shared-memory limit is raised to the largest size asked. A pure
- * function of the kernel and the device, so the cache is safe to share. */
-typedef struct {
-    size_t smem[8], limit;
-    int occ[8], n;
-} occ_cache;
-
-template <typename Kernel>
-static int blocks_per_sm(occ_cache &c, Kernel kernel, size_t smem) {
-    for (int i = 0; i < c.n; i++)
-        if (c.smem[i] == smem) return c.occ[i];
-    if (smem > c.limit && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
-                              cudaSuccess)
-        c.limit = smem;
-    int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, G1_THREADS, smem) != cudaSuccess || occ < 1) occ = 1;
-    if (c.n < 8) {
-        c.smem[c.n] = smem;
-        c.occ[c.n++] = occ;
-    }
-    return occ;
-}
-
 /* ---- the staged variant: weights through shared memory -------------------
  * The register tiles above keep at most two tiles per lane in flight, and
  * registers bound the warps per SM: measured, a q4 12352 x 2048 projection
@@ -512,8 +484,8 @@ static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
     size_t smem = GS_STAGES * L.stage +
                   (ID ? xd_smem_bytes(a.cols, E) : (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float));
     static occ_cache cache;
-    int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, smem);
-    int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)g1_sms() * occ;
+    int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, G1_THREADS, smem);
+    int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)tern_cuda_sm_count() * occ;
     int64_t blocks = tiles < cap ? tiles : cap;
     return launch_pdl(gemv1s_kernel<KIND, RW, ID>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
 }
@@ -536,23 +508,13 @@ int tern_cuda_gemv1_supported(const tern_mat *W) {
     return W->cols % E == 0 && (kind == KIND_BF16 || kind == KIND_F16 || W->cols % W->group == 0);
 }
 
-static int g1_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        if (n < 1) n = 1;
-    }
-    return n;
-}
-
 template <int KIND, int R, int U>
 static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
     constexpr int E = kind_traits<KIND>::E;
     size_t smem = (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
     static occ_cache cache;
-    int64_t ngrp = (a.rows + R - 1) / R, cap = (int64_t)g1_sms() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U>, smem);
+    int64_t ngrp = (a.rows + R - 1) / R,
+            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U>, G1_THREADS, smem);
     int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
     if (blocks > cap) blocks = cap;
     return launch_pdl(gemv1_kernel<KIND, R, U>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
@@ -584,8 +546,7 @@ static int gemv1_forced(void) {
 
 static int norm_pre_enabled(void) {
     static int on = -1;
-    if (on < 0) on = !env_off("TERN_GEMV1_NORM_PRE");
-    return on;
+    return switch_on(&on, "TERN_GEMV1_NORM_PRE");
 }
 
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,

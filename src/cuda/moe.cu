@@ -826,9 +826,11 @@ static int check_shared(const tern_expert_w *sh, const tern_mat *sg, int64_t H, 
  * shared gates [T]. */
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static size_t seg_counters(int top_k, int64_t inter) {
-    return (size_t)(top_k + 1) + (size_t)ceil_div(inter, 2 * GUD_WARPS) + 1;
-}
+/* gate/up blocks per segment: two rows a warp (the grid's x, and the
+ * one launch's row chunks) */
+static int gud_blocks(int64_t inter) { return ceil_div(inter, 2 * GUD_WARPS); }
+
+static size_t seg_counters(int top_k, int64_t inter) { return (size_t)(top_k + 1) + (size_t)gud_blocks(inter) + 1; }
 
 static size_t moe_seg_bytes(int top_k, int64_t inter, int64_t hidden) {
     return align256(seg_counters(top_k, inter) * sizeof(unsigned)) +
@@ -854,11 +856,6 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
     return 0;
 }
 
-/* A switch that is on unless its variable is 0, read once per process. */
-static int switch_on(int *on, const char *name) {
-    if (*on < 0) *on = !env_off(name);
-    return *on;
-}
 
 /* 8-bit experts' gate/up on integer dots (TERN_MOE_IDOT8=0: the float
  * kernel, for comparison); the integer-dot gate/up launched with PDL behind
@@ -874,8 +871,8 @@ static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TE
 static int seg_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_SEG"); }
 
 /* Whether the one-launch MoE applies (1, with its kernel and shared
- * memory; 0 not; -1 error). */
-static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p, tern_error *err) {
+ * memory; 0 not). */
+static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p) {
     if (!a->one_launch || gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
         !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
         a->I % 32)
@@ -886,16 +883,12 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p,
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
     void (*k)(moe_args) = a->s_kind < 0 ? moe_gate_up_d_kernel<KIND_Q4, -1, true>
                                         : moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>;
-    if (smem_attr((const void *)k, smem, err)) return -1;
     carveout_max((const void *)k);
-    int occ = 0, dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, GUD_WARPS * 32, smem) != cudaSuccess ||
-        (int64_t)occ * sms < (int64_t)gd.x * gd.y) {
-        cudaGetLastError();
+    /* (a failed query or shared-memory limit counts one block a SM: not one wave) */
+    static occ_cache c_none, c_q4;
+    const int occ = blocks_per_sm(a->s_kind < 0 ? c_none : c_q4, k, GUD_WARPS * 32, smem);
+    if ((int64_t)occ * tern_cuda_sm_count() < (int64_t)gd.x * gd.y)
         return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
-    }
     *kp = k;
     *smem_p = smem;
     return 1;
@@ -905,8 +898,7 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p,
 static int moe_seg(moe_args *a, dim3 gd, cudaStream_t s, tern_error *err) {
     void (*k)(moe_args) = NULL;
     size_t smem = 0;
-    int rc = seg_plan(a, gd, &k, &smem, err);
-    if (rc <= 0) return rc < 0 ? -1 : 1;
+    if (!seg_plan(a, gd, &k, &smem)) return 1;
     cudaError_t e = launch_pdl(k, gd, dim3(GUD_WARPS * 32), smem, s, *a);
     if (e != cudaSuccess) return tern_fail(err, "moe (one launch): %s", cudaGetErrorString(e));
     return launch_check("moe (one launch)", err);
@@ -951,7 +943,7 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
     if (work) {   /* (none: tern_cuda_moe_routes_itself's plan) */
         a.seg_cnt = (unsigned *)work;
         a.chunk_cnt = a.seg_cnt + a.S;
-        a.done_cnt = a.chunk_cnt + ceil_div(a.Imax, 2 * GUD_WARPS);
+        a.done_cnt = a.chunk_cnt + gud_blocks(a.Imax);
         a.part = (float *)((uint8_t *)work + align256(seg_counters(top_k, a.Imax) * sizeof(unsigned)));
         a.h = (float *)((uint8_t *)work + moe_seg_bytes(top_k, a.Imax, a.H));
         a.sg = a.h + (size_t)T * a.S * a.Imax;
@@ -962,7 +954,7 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
     return 0;
 }
 
-static dim3 gud_grid(const moe_args &a, int T) { return dim3(ceil_div(a.Imax, 2 * GUD_WARPS), T * a.S); }
+static dim3 gud_grid(const moe_args &a, int T) { return dim3(gud_blocks(a.Imax), T * a.S); }
 
 /* Routing inside the one launch (TERN_MOE_ROUTE=0: the router's epilogue
  * routes), within route_row<8>'s limits. */
@@ -979,7 +971,7 @@ int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w
     size_t smem = 0;
     if (!route_in_ok(top_k, n_experts) || moe_fill(a, ex, shared, shared_gate, NULL, 1, top_k, NULL, NULL, NULL, NULL, &err))
         return 0;
-    return seg_plan(&a, gud_grid(a, 1), &k, &smem, &err) == 1;
+    return seg_plan(&a, gud_grid(a, 1), &k, &smem);
 }
 
 int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,

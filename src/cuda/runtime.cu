@@ -38,8 +38,18 @@ int tern_cuda_pdl_enabled(void) {
 
 int tern_cuda_trigger_late(void) {
     static int on = -1;
-    if (on < 0) on = !env_off("TERN_CUDA_TRIGGER_LATE");
-    return on;
+    return switch_on(&on, "TERN_CUDA_TRIGGER_LATE");
+}
+
+int tern_cuda_sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+        n = v > 0 ? v : 1;
+    }
+    return n;
 }
 
 /* The largest shared-memory carveout for a kernel (common.cuh,
