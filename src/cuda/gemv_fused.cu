@@ -163,7 +163,8 @@ __device__ float g1_block_sum(float v, float *red) {
  * x_out), then the RMSNorm when asked (block 0 keeps the result in
  * xn_out). Shared by the three kernels, which then lay it out their way. */
 template <int WG>
-__device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV], const float4 *wsm) {
+__device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV], const float4 *wsm,
+                                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
     const tern_cuda_vec_in &in = a.in;
     int n4 = a.cols / 4, tid = threadIdx.x;
     bool first = blockIdx.x == 0;
@@ -181,11 +182,19 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
     }
+#ifdef TERN_PHASE_TRACE
+    asm volatile("" ::"f"(ss));   /* (the mark after the loads' arrival) */
+#endif
+    TRACE_MARK_AT(tm, 5);   /* this thread's x (+ delta) in */
     float r = 1.0f;
     if (in.norm_w) {
         if (wsm) cp_async_wait<WG>();   /* this thread's copies of the norm weights; the sum's barrier: everyone's */
         r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
     }
+#ifdef TERN_PHASE_TRACE
+    asm volatile("" ::"f"(r));
+#endif
+    TRACE_MARK_AT(tm, 6);   /* the norm's sum of squares in */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
@@ -216,11 +225,12 @@ __device__ __forceinline__ const float4 *g1_norm_prefetch(const g1_args &a, floa
 /* The input into shared memory (permuted, see the header) and, for
  * quantized kinds, each chunk's sum. */
 template <int KIND, int WG>
-__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red, const float4 *wsm) {
+__device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red, const float4 *wsm,
+                         unsigned long long *tm) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     int n4 = a.cols / 4, nch = a.cols / E, tid = threadIdx.x;
     float4 v[G1_MAXV];
-    g1_input<WG>(a, red, v, wsm);
+    g1_input<WG>(a, red, v, wsm, tm);
     if (wsm) __syncthreads();   /* every thread has read its norm weights from where the input goes */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
@@ -264,7 +274,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
-    g1_stage<KIND, 0>(a, xs4, csum, red, wsm);
+    g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
     if (a.late) pdl_trigger();
     TRACE_MARK(3);
 
@@ -393,7 +403,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     TRACE_MARK(2);
     if (ID) {
         float4 v[G1_MAXV];
-        g1_input<GS_STAGES - 1>(a, red, v, wsm);
+        g1_input<GS_STAGES - 1>(a, red, v, wsm, TRACE_PTR);
 #pragma unroll
         for (int k = 0; k < G1_MAXV; k++) {
             int i = threadIdx.x + k * G1_THREADS;
@@ -403,7 +413,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         xd_build<KIND == KIND_Q8 ? KIND_Q8 : KIND_Q4>((const float *)xs4, a.cols, xd, cx, G1_WARPS);
         __syncthreads();
     } else {
-        g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm);
+        g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm, TRACE_PTR);
     }
     if (a.late) pdl_trigger();
     TRACE_MARK(3);
