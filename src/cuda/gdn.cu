@@ -24,6 +24,7 @@
  * an earlier token) and the weights are loaded before pdl_wait(); the
  * activations and the conv state after it, and every write. */
 #include "cuda/common.cuh"
+#include "cuda/trace.cuh"
 
 #define SK 32          /* most rows of S a thread holds */
 #define CPT 3          /* most conv channels a thread computes per token */
@@ -114,6 +115,8 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
     float *rs = nrm + 2 * nwarps;                   /* [2][csize][nwarps]: sums of squares of o by block, warp */
     const float *kr = ck + kp, *qr = cq + kp;       /* the thread's rows: kr[ks * i] */
 
+    TRACE_DECL;
+    TRACE_MARK(0);
     float s[SK];
     float *Sj = g.S + (size_t)j * dk * dv + v;
 #pragma unroll
@@ -137,7 +140,9 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
     cluster_arrive_relaxed();   /* "started": waited on before the first store into a peer */
     pdl_trigger();
     const float nw = g.w.norm[v], A = g.w.A_log[j], dtb = g.w.dt_bias[j];
+    TRACE_MARK(1);
     pdl_wait();
+    TRACE_MARK(2);
 
     /* token t's inputs, loaded a token ahead: the conv window (inputs t - K
      * + 1 .. t, those before the first token from the conv state, which
@@ -179,6 +184,7 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
             }
             x[u] = c < nch ? silu_f(acc) : 0.0f;
         }
+        if (t == 0) TRACE_MARK(3);   /* token 0's inputs in (thread 0's) */
         /* g and beta */
         const float sp = at > 20.0f ? at : log1pf(expf(at));
         const float decay = expf(-expf(A) * sp), beta = sigmoid_f(bt), zc = zt;
@@ -206,6 +212,7 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
             ssq += nrm[2 * w];
             ssk += nrm[2 * w + 1];
         }
+        if (t == 0) TRACE_MARK(4);   /* the block's conv outputs in shared memory */
         /* l2norm of q (times dk^-0.5) and k, applied as they are read */
         const float rq = 1.0f / sqrtf(ssq + 1e-6f), rk = 1.0f / sqrtf(ssk + 1e-6f);
 
@@ -240,6 +247,7 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
         if (lane < csize) st_async(slot + cr * nwarps + warp, bar, (unsigned)lane, p);
         if (t == g.T - 1) mbar_wait<true>(bar, (unsigned)(t >> 1) & 1);   /* then the conv state is written */
         else mbar_wait<false>(bar, (unsigned)(t >> 1) & 1);
+        if (t == 0) TRACE_MARK(5);   /* the head's sums of squares in from the cluster */
         float ss = 0.0f;
         for (int i = 0; i < np; i++) ss += slot[head0 * nwarps + i];
         const float rn = 1.0f / sqrtf(ss / (float)dv + g.w.eps);
@@ -271,6 +279,7 @@ template <int KC, int KS, int SKT> __global__ void __launch_bounds__(MAX_THREADS
             }
         }
     }
+    TRACE_END(TRACE_GDN_STEP, (unsigned)g.T);
 }
 
 /* The launch shape: slices per value head (the most that keep a cluster
@@ -343,3 +352,5 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
     }
     return launch_check("gdn_step", err);
 }
+
+TRACE_DUMP_FN(tern_cuda_trace_dump_gdn)

@@ -82,6 +82,7 @@ void tern_cuda_carveout_max(const void *kernel) {
 #ifdef TERN_PHASE_TRACE
 extern "C" int tern_cuda_trace_dump_gemv_fused(FILE *f);
 extern "C" int tern_cuda_trace_dump_moe(FILE *f);
+extern "C" int tern_cuda_trace_dump_gdn(FILE *f);
 #endif
 int tern_cuda_trace_dump(const char *path, tern_error *err) {
 #ifndef TERN_PHASE_TRACE
@@ -90,9 +91,9 @@ int tern_cuda_trace_dump(const char *path, tern_error *err) {
     FILE *f = fopen(path, "w");
     if (!f) return tern_fail(err, "cannot write the phase trace to %s", path);
     fprintf(f, "kid,aux,block,m0,m1,m2,m3,m4,m5,m6,m7\n");
-    int a = tern_cuda_trace_dump_gemv_fused(f), b = tern_cuda_trace_dump_moe(f);
+    int a = tern_cuda_trace_dump_gemv_fused(f), b = tern_cuda_trace_dump_moe(f), c = tern_cuda_trace_dump_gdn(f);
     fclose(f);
-    if (a < 0 || b < 0) return tern_fail(err, "phase trace: could not read the device's records");
+    if (a < 0 || b < 0 || c < 0) return tern_fail(err, "phase trace: could not read the device's records");
     return 0;
 #endif
 }

@@ -29,6 +29,8 @@ KERNELS = {
     5: ("experts' down", ["start", "ids read", "rows requested", "rows landed", "products", "", "", "end"], 0),
     6: ("experts in one launch", ["start", "wait released", "first weights requested", "x as digits", "h written",
                                   "segment done", "down rows written", "end"], 1),
+    7: ("DeltaNet step", ["start", "S requested", "wait released", "conv in", "conv outputs shared",
+                          "head's norm sums in", "", "end"], 2),
 }
 GAP_NS = 8000   # blocks of one call start within this of the previous block
 
