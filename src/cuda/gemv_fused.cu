@@ -182,19 +182,13 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
     }
-#ifdef TERN_PHASE_TRACE
-    asm volatile("" ::"f"(ss));   /* (the mark after the loads' arrival) */
-#endif
-    TRACE_MARK_AT(tm, 5);   /* this thread's x (+ delta) in */
+    TRACE_MARK_AFTER(tm, 5, ss);   /* this thread's x (+ delta) in */
     float r = 1.0f;
     if (in.norm_w) {
         if (wsm) cp_async_wait<WG>();   /* this thread's copies of the norm weights; the sum's barrier: everyone's */
         r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
     }
-#ifdef TERN_PHASE_TRACE
-    asm volatile("" ::"f"(r));
-#endif
-    TRACE_MARK_AT(tm, 6);   /* the norm's sum of squares in */
+    TRACE_MARK_AFTER(tm, 6, r);   /* the norm's sum of squares in */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;

@@ -856,7 +856,6 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
     return 0;
 }
 
-
 /* 8-bit experts' gate/up on integer dots (TERN_MOE_IDOT8=0: the float
  * kernel, for comparison); the integer-dot gate/up launched with PDL behind
  * the router (TERN_MOE_GU_PDL=0: the ordinary way); the down kernel letting

@@ -41,6 +41,12 @@ __device__ __forceinline__ unsigned long long trace_now() {
     do {                                           \
         if (threadIdx.x == 0) (p)[i] = trace_now(); \
     } while (0)
+/* the same, once the float v has been computed (its loads have arrived) */
+#define TRACE_MARK_AFTER(p, i, v)             \
+    do {                                      \
+        asm volatile("" ::"f"(v));            \
+        TRACE_MARK_AT(p, i);                  \
+    } while (0)
 #define TRACE_END(kid_, aux_)                                                          \
     do {                                                                               \
         if (threadIdx.x == 0) {                                                        \
@@ -78,6 +84,7 @@ __device__ __forceinline__ unsigned long long trace_now() {
 #define TRACE_MARK(i) do { } while (0)
 #define TRACE_PTR nullptr
 #define TRACE_MARK_AT(p, i) do { (void)(p); } while (0)
+#define TRACE_MARK_AFTER(p, i, v) do { (void)(p); } while (0)
 #define TRACE_END(kid, aux) do { } while (0)
 #define TRACE_DUMP_FN(name)
 #endif
