@@ -162,6 +162,36 @@ typedef struct tern_cuda_route_out {
 int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
                           const tern_cuda_route_out *route, tern_stream s, tern_error *err);
 
+/* The output projection of the one-token path with the router's linear
+ * part beside it (docs/CUDA.md, "the router beside the output
+ * projection"): y = W x as tern_cuda_gemv1 (no norm), h = x_res + y, each
+ * of the projection's blocks' sum of h^2 into ssq (in row order within a
+ * block: the sums do not depend on timing), and in the same launch
+ * u = ru [x | x_res], ru [n_e, W.cols + W.rows] fp32 from
+ * tern_cuda_router_lin_build, so that the router's logits are
+ * u / sqrt(sum(ssq) / W.rows + eps) (tern_cuda_moe_route_lin).
+ * tern_cuda_gemv1_lin_blocks gives ssq's length, 0 where this does not
+ * apply (encodings of tern_cuda_gemv1, W.cols + W.rows <= 8192). */
+typedef struct tern_cuda_lin_out {
+    const float *x_res;           /* [W.rows] */
+    float *h;                     /* [W.rows], neither x_res nor y */
+    float *ssq;                   /* [tern_cuda_gemv1_lin_blocks] */
+    const float *ru;
+    int n_e;
+    float *u;                     /* [n_e] */
+} tern_cuda_lin_out;
+int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e);
+int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
+                        tern_error *err);
+
+/* ru = [N W_o | N], N = W_r diag(norm_w (+ 1 with one_plus)), in fp32 from
+ * products summed in double: W_r [n_e, H] and W_o [H, D] in any encoding
+ * tern_cuda_embed takes (dequantized as the CPU does). ru: device
+ * [n_e, D + H]; work: device scratch of tern_cuda_router_lin_work bytes. */
+size_t tern_cuda_router_lin_work(const tern_mat *router, const tern_mat *out_w);
+int tern_cuda_router_lin_build(const tern_mat *router, const float *norm_w, int one_plus, const tern_mat *out_w,
+                               float *ru, void *work, tern_stream s, tern_error *err);
+
 /* ---- decode: the routed experts and the shared expert ------------------ */
 
 /* One part (gate, up or down) of an expert blob: byte offsets of q, scales
@@ -214,6 +244,23 @@ int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w
 int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                         const float *x, int top_k, const float *logits, int n_experts, int renorm, int32_t *ids,
                         float *wts, void *work, float *out, tern_stream s, tern_error *err);
+
+/* tern_cuda_moe_route with the post-attention RMSNorm made inside the
+ * launch (the router beside the output projection, tern_cuda_gemv1_lin):
+ * h = x_res + the projection's output, unnormed; r = 1 / sqrt(sum(ssq) / H
+ * + eps); every block norms h as h * r * w (w + 1 with one_plus) for its
+ * own use, and routes on the logits u * r. H <= 2304, n_ssq <= 256. */
+typedef struct tern_cuda_moe_norm {
+    const float *ssq;             /* [n_ssq] (tern_cuda_gemv1_lin's) */
+    int n_ssq;
+    const float *norm_w;          /* [H] */
+    int one_plus;
+    float eps;
+} tern_cuda_moe_norm;
+int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                            const float *h, const tern_cuda_moe_norm *nm, int top_k, const float *u, int n_experts,
+                            int renorm, int32_t *ids, float *wts, void *work, float *out, tern_stream s,
+                            tern_error *err);
 
 /* The same block for a prefill of T tokens, grouped by expert: the
  * tokens that chose an expert are gathered and multiplied together (bf16

@@ -53,6 +53,9 @@ typedef struct {
     tern_cuda_route_out route;   /* counter NULL: no routing epilogue */
     int norm_pre;                /* the norm's weights requested before the wait (TERN_GEMV1_NORM_PRE=0: not) */
     int late;                    /* the successor may launch once the input is built, not at the start */
+    /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
+     * and the router's linear part u beside the rows */
+    tern_cuda_lin_out lin;
 } g1_args;
 
 /* The router's epilogue (one-token path): the block that finishes last
@@ -246,7 +249,56 @@ __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red,
     }
 }
 
-template <int KIND, int R, int U>
+/* ---- the router's linear part beside the output projection (LIN) -------
+ * The router's input is RMSNorm(x_res + W_o a) and RMSNorm is a scalar
+ * times (1 + w) elementwise, so its logits are r * u with
+ *   u = [M | N] [a | x_res],  N = W_r diag(1 + w),  M = N W_o
+ * (tern_cuda_router_lin_build) and r = 1 / sqrt(mean(h^2) + eps). u needs
+ * only the projection's input, not its output, so the projection's blocks
+ * compute it beside their rows and the experts' launch takes the top k of
+ * u (r > 0 does not change the order) and r from the sums of squares the
+ * blocks leave: the router's launch drops out of the chain. Block b takes
+ * rows b, b + grid, ... of u, thread t float4 t, t + G1_THREADS, ... of a
+ * row, whose first LIN_V are requested with the block's first weights,
+ * before the wait ([M | N] is constant): every block carries an equal share
+ * of u's bytes (u rows in blocks of their own, 96 KB each in two round
+ * trips, measured slower: docs/PERFORMANCE.md step 50). */
+#define LIN_V 8   /* (cols + rows) / 4 <= LIN_V * G1_THREADS float4 a row: 8192 floats */
+
+template <int F>
+__device__ __forceinline__ void g1_lin_fetch(const g1_args &a, int e, float4 (&w)[LIN_V]) {
+    const int C4 = (a.cols + (int)a.rows) / 4;
+    const float4 *m4 = (const float4 *)(a.lin.ru + (size_t)e * (size_t)C4 * 4);
+#pragma unroll
+    for (int j = 0; j < LIN_V; j++) {
+        const int f = threadIdx.x + G1_THREADS * j;
+        w[j] = e < a.lin.n_e && f < C4 ? __ldcs(m4 + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* u[e] from the row's weights w, the block's input a in xs4 (permuted:
+ * float4 q of chunk c at [q * nch + c], F float4 a chunk) and x_res. */
+template <int F>
+__device__ __forceinline__ void g1_lin_row(const g1_args &a, int e, const float4 (&w)[LIN_V], const float4 *xs4,
+                                           int nch, const float *xres_s, float *red) {
+    const int C4 = (a.cols + (int)a.rows) / 4, A4 = a.cols / 4;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LIN_V; j++) {
+        const int f = threadIdx.x + G1_THREADS * j;
+        if (f >= C4) break;
+        const float4 v = f < A4 ? xs4[(f % F) * nch + f / F] : ((const float4 *)xres_s)[f - A4];
+        acc = fmaf(w[j].x, v.x, acc);
+        acc = fmaf(w[j].y, v.y, acc);
+        acc = fmaf(w[j].z, v.z, acc);
+        acc = fmaf(w[j].w, v.w, acc);
+    }
+    const float t = g1_block_sum(acc, red);
+    if (threadIdx.x == 0 && e < a.lin.n_e) a.lin.u[e] = t;
+    __syncthreads();   /* red is free again */
+}
+
+template <int KIND, int R, int U, bool LIN = false>
 __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     extern __shared__ float4 g1_smem[];
@@ -265,19 +317,41 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     g1_tile<R, U> cur;
     const float4 *wsm = g1_norm_prefetch(a, xs4);
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
+    float4 uw[LIN ? LIN_V : 1];
+    if constexpr (LIN) g1_lin_fetch<F>(a, blockIdx.x, uw);
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
+    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN: x_res (16-byte aligned), copied in while the input is built */
+    if constexpr (LIN) {
+        for (int i = threadIdx.x; i < a.rows / 4; i += G1_THREADS)
+            cp_async<16>((float4 *)xres_s + i, (const float4 *)a.lin.x_res + i);
+        cp_async_commit();
+    }
     g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
+    if constexpr (LIN) {
+        cp_async_wait_all();
+        __syncthreads();
+    }
     if (a.late) pdl_trigger();
+    if constexpr (LIN) {
+        for (int e = blockIdx.x; e < a.lin.n_e; e += gridDim.x) {
+            if (e != (int)blockIdx.x) g1_lin_fetch<F>(a, e, uw);
+            g1_lin_row<F>(a, e, uw, xs4, nch, xres_s, red);
+        }
+    }
     TRACE_MARK(3);
 
-    float acc[R];
+    float acc[R], ssw = 0.0f, xr[R];   /* LIN: the warp's sum of h^2; x_res of the group's rows */
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int64_t t = 0; t < tiles; t++) {
         int64_t grp = gw + (t / nb) * nw;
         int batch = (int)(t % nb);
+        if (LIN && batch == 0 && lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++) xr[r] = grp * R + r < a.rows ? xres_s[grp * R + r] : 0.0f;
+        }
         g1_tile<R, U> nxt;
         bool more = t + 1 < tiles;
         if (more) g1_load<KIND, R, U>(a, gw + ((t + 1) / nb) * nw, (int)((t + 1) % nb), lane, nxt);
@@ -300,11 +374,28 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
             for (int r = 0; r < R; r++) {
                 float v = warp_sum(acc[r]);
                 int64_t row = grp * R + r;
-                if (lane == 0 && row < a.rows) a.y[row] = v;
+                if (lane == 0 && row < a.rows) {
+                    a.y[row] = v;
+                    if (LIN) {
+                        const float hv = xr[r] + v;
+                        a.lin.h[row] = hv;
+                        ssw = fmaf(hv, hv, ssw);
+                    }
+                }
                 acc[r] = 0.0f;
             }
         }
         if (more) cur = nxt;
+    }
+    if (LIN) {   /* the block's sum of squares of h, its warps in order */
+        if (lane == 0) red[threadIdx.x >> 5] = ssw;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = 0.0f;
+#pragma unroll
+            for (int i = 0; i < G1_WARPS; i++) v += red[i];
+            a.lin.ssq[blockIdx.x] = v;
+        }
     }
     TRACE_MARK(4);
     if (a.route.counter) {
@@ -533,6 +624,70 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
     return g1_launch<KIND, 1, 1>(a, s);
 }
 
+/* ---- tern_cuda_gemv1_lin: host side ---------------------------------------
+ * The plain launch's grid (g1_launch), so its blocks' count is the sums of
+ * squares' count; the input as floats and chunk sums as there. */
+template <int KIND, int R, int U>
+static int lin_route_ru(const tern_mat *W, const g1_args *a, cudaStream_t s, cudaError_t *e) {
+    constexpr int E = kind_traits<KIND>::E;
+    /* the input, its chunk sums (padded to 16 bytes), x_res */
+    size_t smem = ((size_t)W->cols + (size_t)((W->cols / E + 3) & ~3) + (size_t)W->rows) * sizeof(float);
+    static occ_cache cache;
+    int64_t ngrp = (W->rows + R - 1) / R,
+            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U, true>, G1_THREADS, smem);
+    int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
+    if (blocks > cap) blocks = cap;
+    if (a) *e = launch_pdl(gemv1_kernel<KIND, R, U, true>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, *a);
+    return (int)blocks;
+}
+
+template <int KIND>
+static int lin_route(const tern_mat *W, int n_e, const g1_args *a, cudaStream_t s, cudaError_t *e) {
+    (void)n_e;
+    int cpl = (int)((W->cols / kind_traits<KIND>::E + 31) / 32);
+    if (cpl == 1) return lin_route_ru<KIND, 4, 1>(W, a, s, e);
+    if (cpl == 2) return lin_route_ru<KIND, 2, 2>(W, a, s, e);
+    if (cpl % 4 == 0) return lin_route_ru<KIND, 1, 4>(W, a, s, e);
+    return lin_route_ru<KIND, 1, 1>(W, a, s, e);
+}
+
+/* The projection's blocks (and so its sums of squares) for W, or 0 where
+ * tern_cuda_gemv1_lin does not apply; a plan: a launch asks the same. */
+static int lin_dispatch(const tern_mat *W, int n_e, const g1_args *a, cudaStream_t s, cudaError_t *e) {
+    if (!tern_cuda_gemv1_supported(W) || n_e < 1 || W->rows % 4 ||
+        (W->cols + W->rows) / 4 > LIN_V * G1_THREADS)
+        return 0;
+    switch (mat_kind(W)) {
+    case KIND_Q4: return lin_route<KIND_Q4>(W, n_e, a, s, e);
+    case KIND_Q8: return lin_route<KIND_Q8>(W, n_e, a, s, e);
+    case KIND_BF16: return lin_route<KIND_BF16>(W, n_e, a, s, e);
+    default: return lin_route<KIND_F16>(W, n_e, a, s, e);
+    }
+}
+
+int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e) {
+    cudaError_t e = cudaSuccess;
+    return lin_dispatch(W, n_e, NULL, 0, &e);
+}
+
+int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
+                        tern_error *err) {
+    if (!lo || !x || !y || !lo->x_res || !lo->h || !lo->ssq || !lo->ru || !lo->u)
+        return tern_fail(err, "gemv1_lin: missing input or output");
+    if (lo->h == lo->x_res || lo->h == y) return tern_fail(err, "gemv1_lin: h must differ from x_res and y");
+    int kind = mat_kind(W);
+    g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
+                 kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
+                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL}, y, {}, 0,
+                 tern_cuda_trigger_late(), *lo};
+    cudaError_t e = cudaSuccess;
+    if (!lin_dispatch(W, lo->n_e, &a, (cudaStream_t)s, &e))
+        return tern_fail(err, "gemv1_lin: unsupported matrix (bits %d, %lldx%lld) or %d experts", W->bits,
+                         (long long)W->rows, (long long)W->cols, lo->n_e);
+    if (e != cudaSuccess) return tern_fail(err, "gemv1_lin: %s", cudaGetErrorString(e));
+    return launch_check("gemv1_lin", err);
+}
+
 /* TERN_GEMV1, read once per process like the other debugging switches. */
 enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_INT, FORCE_BAD };
 static int gemv1_forced(void) {
@@ -565,7 +720,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late()};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below

@@ -91,6 +91,13 @@ typedef struct {
     int n_e, renorm;
     int32_t *ids_out;
     float *wts_out;
+    /* tern_cuda_moe_route_lin: x is h, not yet normed; the norm's scale
+     * from the output projection's sums of squares ssq[nssq], its weights
+     * nw (+ 1 with one_plus); the logits are u and scaled by it (NULL: x
+     * is the normed input and the logits are final) */
+    const float *ssq, *nw;
+    int nssq, one_plus;
+    float eps;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
@@ -293,6 +300,52 @@ __device__ __forceinline__ void gud_x_load(const float4 *x4, int H, float4 (&xv)
     }
 }
 
+/* route_lin: 1 / RMS of h from the projection's block sums, in a fixed
+ * order (every warp that asks gets the same bits), and h normed in
+ * registers: h * r * w as tern_cuda_gemv1's input (H <= GUD_XV * 4 *
+ * blockDim: the host checks). */
+#define LIN_SQ 8   /* sums of squares a lane holds: nssq <= 256 (the host checks) */
+__device__ __forceinline__ void lin_ssq_load(const moe_args &a, float (&sq)[LIN_SQ]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < LIN_SQ; k++) sq[k] = lane + 32 * k < a.nssq ? __ldcg(a.ssq + lane + 32 * k) : 0.0f;
+}
+
+/* (loaded with x, before the block's weight requests: a load issued behind
+ * them waits for them) */
+__device__ __forceinline__ float lin_rinv(const moe_args &a, const float (&sq)[LIN_SQ]) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LIN_SQ; k++) s += sq[k];
+    s = warp_sum(s);
+    return 1.0f / sqrtf(s / (float)a.H + a.eps);
+}
+
+/* the norm's weights: copied into the block's float region of x before
+ * the wait (constant; a commit group of their own), each thread the
+ * entries it later normalises and writes over (gud_x_store) */
+__device__ __forceinline__ void lin_w_fetch(const moe_args &a, float4 *xf4) {
+#pragma unroll
+    for (int j = 0; j < GUD_XV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < a.H / 4) cp_async<16>(xf4 + i, (const float4 *)a.nw + i);
+    }
+    cp_async_commit();
+}
+
+__device__ __forceinline__ void lin_norm(const moe_args &a, float r, const float4 *xf4, float4 (&xv)[GUD_XV]) {
+    cp_async_wait<0>();   /* this thread's weight copies (the down rows' copies are not committed yet) */
+#pragma unroll
+    for (int j = 0; j < GUD_XV; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < a.H / 4) {
+            float4 w = xf4[i];
+            if (a.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
+            xv[j].x = xv[j].x * r * w.x; xv[j].y = xv[j].y * r * w.y; xv[j].z = xv[j].z * r * w.z; xv[j].w = xv[j].w * r * w.w;
+        }
+    }
+}
+
 __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float4 (&xv)[GUD_XV], float4 *xf4) {
 #pragma unroll
     for (int j = 0; j < GUD_XV; j++) {
@@ -318,7 +371,9 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
  * region) once its expert is known, and after its h rows are written and
  * its segment's blocks have all counted themselves, computes them from
  * that segment's h (seg_down). */
-template <int RK, int SK, bool FUSED = false>
+/* NORM (with FUSED): tern_cuda_moe_route_lin's input, h normed in the
+ * block (a kernel of its own, so the other one launch keeps its code). */
+template <int RK, int SK, bool FUSED = false, bool NORM = false>
 __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
     const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
@@ -349,8 +404,13 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
          * were requested, docs/PERFORMANCE.md step 37) */
         const float4 *x4 = (const float4 *)x;
         float4 xv[GUD_XV];
+        if (NORM) lin_w_fetch(a, gud_smem);   /* constant: before the wait */
         const bool x_now = a.x_first && !early;
-        if (x_now) gud_x_load(x4, a.H, xv);
+        float sq[LIN_SQ];
+        if (x_now) {
+            gud_x_load(x4, a.H, xv);
+            if (NORM) lin_ssq_load(a, sq);
+        }
         gud_rows w;
         gud_step first;
         if (FUSED && routed) {
@@ -362,7 +422,19 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                 __shared__ int32_t r_ids[32];
                 __shared__ float r_wts[32];
                 if (warp == 0) {
-                    route_row<8>(a.logits, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                    if constexpr (NORM) {
+                        /* route_lin: the logits are u * r; u and the sums
+                         * of squares requested together, not one after the
+                         * other */
+                        float v[8];
+                        route_load<8>(a.logits, a.n_e, v);
+                        const float r = lin_rinv(a, sq);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) v[i] = v[i] == -FLT_MAX ? v[i] : v[i] * r;
+                        route_vals<8>(v, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                    } else {
+                        route_row<8>(a.logits, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                    }
                     if (blockIdx.x == 0 && k == 0 && (threadIdx.x & 31) < a.K) {
                         a.ids_out[threadIdx.x] = r_ids[threadIdx.x];
                         a.wts_out[threadIdx.x] = r_wts[threadIdx.x];
@@ -394,7 +466,11 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
-        if (!x_now) gud_x_load(x4, a.H, xv);
+        if (!x_now) {
+            gud_x_load(x4, a.H, xv);
+            if (NORM) lin_ssq_load(a, sq);
+        }
+        if (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
         gud_x_store(x4, a.H, xv, (float4 *)xf);
         __syncthreads();
         xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
@@ -406,7 +482,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     }
     if (SK >= 0 && !routed && blockIdx.x == 0 && warp == 0) {
-        float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, x) : dot_any(a.sg_kind, a.sg_p, a.H, x);
+        /* route_lin: the normed input lives only in shared memory (the
+         * block's x as floats, before its digits) */
+        const float *xs = NORM ? (const float *)gud_smem : x;
+        float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, xs) : dot_any(a.sg_kind, a.sg_p, a.H, xs);
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
     if (FUSED) {
@@ -880,12 +959,16 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
-    void (*k)(moe_args) = a->s_kind < 0 ? moe_gate_up_d_kernel<KIND_Q4, -1, true>
-                                        : moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>;
+    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : 0);
+    void (*const ks[4])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, -1, true, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>};
+    void (*k)(moe_args) = ks[v];
     carveout_max((const void *)k);
     /* (a failed query or shared-memory limit counts one block a SM: not one wave) */
-    static occ_cache c_none, c_q4;
-    const int occ = blocks_per_sm(a->s_kind < 0 ? c_none : c_q4, k, GUD_WARPS * 32, smem);
+    static occ_cache caches[4];
+    const int occ = blocks_per_sm(caches[v], k, GUD_WARPS * 32, smem);
     if ((int64_t)occ * tern_cuda_sm_count() < (int64_t)gd.x * gd.y)
         return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
     *kp = k;
@@ -987,6 +1070,30 @@ int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared
     a.wts_out = wts;
     int rc = moe_seg(&a, gud_grid(a, 1), (cudaStream_t)s, err);
     return rc == 1 ? tern_fail(err, "moe_route: the one launch did not apply") : rc;
+}
+
+int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
+                            const float *h, const tern_cuda_moe_norm *nm, int top_k, const float *u, int n_experts,
+                            int renorm, int32_t *ids, float *wts, void *work, float *out, tern_stream s,
+                            tern_error *err) {
+    moe_args a;
+    if (moe_fill(a, ex, shared, shared_gate, h, 1, top_k, NULL, NULL, work, out, err)) return -1;
+    if (!route_in_ok(top_k, n_experts))
+        return tern_fail(err, "moe_route_lin: routing inside the experts' launch does not apply here");
+    if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > 32 * LIN_SQ || !nm->norm_w || a.H > GUD_XV * 4 * GUD_WARPS * 32 || a.H % 4)
+        return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
+    a.logits = u;
+    a.n_e = n_experts;
+    a.renorm = renorm;
+    a.ids_out = ids;
+    a.wts_out = wts;
+    a.ssq = nm->ssq;
+    a.nssq = nm->n_ssq;
+    a.nw = nm->norm_w;
+    a.one_plus = nm->one_plus;
+    a.eps = nm->eps;
+    int rc = moe_seg(&a, gud_grid(a, 1), (cudaStream_t)s, err);
+    return rc == 1 ? tern_fail(err, "moe_route_lin: the one launch did not apply") : rc;
 }
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,

@@ -37,17 +37,21 @@ __device__ __forceinline__ void route_sort8(uint32_t (&k)[8], int (&ix)[8]) {
  * (__reduce_max_sync), then the lowest index holding it
  * (__reduce_min_sync): larger first, ties to the lower index. The logits
  * are read through L2 (__ldcg): the fused router's other blocks wrote them. */
+/* The lane's logits v[i] = l[lane + 32 i] (-FLT_MAX past E). */
 template <int V>
-__device__ __forceinline__ void route_row(const float *l, int E, int K, int renorm, int32_t *ids, float *wts) {
+__device__ __forceinline__ void route_load(const float *l, int E, float (&v)[V]) {
     const int lane = threadIdx.x & 31;
-    float v[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) v[i] = lane + 32 * i < E ? __ldcg(l + lane + 32 * i) : -FLT_MAX;
+}
+
+/* route_row from the lane's logits (route_load's) */
+template <int V>
+__device__ __forceinline__ void route_vals(float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
+    const int lane = threadIdx.x & 31;
     float m = -FLT_MAX;
 #pragma unroll
-    for (int i = 0; i < V; i++) {
-        int e = lane + 32 * i;
-        v[i] = e < E ? __ldcg(l + e) : -FLT_MAX;
-        m = fmaxf(m, v[i]);
-    }
+    for (int i = 0; i < V; i++) m = fmaxf(m, v[i]);
     m = warp_max(m);
     float sum = 0.0f;
 #pragma unroll
@@ -120,6 +124,13 @@ __device__ __forceinline__ void route_row(const float *l, int E, int K, int reno
         ids[lane] = my_id;
         wts[lane] = renorm ? mine / total : mine;
     }
+}
+
+template <int V>
+__device__ __forceinline__ void route_row(const float *l, int E, int K, int renorm, int32_t *ids, float *wts) {
+    float v[V];
+    route_load<V>(l, E, v);
+    route_vals<V>(v, E, K, renorm, ids, wts);
 }
 
 #endif

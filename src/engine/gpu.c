@@ -61,6 +61,8 @@ int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule 
 #define STEP_TOK 12
 #define STEP_BYTES(T) (STEP_TOK + 4 * (size_t)(T))
 
+#define SSQ_MAX 256    /* the most blocks of an output projection beside the router (tern_cuda_moe_route_lin's limit) */
+
 /* ---- the model ---------------------------------------------------------- */
 
 /* A layer's input projections stacked into one matrix (rows of the
@@ -92,6 +94,11 @@ typedef struct gpu_model {
     /* per layer: its experts' one launch can route the token itself (shapes,
      * kinds and the device's room; fixed for the model, planned once) */
     unsigned char *moe_self;
+    /* per layer: the router's linear part [n_e, D + H] beside the output
+     * projection (tern_cuda_gemv1_lin; NULL: the router's own launch) and
+     * that projection's block count (its sums of squares) */
+    float **ru;
+    int *ru_blocks;
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
@@ -190,6 +197,9 @@ static void gpu_model_free(gpu_model *g) {
     tern_cuda_free(g->resident);
     free(g->w.layers);
     free(g->moe_self);
+    for (int l = 0; g->ru && l < g->w_layers; l++) tern_cuda_free(g->ru[l]);
+    free(g->ru);
+    free(g->ru_blocks);
     tern_cuda_ctx_destroy(g->ctx);
     free(g);
 }
@@ -322,6 +332,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
 }
 
 static int plan_moe_self(tern_model *m, tern_error *err);
+static int plan_router_lin(tern_model *m, tern_error *err);
 
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
@@ -332,7 +343,7 @@ int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
         return -1;
     }
     m->gpu = g;
-    if (plan_moe_self(m, err) != 0) {
+    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0) {
         tern_gpu_model_free(m);
         return -1;
     }
@@ -390,6 +401,7 @@ typedef struct gpu_session {
     int n_plan;                   /* and the context the attention's splits are planned for */
     stats *st;
     float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
+    float *ssq;                   /* [SSQ_MAX]: the output projection's sums of squares (tern_cuda_gemv1_lin) */
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
@@ -444,6 +456,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     if (qrows + 2 * kvrow > fused_rows) fused_rows = qrows + 2 * kvrow;
     g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
+    g->ssq = dalloc(SSQ_MAX, &ok, err);
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
@@ -558,7 +571,7 @@ void tern_gpu_session_free(tern_session *s) {
     const char *trace = getenv("TERN_PHASE_TRACE");   /* a measurement build's records (src/cuda/trace.cuh) */
     tern_error terr;
     if (trace && *trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
-    float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
+    float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog, g->ssq,
                      g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
     tern_cuda_free(g->ids);
@@ -809,6 +822,55 @@ static int plan_moe_self(tern_model *m, tern_error *err) {
     return 0;
 }
 
+/* The output projection of layer l (the attention's or the DeltaNet's). */
+static const tern_mat *out_proj_of(const gpu_model *gm, int l) {
+    const tern_layer_w *L = &gm->w.layers[l];
+    return L->kind == TERN_LAYER_ATTN ? &L->attn.o : &L->gdn.out;
+}
+
+/* gpu_model.ru: with TERN_MOE_LIN=1, for every layer whose experts route
+ * the token themselves, the router's linear part beside the output
+ * projection (docs/CUDA.md, "the router beside the output projection";
+ * measured slower than the router's own launch, docs/PERFORMANCE.md step
+ * 50, so not the default). Another value than 0 or 1 is an error. */
+static int plan_router_lin(tern_model *m, tern_error *err) {
+    gpu_model *gm = m->gpu;
+    const tern_config *c = &m->cfg;
+    const char *sw = getenv("TERN_MOE_LIN");
+    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1"))
+        return tern_fail(err, "TERN_MOE_LIN must be 0 or 1 (got '%s')", sw);
+    if (!sw || strcmp(sw, "1")) return 0;
+    if (!(gm->ru = calloc((size_t)c->n_layers, sizeof *gm->ru)) ||
+        !(gm->ru_blocks = calloc((size_t)c->n_layers, sizeof *gm->ru_blocks)))
+        return tern_fail(err, "out of memory");
+    void *work = NULL;
+    size_t work_bytes = 0;
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && rc == 0; l++) {
+        const tern_moe_w *w = &gm->w.layers[l].moe;
+        const tern_mat *wo = out_proj_of(gm, l);
+        int nb = gm->moe_self[l] && gm->one_token && w->router.cols == wo->rows && gm->w.layers[l].post_norm
+                     ? tern_cuda_gemv1_lin_blocks(wo, (int)w->router.rows)
+                     : 0;
+        if (!nb || nb > SSQ_MAX || wo->rows > 2304) continue;   /* tern_cuda_moe_route_lin's limits */
+        size_t need = tern_cuda_router_lin_work(&w->router, wo);
+        if (need > work_bytes) {
+            tern_cuda_free(work);
+            if (!(work = tern_cuda_alloc(need, err))) return -1;
+            work_bytes = need;
+        }
+        size_t n = (size_t)w->router.rows * (size_t)(wo->cols + wo->rows);
+        if (!(gm->ru[l] = tern_cuda_alloc(n * sizeof(float), err)) ||
+            tern_cuda_router_lin_build(&w->router, gm->w.layers[l].post_norm, 1, wo, gm->ru[l], work, NULL, err) ||
+            tern_cuda_sync(NULL, err))
+            rc = -1;
+        gm->ru_blocks[l] = nb;
+    }
+    tern_cuda_free(work);
+    if (rc) tern_err_prefix(err, "GPU router beside the output projection");
+    return rc;
+}
+
 static int observe(tern_session *s, int l, int T, tern_error *err) {
     gpu_session *g = s->gpu;
     int K = s->m->cfg.top_k;
@@ -939,13 +1001,33 @@ static int in_proj1(gpu_session *g, const gpu_model *gm, int l, const float *in_
     return 0;
 }
 
-/* The block's output projection into g->out, pending for the next norm. */
-static int out_proj1(gpu_session *g, const gpu_model *gm, const tern_mat *W, const float *x, int role, resid *r,
+/* Layer l's router rides beside its output projection (and its experts
+ * norm their own input) in this step. */
+static int lin_on(const tern_session *s, int l) {
+    const gpu_model *gm = s->m->gpu;
+    const gpu_session *g = s->gpu;
+    return gm->ru && gm->ru[l] && g->one_launch && !s->route_fn && gm->moe_self[l];
+}
+
+/* The block's output projection into g->out, pending for the next norm;
+ * beside the router's linear part (lin_on), the sum x + out is made here
+ * and is the stream then. */
+static int out_proj1(tern_session *s, int l, const tern_mat *W, const float *x, int role, resid *r,
                      tern_error *err) {
+    gpu_session *g = s->gpu;
+    const gpu_model *gm = s->m->gpu;
     stage(g, role, 0);
-    int rc = gemv_plain(gm, g, W, x, g->out, err);
+    int rc;
+    if (lin_on(s, l)) {
+        tern_cuda_lin_out lo = {r->x, r->spare, g->ssq, gm->ru[l], (int)gm->w.layers[l].moe.router.rows, g->rlog};
+        rc = tern_cuda_gemv1_lin(W, x, g->out, &lo, g->stream, err);
+        r->delta = g->out;
+        resid_taken(r);
+    } else {
+        rc = gemv_plain(gm, g, W, x, g->out, err);
+        r->delta = g->out;
+    }
     stage(g, role, 1);
-    r->delta = g->out;
     return rc;
 }
 
@@ -959,7 +1041,7 @@ static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, in
     stage(g, R_ATTN, 0);
     if (attend_small(s, &d, qg, k, v, w, l, 1, err)) return -1;
     stage(g, R_ATTN, 1);
-    return out_proj1(g, gm, &w->o, g->o, R_ATTN_PROJ, r, err);
+    return out_proj1(s, l, &w->o, g->o, R_ATTN_PROJ, r, err);
 }
 
 static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
@@ -972,7 +1054,7 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     stage(g, R_GDN, 0);
     if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
     stage(g, R_GDN, 1);
-    return out_proj1(g, gm, &w->out, g->g_out, R_GDN_PROJ, r, err);
+    return out_proj1(s, l, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
@@ -985,6 +1067,16 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
      * epilogue, its count and its last block in the chain); not when the
      * host observes the ids between the two */
     int self = g->one_launch && !s->route_fn && gm->moe_self[l];
+    if (lin_on(s, l)) {   /* the router's logits (unscaled) and the stream's sum came with the output projection */
+        tern_cuda_moe_norm nm = {g->ssq, gm->ru_blocks[l], post_norm, 1, c->norm_eps};
+        stage(g, R_MOE, 0);
+        int rc = tern_cuda_moe_route_lin(&ex, &w->shared, &w->shared_gate, r->x, &nm, c->top_k, g->rlog,
+                                         c->n_experts, c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream,
+                                         err);
+        stage(g, R_MOE, 1);
+        r->delta = g->out2;
+        return rc;
+    }
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};

@@ -421,6 +421,125 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     free(two);
 }
 
+/* The router beside the output projection (tern_cuda_router_lin_build,
+ * tern_cuda_gemv1_lin, tern_cuda_moe_route_lin) against the CPU's chain:
+ * y = W_o a, h = x_res + y, xn = RMSNorm_1p(h), logits = W_r xn, the top
+ * k, the experts on xn. y and h as tern_cuda_gemv1 (1e-5, 1e-6); the
+ * logits u * r (r from the CPU's h, in double) within 1e-5 of max |logit|:
+ * u sums [M | N] [a | x_res] in fp32 where the CPU sums W_o a then W_r xn,
+ * each entry of M rounded once from a double sum; the sums of squares'
+ * total 1e-5; ids exactly; weights and output the MoE check's 1e-5. Run
+ * twice on other inputs first, so counters left set would show. */
+static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int rbits, int must) {
+    expert_fixture f;
+    fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
+    const tern_expert_w *shp = fixture_shared(&f);
+    const tern_mat *sgp = fixture_gate(&f);
+    const int64_t H = c->H;
+    const int E = c->E, K = c->K;
+    test_mat wo, wr;
+    make_mat(ck, &wo, H, D, c->bits, TERN_DTYPE_BF16, c->group);
+    make_mat(ck, &wr, E, H, rbits, TERN_DTYPE_BF16, c->group);
+    char shape[128];
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d out %lldx%lld router %s%s", c->bits, c->group, E,
+             (long long)c->I, (long long)H, K, (long long)H, (long long)D, rbits ? (rbits == 4 ? "q4" : "q8") : "bf16",
+             c->shared_kind ? " +sh" : "");
+    const int nb = tern_cuda_gemv1_lin_blocks(&wo.d, E);
+    if (!nb || !tern_cuda_moe_routes_itself(&f.ex, shp, sgp, K, E)) {
+        if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_lin", shape, 1, 1);
+        else printf("moe_lin %s: does not apply on this device, skipped\n", shape);
+        free_mat(&wo);
+        free_mat(&wr);
+        fixture_free(&f);
+        return;
+    }
+    const size_t nh = (size_t)H, na = (size_t)D;
+    float *a = xmalloc(na * sizeof(float)), *xr = xmalloc(nh * sizeof(float)), *nw = xmalloc(nh * sizeof(float));
+    float *y = xmalloc(nh * sizeof(float)), *h = xmalloc(nh * sizeof(float)), *xn = xmalloc(nh * sizeof(float));
+    float *lg = xmalloc((size_t)E * sizeof(float)), *p = xmalloc((size_t)E * sizeof(float));
+    float *ref = xmalloc(nh * sizeof(float));
+    float *gy = xmalloc(nh * sizeof(float)), *gh = xmalloc(nh * sizeof(float)), *gu = xmalloc((size_t)E * sizeof(float));
+    float *gss = xmalloc((size_t)nb * sizeof(float)), *got = xmalloc(nh * sizeof(float));
+    rnd_floats(ck, nw, nh, 0.2f);
+    float *dnw = dev_upload(nw, nh * sizeof(float));
+    float *ru = dev_alloc((size_t)E * (size_t)(D + H) * sizeof(float));
+    size_t wb = tern_cuda_router_lin_work(&wr.d, &wo.d);
+    void *rwork = dev_alloc(wb);
+    tern_error err;
+    if (tern_cuda_router_lin_build(&wr.d, dnw, 1, &wo.d, ru, rwork, ck->stream, &err)) die_err("router_lin", &err);
+    size_t mb = tern_cuda_moe_workspace(1, K, c->I, c->H);
+    void *work = dev_alloc(mb);
+    dev_zero(work, mb);
+    float *da = dev_alloc(na * sizeof(float)), *dxr = dev_alloc(nh * sizeof(float));
+    float *dy = dev_poison(nh), *dh = dev_poison(nh), *du = dev_poison((size_t)E), *dss = dev_poison((size_t)nb);
+    float *dw = dev_poison((size_t)K), *dout = dev_poison(nh);
+    int32_t *di = dev_alloc((size_t)K * sizeof(int32_t));
+    const float eps = 1e-6f;
+    for (int round = 0; round < 3; round++) {   /* the last round's inputs are checked */
+        rnd_floats(ck, a, na, 1.0f);
+        rnd_floats(ck, xr, nh, 3.0f);
+        tern_cuda_upload(da, a, na * sizeof(float), &err);
+        tern_cuda_upload(dxr, xr, nh * sizeof(float), &err);
+        tern_cuda_lin_out lo = {dxr, dh, dss, ru, E, du};
+        tern_cuda_moe_norm nm = {dss, nb, dnw, 1, eps};
+        if (tern_cuda_gemv1_lin(&wo.d, da, dy, &lo, ck->stream, &err) ||
+            tern_cuda_moe_route_lin(&f.ex, shp, sgp, dh, &nm, K, du, E, 1, di, dw, work, dout, ck->stream, &err))
+            die_err("moe_lin", &err);
+        dev_sync(ck, "moe_lin");
+    }
+    tern_matmul(ck->pool, y, a, 1, &wo.h);
+    double ss = 0.0;
+    for (size_t i = 0; i < nh; i++) {
+        h[i] = xr[i] + y[i];
+        ss += (double)h[i] * h[i];
+    }
+    tern_rmsnorm_1p(xn, h, nw, (int)H, eps);
+    tern_matmul(ck->pool, lg, xn, 1, &wr.h);
+    memcpy(p, lg, (size_t)E * sizeof(float));
+    int idx[32];
+    float wt[32], gw[32];
+    int32_t gi[32];
+    route_ref(p, E, K, 1, idx, wt);
+    memset(ref, 0, nh * sizeof(float));
+    for (int k = 0; k < K; k++) fixture_ref(ck, &f, idx[k], xn, wt[k], ref);
+    if (f.has_shared) fixture_ref_shared(ck, &f, xn, ref);
+    dev_download(gy, dy, nh * sizeof(float));
+    dev_download(gh, dh, nh * sizeof(float));
+    dev_download(gu, du, (size_t)E * sizeof(float));
+    dev_download(gss, dss, (size_t)nb * sizeof(float));
+    dev_download(got, dout, nh * sizeof(float));
+    dev_download(gi, di, (size_t)K * sizeof(int32_t));
+    dev_download(gw, dw, (size_t)K * sizeof(float));
+    const double r = 1.0 / sqrt(ss / (double)H + eps);
+    for (int e = 0; e < E; e++) gu[e] = (float)(gu[e] * r);
+    float tot = 0.0f, tref = (float)ss;
+    for (int i = 0; i < nb; i++) tot += gss[i];
+    char what[192];
+    snprintf(what, sizeof what, "%s y", shape);
+    report(ck, "moe_lin", what, gy, y, nh, 1e-5);
+    snprintf(what, sizeof what, "%s h", shape);
+    report(ck, "moe_lin", what, gh, h, nh, 1e-6);
+    snprintf(what, sizeof what, "%s sum h^2 (%d blocks)", shape, nb);
+    report(ck, "moe_lin", what, &tot, &tref, 1, 1e-5);
+    snprintf(what, sizeof what, "%s logits u r", shape);
+    report(ck, "moe_lin", what, gu, lg, (size_t)E, 1e-5);
+    long bad = 0;
+    for (int k = 0; k < K; k++) bad += gi[k] != idx[k];
+    snprintf(what, sizeof what, "%s ids", shape);
+    report_exact(ck, "moe_lin", what, bad, K);
+    snprintf(what, sizeof what, "%s weights", shape);
+    report(ck, "moe_lin", what, gw, wt, (size_t)K, 1e-5);
+    report(ck, "moe_lin", shape, got, ref, nh, 1e-5);
+    tern_cuda_free(dnw); tern_cuda_free(ru); tern_cuda_free(rwork); tern_cuda_free(work);
+    tern_cuda_free(da); tern_cuda_free(dxr); tern_cuda_free(dy); tern_cuda_free(dh); tern_cuda_free(du);
+    tern_cuda_free(dss); tern_cuda_free(dw); tern_cuda_free(dout); tern_cuda_free(di);
+    free(a); free(xr); free(nw); free(y); free(h); free(xn); free(lg); free(p); free(ref);
+    free(gy); free(gh); free(gu); free(gss); free(got);
+    free_mat(&wo);
+    free_mat(&wr);
+    fixture_free(&f);
+}
+
 void check_moe(checker *ck) {
     /* Qwen3.6 shapes, timed: the default pack (q4 experts, q8 shared), all
      * q4 at T = 1 and T = 8 (an MTP verification), all q8 */
@@ -459,6 +578,13 @@ void check_moe(checker *ck) {
     moe_route_check(ck, &q4, 1);
     moe_route_check(ck, &q4ns, 0);
     moe_route_check(ck, &wide1, 0);
+    /* the router beside the output projection: the engine's shape (q4
+     * experts and shared expert, a 4096-wide q4 projection) with a q8 and a
+     * bf16 router; no shared expert; top 10 of 20 with a narrow projection */
+    moe_lin_check(ck, &q4, 4096, 8, 1);
+    moe_lin_check(ck, &q4, 4096, 0, 0);
+    moe_lin_check(ck, &q4ns, 2048, 4, 0);
+    moe_lin_check(ck, &wide1, 384, 8, 0);
 }
 
 /* ---- router ------------------------------------------------------------------ */
