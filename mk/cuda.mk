@@ -49,11 +49,12 @@ endif
 # attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default), with
-# both MoE kernels launched the ordinary way (no PDL) and in two launches
-# instead of the one-token one launch. Then the GPU engine against the CPU
-# engine (tests/gpu/check_engine.c), also with the router's epilogue taking
-# the top k instead of the experts' one launch, and with the router's linear
-# part beside the output projection instead of its own launch.
+# both MoE kernels launched the ordinary way (no PDL), in two launches
+# instead of the one-token one launch, and with x read after the weights.
+# Then the GPU engine against the CPU engine (tests/gpu/check_engine.c), also
+# with the router's epilogue taking the top k instead of the experts' one
+# launch, and with the router's linear part beside the output projection
+# instead of its own launch.
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
@@ -63,6 +64,7 @@ test-cuda:
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_SEG=0"; TERN_MOE_SEG=0 build-cuda/tern-cuda-tests --only moe
+	echo "TERN_MOE_X_FIRST=0"; TERN_MOE_X_FIRST=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

@@ -265,7 +265,6 @@ __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red,
  * trips, measured slower: docs/PERFORMANCE.md step 50). */
 #define LIN_V 8   /* (cols + rows) / 4 <= LIN_V * G1_THREADS float4 a row: 8192 floats */
 
-template <int F>
 __device__ __forceinline__ void g1_lin_fetch(const g1_args &a, int e, float4 (&w)[LIN_V]) {
     const int C4 = (a.cols + (int)a.rows) / 4;
     const float4 *m4 = (const float4 *)(a.lin.ru + (size_t)e * (size_t)C4 * 4);
@@ -318,7 +317,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     const float4 *wsm = g1_norm_prefetch(a, xs4);
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
     float4 uw[LIN ? LIN_V : 1];
-    if constexpr (LIN) g1_lin_fetch<F>(a, blockIdx.x, uw);
+    if constexpr (LIN) g1_lin_fetch(a, blockIdx.x, uw);
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
@@ -336,7 +335,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     if (a.late) pdl_trigger();
     if constexpr (LIN) {
         for (int e = blockIdx.x; e < a.lin.n_e; e += gridDim.x) {
-            if (e != (int)blockIdx.x) g1_lin_fetch<F>(a, e, uw);
+            if (e != (int)blockIdx.x) g1_lin_fetch(a, e, uw);
             g1_lin_row<F>(a, e, uw, xs4, nch, xres_s, red);
         }
     }
@@ -642,8 +641,7 @@ static int lin_route_ru(const tern_mat *W, const g1_args *a, cudaStream_t s, cud
 }
 
 template <int KIND>
-static int lin_route(const tern_mat *W, int n_e, const g1_args *a, cudaStream_t s, cudaError_t *e) {
-    (void)n_e;
+static int lin_route(const tern_mat *W, const g1_args *a, cudaStream_t s, cudaError_t *e) {
     int cpl = (int)((W->cols / kind_traits<KIND>::E + 31) / 32);
     if (cpl == 1) return lin_route_ru<KIND, 4, 1>(W, a, s, e);
     if (cpl == 2) return lin_route_ru<KIND, 2, 2>(W, a, s, e);
@@ -658,10 +656,10 @@ static int lin_dispatch(const tern_mat *W, int n_e, const g1_args *a, cudaStream
         (W->cols + W->rows) / 4 > LIN_V * G1_THREADS)
         return 0;
     switch (mat_kind(W)) {
-    case KIND_Q4: return lin_route<KIND_Q4>(W, n_e, a, s, e);
-    case KIND_Q8: return lin_route<KIND_Q8>(W, n_e, a, s, e);
-    case KIND_BF16: return lin_route<KIND_BF16>(W, n_e, a, s, e);
-    default: return lin_route<KIND_F16>(W, n_e, a, s, e);
+    case KIND_Q4: return lin_route<KIND_Q4>(W, a, s, e);
+    case KIND_Q8: return lin_route<KIND_Q8>(W, a, s, e);
+    case KIND_BF16: return lin_route<KIND_BF16>(W, a, s, e);
+    default: return lin_route<KIND_F16>(W, a, s, e);
     }
 }
 
@@ -674,7 +672,8 @@ int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_
                         tern_error *err) {
     if (!lo || !x || !y || !lo->x_res || !lo->h || !lo->ssq || !lo->ru || !lo->u)
         return tern_fail(err, "gemv1_lin: missing input or output");
-    if (lo->h == lo->x_res || lo->h == y) return tern_fail(err, "gemv1_lin: h must differ from x_res and y");
+    if (lo->h == lo->x_res || lo->h == y || lo->h == x || y == lo->x_res || y == x)
+        return tern_fail(err, "gemv1_lin: h and y must differ from each other and from the inputs");
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,

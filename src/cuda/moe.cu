@@ -427,6 +427,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                          * of squares requested together, not one after the
                          * other */
                         float v[8];
+                        if (!x_now) lin_ssq_load(a, sq);   /* (with x otherwise) */
                         route_load<8>(a.logits, a.n_e, v);
                         const float r = lin_rinv(a, sq);
 #pragma unroll

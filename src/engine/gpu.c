@@ -99,6 +99,7 @@ typedef struct gpu_model {
      * that projection's block count (its sums of squares) */
     float **ru;
     int *ru_blocks;
+    int ru_layers;
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
@@ -197,7 +198,7 @@ static void gpu_model_free(gpu_model *g) {
     tern_cuda_free(g->resident);
     free(g->w.layers);
     free(g->moe_self);
-    for (int l = 0; g->ru && l < g->w_layers; l++) tern_cuda_free(g->ru[l]);
+    for (int l = 0; g->ru && l < g->ru_layers; l++) tern_cuda_free(g->ru[l]);
     free(g->ru);
     free(g->ru_blocks);
     tern_cuda_ctx_destroy(g->ctx);
@@ -843,6 +844,7 @@ static int plan_router_lin(tern_model *m, tern_error *err) {
     if (!(gm->ru = calloc((size_t)c->n_layers, sizeof *gm->ru)) ||
         !(gm->ru_blocks = calloc((size_t)c->n_layers, sizeof *gm->ru_blocks)))
         return tern_fail(err, "out of memory");
+    gm->ru_layers = c->n_layers;
     void *work = NULL;
     size_t work_bytes = 0;
     int rc = 0;

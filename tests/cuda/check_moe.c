@@ -430,7 +430,7 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
  * each entry of M rounded once from a double sum; the sums of squares'
  * total 1e-5; ids exactly; weights and output the MoE check's 1e-5. Run
  * twice on other inputs first, so counters left set would show. */
-static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int rbits, int must) {
+static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, int rbits, int must) {
     expert_fixture f;
     fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
     const tern_expert_w *shp = fixture_shared(&f);
@@ -438,12 +438,12 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int rbits, 
     const int64_t H = c->H;
     const int E = c->E, K = c->K;
     test_mat wo, wr;
-    make_mat(ck, &wo, H, D, c->bits, TERN_DTYPE_BF16, c->group);
+    make_mat(ck, &wo, H, D, obits, TERN_DTYPE_BF16, c->group);
     make_mat(ck, &wr, E, H, rbits, TERN_DTYPE_BF16, c->group);
     char shape[128];
-    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d out %lldx%lld router %s%s", c->bits, c->group, E,
-             (long long)c->I, (long long)H, K, (long long)H, (long long)D, rbits ? (rbits == 4 ? "q4" : "q8") : "bf16",
-             c->shared_kind ? " +sh" : "");
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d out %s %lldx%lld router %s%s", c->bits, c->group, E,
+             (long long)c->I, (long long)H, K, obits ? (obits == 4 ? "q4" : "q8") : "bf16", (long long)H, (long long)D,
+             rbits ? (rbits == 4 ? "q4" : "q8") : "bf16", c->shared_kind ? " +sh" : "");
     const int nb = tern_cuda_gemv1_lin_blocks(&wo.d, E);
     if (!nb || !tern_cuda_moe_routes_itself(&f.ex, shp, sgp, K, E)) {
         if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_lin", shape, 1, 1);
@@ -580,11 +580,14 @@ void check_moe(checker *ck) {
     moe_route_check(ck, &wide1, 0);
     /* the router beside the output projection: the engine's shape (q4
      * experts and shared expert, a 4096-wide q4 projection) with a q8 and a
-     * bf16 router; no shared expert; top 10 of 20 with a narrow projection */
-    moe_lin_check(ck, &q4, 4096, 8, 1);
-    moe_lin_check(ck, &q4, 4096, 0, 0);
-    moe_lin_check(ck, &q4ns, 2048, 4, 0);
-    moe_lin_check(ck, &wide1, 384, 8, 0);
+     * bf16 router, and with a q8 projection; no shared expert; top 10 of 20
+     * with a narrow projection, q4 and bf16 (the GEMV's other tile shapes) */
+    moe_lin_check(ck, &q4, 4096, 4, 8, 1);
+    moe_lin_check(ck, &q4, 4096, 4, 0, 0);
+    moe_lin_check(ck, &q4, 4096, 8, 8, 0);
+    moe_lin_check(ck, &q4ns, 2048, 4, 4, 0);
+    moe_lin_check(ck, &wide1, 384, 4, 8, 0);
+    moe_lin_check(ck, &wide1, 384, 0, 8, 0);
 }
 
 /* ---- router ------------------------------------------------------------------ */
