@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""phase_trace.py TRACE.csv
+"""phase_trace.py TRACE.csv [--self-routed]
 
 The phase trace of a measurement build (make CUDA=1 TRACE=1, run with
 TERN_PHASE_TRACE=TRACE.csv; src/cuda/trace.cuh): one record per block of an
@@ -10,7 +10,13 @@ most common block count kept, and per mark the median over calls of (the
 median block's, the last block's) time since the call's reference: the
 first block's release from the wait (mark 2 for the GEMVs, 1 for the
 experts' gate/up; the first start for the down kernel, an ordinary launch).
-Prints a Markdown table per kernel."""
+Prints a Markdown table per kernel.
+
+--self-routed keeps only the records after the last call of the fused
+router's epilogue (kernel 2): `tern bench` decodes first with the host
+observing the routing (its routing statistics), which keeps the router's
+epilogue and the two-kernel chain, then the timed steps, where the experts
+route themselves; without it a trace mixes both kinds of step."""
 import csv
 import statistics
 import sys
@@ -36,13 +42,19 @@ GAP_NS = 8000   # blocks of one call start within this of the previous block
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 1 or any(a not in ("--self-routed",) for a in sys.argv[1:] if a.startswith("--")):
         sys.exit(__doc__)
+    with open(args[0]) as f:
+        recs = [(int(r["kid"]), int(r["aux"]), [int(r[f"m{i}"]) for i in range(8)]) for r in csv.DictReader(f)]
+    if "--self-routed" in sys.argv:
+        observed = [m[0] for kid, _, m in recs if kid == 2]
+        if observed:
+            cut = max(observed) + GAP_NS
+            recs = [r for r in recs if r[2][0] > cut]
     groups = defaultdict(list)
-    with open(sys.argv[1]) as f:
-        for r in csv.DictReader(f):
-            m = [int(r[f"m{i}"]) for i in range(8)]
-            groups[(int(r["kid"]), int(r["aux"]))].append(m)
+    for kid, aux, m in recs:
+        groups[(kid, aux)].append(m)
     # the router's aux says whether the block was the last; trace both together
     merged = defaultdict(list)
     for (kid, aux), recs in groups.items():
