@@ -372,8 +372,13 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
  * its segment's blocks have all counted themselves, computes them from
  * that segment's h (seg_down). */
 /* NORM (with FUSED): tern_cuda_moe_route_lin's input, h normed in the
- * block (a kernel of its own, so the other one launch keeps its code). */
-template <int RK, int SK, bool FUSED = false, bool NORM = false>
+ * block (a kernel of its own, so the other one launch keeps its code).
+ * EARLY (with FUSED, routing itself, x read first, not NORM;
+ * TERN_MOE_DIGITS_EARLY=1): a routed block stores x and builds its digits
+ * in warps 1.. while warp 0 takes the top k, instead of after its weight
+ * requests, whose issue holds the block back (docs/PERFORMANCE.md:
+ * x as digits 1.6 us after the first weights requested). */
+template <int RK, int SK, bool FUSED = false, bool NORM = false, bool EARLY = false>
 __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
     const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
@@ -413,6 +418,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         }
         gud_rows w;
         gud_step first;
+        constexpr bool DE = EARLY && FUSED && !NORM;   /* (the host asks for it only with x read first) */
         if (FUSED && routed) {
             if (a.logits) {
                 /* every routed block routes the token itself (route.cuh: the
@@ -421,6 +427,13 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                  * loads are in flight */
                 __shared__ int32_t r_ids[32];
                 __shared__ float r_wts[32];
+                if constexpr (DE) {   /* x complete in shared memory for the digits below */
+                    float *xf = (float *)gud_smem;
+                    uint4 *xd = (uint4 *)(xf + a.H);
+                    gud_x_store(x4, a.H, xv, (float4 *)xf);
+                    __syncthreads();
+                    if (warp != 0) xd_build<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
+                }
                 if (warp == 0) {
                     if constexpr (NORM) {
                         /* route_lin: the logits are u * r; u and the sums
@@ -467,15 +480,17 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
-        if (!x_now) {
-            gud_x_load(x4, a.H, xv);
-            if (NORM) lin_ssq_load(a, sq);
+        if (!(DE && routed && a.logits)) {   /* (EARLY: built during the top k) */
+            if (!x_now) {
+                gud_x_load(x4, a.H, xv);
+                if (NORM) lin_ssq_load(a, sq);
+            }
+            if (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
+            gud_x_store(x4, a.H, xv, (float4 *)xf);
+            __syncthreads();
+            xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
+            __syncthreads();
         }
-        if (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
-        gud_x_store(x4, a.H, xv, (float4 *)xf);
-        __syncthreads();
-        xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
-        __syncthreads();
         TRACE_MARK(3);
         if (mine) gate_up_rows_d<RK>(w, first, i0, n, a.H, xd, cx, h);
         TRACE_MARK(4);
@@ -944,6 +959,15 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
+/* TERN_MOE_DIGITS_EARLY=1 (off by default: not yet measured on a GPU) */
+static int digits_early_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TERN_MOE_DIGITS_EARLY");
+        on = e && !strcmp(e, "1");
+    }
+    return on;
+}
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -960,15 +984,19 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
-    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : 0);
-    void (*const ks[4])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
+    /* the digits during the top k: routing itself, x read first, not normed here */
+    const int early = digits_early_enabled() && a->logits && a->x_first && !a->ssq;
+    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : early ? 4 : 0);
+    void (*const ks[6])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, -1, true, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>};
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, -1, true, false, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, false, true>};
     void (*k)(moe_args) = ks[v];
     carveout_max((const void *)k);
     /* (a failed query or shared-memory limit counts one block a SM: not one wave) */
-    static occ_cache caches[4];
+    static occ_cache caches[6];
     const int occ = blocks_per_sm(caches[v], k, GUD_WARPS * 32, smem);
     if ((int64_t)occ * tern_cuda_sm_count() < (int64_t)gd.x * gd.y)
         return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
