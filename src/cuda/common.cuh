@@ -40,6 +40,16 @@ static inline int switch_on(int *on, const char *name) {
     return *on;
 }
 
+/* An opt-in switch: on only when its variable is 1 (an experiment not yet
+ * measured to pay), read once into *on (a static of the caller, -1 before). */
+static inline int switch_opt_in(int *on, const char *name) {
+    if (*on < 0) {
+        const char *e = getenv(name);
+        *on = e && !strcmp(e, "1");
+    }
+    return *on;
+}
+
 /* ---- programmatic dependent launch (Hopper) ------------------------------
  * A decode step is a chain of small kernels, each a few microseconds; most
  * of a kernel's time is the DRAM latency of its first weight loads and the
@@ -147,6 +157,13 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* RMSNorm's output for four elements: v * r * w, w + 1 with one_plus (the
+ * CPU's order of the two products) */
+__device__ __forceinline__ float4 rms_apply4(float4 v, float4 w, float r, int one_plus) {
+    if (one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
+    return make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
 }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }

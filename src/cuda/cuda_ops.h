@@ -249,7 +249,10 @@ int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared
  * launch (the router beside the output projection, tern_cuda_gemv1_lin):
  * h = x_res + the projection's output, unnormed; r = 1 / sqrt(sum(ssq) / H
  * + eps); every block norms h as h * r * w (w + 1 with one_plus) for its
- * own use, and routes on the logits u * r. H <= 2304, n_ssq <= 256. */
+ * own use, and routes on the logits u * r. H <= TERN_CUDA_MOE_NORM_MAX_H,
+ * n_ssq <= TERN_CUDA_MOE_NORM_MAX_SSQ. */
+#define TERN_CUDA_MOE_NORM_MAX_H 2304
+#define TERN_CUDA_MOE_NORM_MAX_SSQ 256
 typedef struct tern_cuda_moe_norm {
     const float *ssq;             /* [n_ssq] (tern_cuda_gemv1_lin's) */
     int n_ssq;

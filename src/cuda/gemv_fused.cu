@@ -196,11 +196,7 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
     for (int k = 0; k < G1_MAXV; k++) {
         int i = tid + k * G1_THREADS;
         if (i < n4) {
-            if (in.norm_w) {
-                float4 w = wsm ? wsm[i] : ((const float4 *)in.norm_w)[i];
-                if (in.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
-                v[k].x = v[k].x * r * w.x; v[k].y = v[k].y * r * w.y; v[k].z = v[k].z * r * w.z; v[k].w = v[k].w * r * w.w;
-            }
+            if (in.norm_w) v[k] = rms_apply4(v[k], wsm ? wsm[i] : ((const float4 *)in.norm_w)[i], r, in.one_plus);
             if (first && in.xn_out) ((float4 *)in.xn_out)[i] = v[k];
         }
     }
@@ -602,70 +598,86 @@ int tern_cuda_gemv1_supported(const tern_mat *W) {
     return W->cols % E == 0 && (kind == KIND_BF16 || kind == KIND_F16 || W->cols % W->group == 0);
 }
 
-template <int KIND, int R, int U>
-static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
+/* The register-tile kernel's grid for a's shape: a row group per warp, at
+ * most the resident blocks (the warps then walk the groups); *smem its
+ * dynamic shared memory: the input as floats and its chunk sums, with LIN
+ * the chunk sums padded to 16 bytes and x_res after them. With LIN the
+ * block count is also the sums of squares' count. */
+template <int KIND, int R, int U, bool LIN = false>
+static int64_t g1_grid(const g1_args &a, size_t *smem) {
     constexpr int E = kind_traits<KIND>::E;
-    size_t smem = (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float);
+    const size_t nch = (size_t)(a.cols / E);
+    *smem = ((size_t)a.cols + (LIN ? ((nch + 3) & ~(size_t)3) + (size_t)a.rows : nch)) * sizeof(float);
     static occ_cache cache;
     int64_t ngrp = (a.rows + R - 1) / R,
-            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U>, G1_THREADS, smem);
+            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U, LIN>, G1_THREADS, *smem);
     int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
-    if (blocks > cap) blocks = cap;
-    return launch_pdl(gemv1_kernel<KIND, R, U>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+    return blocks < cap ? blocks : cap;
 }
 
-template <int KIND>
+template <int KIND, int R, int U, bool LIN = false>
+static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
+    size_t smem = 0;
+    const int64_t blocks = g1_grid<KIND, R, U, LIN>(a, &smem);
+    return launch_pdl(gemv1_kernel<KIND, R, U, LIN>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+}
+
+/* The tile of a lane by the row's chunks per lane: 4 rows x 1 chunk, 2 x 2,
+ * 1 x 4, or 1 x 1. */
+enum { G1_T41, G1_T22, G1_T14, G1_T11 };
+static int g1_shape(int64_t cols, int E) {
+    const int64_t cpl = (cols / E + 31) / 32;   /* chunks per lane per row */
+    return cpl == 1 ? G1_T41 : cpl == 2 ? G1_T22 : cpl % 4 == 0 ? G1_T14 : G1_T11;
+}
+
+template <int KIND, bool LIN = false>
 static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
-    int cpl = (a.cols / kind_traits<KIND>::E + 31) / 32;   /* chunks per lane per row */
-    if (cpl == 1) return g1_launch<KIND, 4, 1>(a, s);
-    if (cpl == 2) return g1_launch<KIND, 2, 2>(a, s);
-    if (cpl % 4 == 0) return g1_launch<KIND, 1, 4>(a, s);
-    return g1_launch<KIND, 1, 1>(a, s);
-}
-
-/* ---- tern_cuda_gemv1_lin: host side ---------------------------------------
- * The plain launch's grid (g1_launch), so its blocks' count is the sums of
- * squares' count; the input as floats and chunk sums as there. */
-template <int KIND, int R, int U>
-static int lin_route_ru(const tern_mat *W, const g1_args *a, cudaStream_t s, cudaError_t *e) {
-    constexpr int E = kind_traits<KIND>::E;
-    /* the input, its chunk sums (padded to 16 bytes), x_res */
-    size_t smem = ((size_t)W->cols + (size_t)((W->cols / E + 3) & ~3) + (size_t)W->rows) * sizeof(float);
-    static occ_cache cache;
-    int64_t ngrp = (W->rows + R - 1) / R,
-            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U, true>, G1_THREADS, smem);
-    int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
-    if (blocks > cap) blocks = cap;
-    if (a) *e = launch_pdl(gemv1_kernel<KIND, R, U, true>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, *a);
-    return (int)blocks;
-}
-
-template <int KIND>
-static int lin_route(const tern_mat *W, const g1_args *a, cudaStream_t s, cudaError_t *e) {
-    int cpl = (int)((W->cols / kind_traits<KIND>::E + 31) / 32);
-    if (cpl == 1) return lin_route_ru<KIND, 4, 1>(W, a, s, e);
-    if (cpl == 2) return lin_route_ru<KIND, 2, 2>(W, a, s, e);
-    if (cpl % 4 == 0) return lin_route_ru<KIND, 1, 4>(W, a, s, e);
-    return lin_route_ru<KIND, 1, 1>(W, a, s, e);
-}
-
-/* The projection's blocks (and so its sums of squares) for W, or 0 where
- * tern_cuda_gemv1_lin does not apply; a plan: a launch asks the same. */
-static int lin_dispatch(const tern_mat *W, int n_e, const g1_args *a, cudaStream_t s, cudaError_t *e) {
-    if (!tern_cuda_gemv1_supported(W) || n_e < 1 || W->rows % 4 ||
-        (W->cols + W->rows) / 4 > LIN_V * G1_THREADS)
-        return 0;
-    switch (mat_kind(W)) {
-    case KIND_Q4: return lin_route<KIND_Q4>(W, a, s, e);
-    case KIND_Q8: return lin_route<KIND_Q8>(W, a, s, e);
-    case KIND_BF16: return lin_route<KIND_BF16>(W, a, s, e);
-    default: return lin_route<KIND_F16>(W, a, s, e);
+    switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
+    case G1_T41: return g1_launch<KIND, 4, 1, LIN>(a, s);
+    case G1_T22: return g1_launch<KIND, 2, 2, LIN>(a, s);
+    case G1_T14: return g1_launch<KIND, 1, 4, LIN>(a, s);
+    default: return g1_launch<KIND, 1, 1, LIN>(a, s);
     }
 }
 
+/* ---- tern_cuda_gemv1_lin: host side ---------------------------------------
+ * The register-tile kernel with LIN: its blocks (and so its sums of
+ * squares) as g1_grid counts them; 0 where it does not apply. */
+template <int KIND>
+static int lin_blocks(const g1_args &a) {
+    size_t smem = 0;
+    switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
+    case G1_T41: return (int)g1_grid<KIND, 4, 1, true>(a, &smem);
+    case G1_T22: return (int)g1_grid<KIND, 2, 2, true>(a, &smem);
+    case G1_T14: return (int)g1_grid<KIND, 1, 4, true>(a, &smem);
+    default: return (int)g1_grid<KIND, 1, 1, true>(a, &smem);
+    }
+}
+
+static int lin_applies(const tern_mat *W, int n_e) {
+    return tern_cuda_gemv1_supported(W) && n_e >= 1 && W->rows % 4 == 0 &&
+           (W->cols + W->rows) / 4 <= LIN_V * G1_THREADS;
+}
+
+static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo) {
+    int kind = mat_kind(W);
+    g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
+                 kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
+                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL}, y, {}, 0,
+                 tern_cuda_trigger_late(), {}};
+    if (lo) a.lin = *lo;
+    return a;
+}
+
 int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e) {
-    cudaError_t e = cudaSuccess;
-    return lin_dispatch(W, n_e, NULL, 0, &e);
+    if (!lin_applies(W, n_e)) return 0;
+    const g1_args a = lin_args(W, NULL, NULL, NULL);
+    switch (mat_kind(W)) {
+    case KIND_Q4: return lin_blocks<KIND_Q4>(a);
+    case KIND_Q8: return lin_blocks<KIND_Q8>(a);
+    case KIND_BF16: return lin_blocks<KIND_BF16>(a);
+    default: return lin_blocks<KIND_F16>(a);
+    }
 }
 
 int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
@@ -674,15 +686,15 @@ int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_
         return tern_fail(err, "gemv1_lin: missing input or output");
     if (lo->h == lo->x_res || lo->h == y || lo->h == x || y == lo->x_res || y == x)
         return tern_fail(err, "gemv1_lin: h and y must differ from each other and from the inputs");
-    int kind = mat_kind(W);
-    g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
-                 kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), *lo};
-    cudaError_t e = cudaSuccess;
-    if (!lin_dispatch(W, lo->n_e, &a, (cudaStream_t)s, &e))
+    if (!lin_applies(W, lo->n_e))
         return tern_fail(err, "gemv1_lin: unsupported matrix (bits %d, %lldx%lld) or %d experts", W->bits,
                          (long long)W->rows, (long long)W->cols, lo->n_e);
+    const g1_args a = lin_args(W, x, y, lo);
+    cudaStream_t st = (cudaStream_t)s;
+    cudaError_t e = mat_kind(W) == KIND_Q4   ? g1_pick<KIND_Q4, true>(a, st)
+                    : mat_kind(W) == KIND_Q8 ? g1_pick<KIND_Q8, true>(a, st)
+                    : mat_kind(W) == KIND_BF16 ? g1_pick<KIND_BF16, true>(a, st)
+                                               : g1_pick<KIND_F16, true>(a, st);
     if (e != cudaSuccess) return tern_fail(err, "gemv1_lin: %s", cudaGetErrorString(e));
     return launch_check("gemv1_lin", err);
 }

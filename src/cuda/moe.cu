@@ -305,6 +305,8 @@ __device__ __forceinline__ void gud_x_load(const float4 *x4, int H, float4 (&xv)
  * registers: h * r * w as tern_cuda_gemv1's input (H <= GUD_XV * 4 *
  * blockDim: the host checks). */
 #define LIN_SQ 8   /* sums of squares a lane holds: nssq <= 256 (the host checks) */
+static_assert(TERN_CUDA_MOE_NORM_MAX_SSQ == 32 * LIN_SQ, "the sums of squares a warp holds");
+static_assert(TERN_CUDA_MOE_NORM_MAX_H == GUD_XV * 4 * GUD_WARPS * 32, "the input a block holds in registers");
 __device__ __forceinline__ void lin_ssq_load(const moe_args &a, float (&sq)[LIN_SQ]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -338,11 +340,7 @@ __device__ __forceinline__ void lin_norm(const moe_args &a, float r, const float
 #pragma unroll
     for (int j = 0; j < GUD_XV; j++) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < a.H / 4) {
-            float4 w = xf4[i];
-            if (a.one_plus) { w.x += 1.0f; w.y += 1.0f; w.z += 1.0f; w.w += 1.0f; }
-            xv[j].x = xv[j].x * r * w.x; xv[j].y = xv[j].y * r * w.y; xv[j].z = xv[j].z * r * w.z; xv[j].w = xv[j].w * r * w.w;
-        }
+        if (i < a.H / 4) xv[j] = rms_apply4(xv[j], xf4[i], r, a.one_plus);
     }
 }
 
@@ -959,15 +957,7 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
-/* TERN_MOE_DIGITS_EARLY=1 (off by default: not yet measured on a GPU) */
-static int digits_early_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TERN_MOE_DIGITS_EARLY");
-        on = e && !strcmp(e, "1");
-    }
-    return on;
-}
+static int digits_early_enabled(void) { static int on = -1; return switch_opt_in(&on, "TERN_MOE_DIGITS_EARLY"); }
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -1109,7 +1099,8 @@ int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *sh
     if (moe_fill(a, ex, shared, shared_gate, h, 1, top_k, NULL, NULL, work, out, err)) return -1;
     if (!route_in_ok(top_k, n_experts))
         return tern_fail(err, "moe_route_lin: routing inside the experts' launch does not apply here");
-    if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > 32 * LIN_SQ || !nm->norm_w || a.H > GUD_XV * 4 * GUD_WARPS * 32 || a.H % 4)
+    if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > TERN_CUDA_MOE_NORM_MAX_SSQ || !nm->norm_w ||
+        a.H > TERN_CUDA_MOE_NORM_MAX_H || a.H % 4)
         return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
     a.logits = u;
     a.n_e = n_experts;

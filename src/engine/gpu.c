@@ -61,8 +61,6 @@ int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule 
 #define STEP_TOK 12
 #define STEP_BYTES(T) (STEP_TOK + 4 * (size_t)(T))
 
-#define SSQ_MAX 256    /* the most blocks of an output projection beside the router (tern_cuda_moe_route_lin's limit) */
-
 /* ---- the model ---------------------------------------------------------- */
 
 /* A layer's input projections stacked into one matrix (rows of the
@@ -402,7 +400,7 @@ typedef struct gpu_session {
     int n_plan;                   /* and the context the attention's splits are planned for */
     stats *st;
     float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
-    float *ssq;                   /* [SSQ_MAX]: the output projection's sums of squares (tern_cuda_gemv1_lin) */
+    float *ssq;                   /* the output projection's sums of squares (tern_cuda_gemv1_lin) */
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
@@ -457,7 +455,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     if (qrows + 2 * kvrow > fused_rows) fused_rows = qrows + 2 * kvrow;
     g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
-    g->ssq = dalloc(SSQ_MAX, &ok, err);
+    g->ssq = dalloc(TERN_CUDA_MOE_NORM_MAX_SSQ, &ok, err);
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
@@ -854,7 +852,7 @@ static int plan_router_lin(tern_model *m, tern_error *err) {
         int nb = gm->moe_self[l] && gm->one_token && w->router.cols == wo->rows && gm->w.layers[l].post_norm
                      ? tern_cuda_gemv1_lin_blocks(wo, (int)w->router.rows)
                      : 0;
-        if (!nb || nb > SSQ_MAX || wo->rows > 2304) continue;   /* tern_cuda_moe_route_lin's limits */
+        if (!nb || nb > TERN_CUDA_MOE_NORM_MAX_SSQ || wo->rows > TERN_CUDA_MOE_NORM_MAX_H) continue;
         size_t need = tern_cuda_router_lin_work(&w->router, wo);
         if (need > work_bytes) {
             tern_cuda_free(work);

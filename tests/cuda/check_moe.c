@@ -478,8 +478,8 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     for (int round = 0; round < 3; round++) {   /* the last round's inputs are checked */
         rnd_floats(ck, a, na, 1.0f);
         rnd_floats(ck, xr, nh, 3.0f);
-        tern_cuda_upload(da, a, na * sizeof(float), &err);
-        tern_cuda_upload(dxr, xr, nh * sizeof(float), &err);
+        if (tern_cuda_upload(da, a, na * sizeof(float), &err) || tern_cuda_upload(dxr, xr, nh * sizeof(float), &err))
+            die_err("moe_lin upload", &err);
         tern_cuda_lin_out lo = {dxr, dh, dss, ru, E, du};
         tern_cuda_moe_norm nm = {dss, nb, dnw, 1, eps};
         if (tern_cuda_gemv1_lin(&wo.d, da, dy, &lo, ck->stream, &err) ||
