@@ -51,7 +51,8 @@ endif
 # gate/up kernel (8-bit experts take the integer dots by default), with
 # both MoE kernels launched the ordinary way (no PDL), in two launches
 # instead of the one-token one launch, with x read after the weights, and
-# with the routed blocks' digits built during the top k.
+# with the routed blocks' digits built after the top k and the weight
+# requests (the default builds them during the top k).
 # Then the GPU engine against the CPU engine (tests/gpu/check_engine.c), also
 # with the router's epilogue taking the top k instead of the experts' one
 # launch, and with the router's linear part beside the output projection
@@ -66,7 +67,7 @@ test-cuda:
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_SEG=0"; TERN_MOE_SEG=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_X_FIRST=0"; TERN_MOE_X_FIRST=0 build-cuda/tern-cuda-tests --only moe
-	echo "TERN_MOE_DIGITS_EARLY=1"; TERN_MOE_DIGITS_EARLY=1 build-cuda/tern-cuda-tests --only moe
+	echo "TERN_MOE_DIGITS_EARLY=0"; TERN_MOE_DIGITS_EARLY=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

@@ -172,6 +172,15 @@ int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *
  * u / sqrt(sum(ssq) / W.rows + eps) (tern_cuda_moe_route_lin).
  * tern_cuda_gemv1_lin_blocks gives ssq's length, 0 where this does not
  * apply (encodings of tern_cuda_gemv1, W.cols + W.rows <= 8192). */
+/* The accumulated form (rx set instead of ru and u): no [M | N]; each
+ * block adds N[:, its rows] h[its rows] (rx from tern_cuda_router_rx_build
+ * for tern_cuda_gemv1_rx_rows' rows per block; its block count is the
+ * sums of squares' count) into u_fx as 64-bit fixed-point integers,
+ * u * 2^TERN_CUDA_UFX_SHIFT at entries e * TERN_CUDA_UFX_STRIDE, so the
+ * sum does not depend on the blocks' order. u_fx must be zero on entry;
+ * tern_cuda_moe_route_lin reads it and zeroes it again. */
+#define TERN_CUDA_UFX_SHIFT 32
+#define TERN_CUDA_UFX_STRIDE 16   /* one 128-byte line an entry: 256 blocks' atomics spread over L2 */
 typedef struct tern_cuda_lin_out {
     const float *x_res;           /* [W.rows] */
     float *h;                     /* [W.rows], neither x_res nor y */
@@ -179,8 +188,13 @@ typedef struct tern_cuda_lin_out {
     const float *ru;
     int n_e;
     float *u;                     /* [n_e] */
+    const float *rx;              /* the accumulated form: [blocks][n_e][rows per block] */
+    unsigned long long *u_fx;     /* [n_e * TERN_CUDA_UFX_STRIDE] */
 } tern_cuda_lin_out;
 int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e);
+/* the accumulated form's rows per block (*blocks: its block count); 0
+ * where it does not apply */
+int tern_cuda_gemv1_rx_rows(const tern_mat *W, int n_e, int *blocks);
 int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
                         tern_error *err);
 
@@ -189,6 +203,13 @@ int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_
  * tern_cuda_embed takes (dequantized as the CPU does). ru: device
  * [n_e, D + H]; work: device scratch of tern_cuda_router_lin_work bytes. */
 size_t tern_cuda_router_lin_work(const tern_mat *router, const tern_mat *out_w);
+/* rx[b][e][i] = N[e][b rb + i] (0 past H), N = W_r diag(norm_w (+ 1)), in
+ * fp32 (the product of the CPU's dequantized weight and the norm weight,
+ * rounded once): [ceil(H / rb)][n_e][rb]; work: tern_cuda_router_rx_work
+ * bytes. */
+size_t tern_cuda_router_rx_work(const tern_mat *router);
+int tern_cuda_router_rx_build(const tern_mat *router, const float *norm_w, int one_plus, int rb, float *rx,
+                              void *work, tern_stream s, tern_error *err);
 int tern_cuda_router_lin_build(const tern_mat *router, const float *norm_w, int one_plus, const tern_mat *out_w,
                                float *ru, void *work, tern_stream s, tern_error *err);
 
@@ -259,6 +280,9 @@ typedef struct tern_cuda_moe_norm {
     const float *norm_w;          /* [H] */
     int one_plus;
     float eps;
+    /* the accumulated form's u (tern_cuda_lin_out.u_fx; then u may be
+     * NULL), zeroed again by the launch's last block */
+    unsigned long long *u_fx;
 } tern_cuda_moe_norm;
 int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                             const float *h, const tern_cuda_moe_norm *nm, int top_k, const float *u, int n_experts,

@@ -261,6 +261,46 @@ __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red,
  * trips, measured slower: docs/PERFORMANCE.md step 50). */
 #define LIN_V 8   /* (cols + rows) / 4 <= LIN_V * G1_THREADS float4 a row: 8192 floats */
 
+/* ---- the router's products accumulated beside the output projection
+ * (LIN 2, tern_cuda_gemv1_lin with rx) ----------------------------------
+ * u = N h, N = W_r diag(1 + w), is a sum over h's rows, and each block of
+ * the projection makes RB = G1_WARPS * R of them (the grid uncapped: one
+ * row group a warp, block b rows [b RB, b RB + RB)). So after its rows the
+ * block adds N[:, its rows] h[its rows] into u itself: its slice of N
+ * (rx, [blocks][n_e][RB] fp32, tern_cuda_router_rx_build) is copied into
+ * shared memory before the wait, and each of its partial sums goes into
+ * u_fx as a 64-bit fixed-point integer (u * 2^TERN_CUDA_UFX_SHIFT, one
+ * 128-byte line an entry). Integer adds commute, so u does not depend on
+ * the order the blocks finish in (float atomics would); the experts' launch
+ * reads it, routes, and zeroes it for the next layer. No [M | N] (6.3 MB a
+ * layer) and no u rows in the blocks' chain (step 50's form), only
+ * n_e x RB products and one atomic a thread at the end. */
+__device__ __forceinline__ void g1_rx_fetch(const g1_args &a, int rb, float *rx_s) {
+    const int n4 = a.lin.n_e * rb / 4;
+    const float4 *src = (const float4 *)(a.lin.rx + (size_t)blockIdx.x * (size_t)n4 * 4);
+    for (int i = threadIdx.x; i < n4; i += G1_THREADS) cp_async<16>((float4 *)rx_s + i, src + i);
+    cp_async_commit();
+}
+
+/* (1 a fixed-point unit: |u| below 2^31 fits; past it the entry saturates) */
+__device__ __forceinline__ unsigned long long ufx_of(float v) {
+    const float lim = 9.2e18f, s = v * (float)(1ull << TERN_CUDA_UFX_SHIFT);
+    return (unsigned long long)__float2ll_rn(fminf(fmaxf(s, -lim), lim));
+}
+
+/* after the block's h rows are in hs (a barrier): thread e's partial sums
+ * of u, RB products each in row order */
+__device__ __forceinline__ void g1_rx_add(const g1_args &a, int rb, const float *rx_s, const float *hs) {
+    for (int e = threadIdx.x; e < a.lin.n_e; e += G1_THREADS) {
+        const float *w = rx_s + (size_t)e * rb;
+        float acc = 0.0f;
+        for (int i = 0; i < rb; i++) acc = fmaf(w[i], hs[i], acc);
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(a.lin.u_fx + (size_t)e * TERN_CUDA_UFX_STRIDE),
+                     "l"(ufx_of(acc))
+                     : "memory");
+    }
+}
+
 __device__ __forceinline__ void g1_lin_fetch(const g1_args &a, int e, float4 (&w)[LIN_V]) {
     const int C4 = (a.cols + (int)a.rows) / 4;
     const float4 *m4 = (const float4 *)(a.lin.ru + (size_t)e * (size_t)C4 * 4);
@@ -293,7 +333,9 @@ __device__ __forceinline__ void g1_lin_row(const g1_args &a, int e, const float4
     __syncthreads();   /* red is free again */
 }
 
-template <int KIND, int R, int U, bool LIN = false>
+/* LIN: 0 none, 1 the u rows from [M | N] (tern_cuda_gemv1_lin with ru),
+ * 2 the router's products accumulated (with rx) */
+template <int KIND, int R, int U, int LIN = 0>
 __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     extern __shared__ float4 g1_smem[];
@@ -312,12 +354,16 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     g1_tile<R, U> cur;
     const float4 *wsm = g1_norm_prefetch(a, xs4);
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
-    float4 uw[LIN ? LIN_V : 1];
-    if constexpr (LIN) g1_lin_fetch(a, blockIdx.x, uw);
+    constexpr int RB = G1_WARPS * R;            /* LIN 2: the block's rows */
+    float4 uw[LIN == 1 ? LIN_V : 1];
+    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN: x_res (16-byte aligned), copied in while the input is built */
+    float *rx_s = xres_s + a.rows;              /* LIN 2: the block's columns of N (constant: before the wait) */
+    __shared__ float hs[LIN == 2 ? RB : 1];
+    if constexpr (LIN == 1) g1_lin_fetch(a, blockIdx.x, uw);
+    if constexpr (LIN == 2) g1_rx_fetch(a, RB, rx_s);
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
-    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN: x_res (16-byte aligned), copied in while the input is built */
     if constexpr (LIN) {
         for (int i = threadIdx.x; i < a.rows / 4; i += G1_THREADS)
             cp_async<16>((float4 *)xres_s + i, (const float4 *)a.lin.x_res + i);
@@ -329,7 +375,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         __syncthreads();
     }
     if (a.late) pdl_trigger();
-    if constexpr (LIN) {
+    if constexpr (LIN == 1) {
         for (int e = blockIdx.x; e < a.lin.n_e; e += gridDim.x) {
             if (e != (int)blockIdx.x) g1_lin_fetch(a, e, uw);
             g1_lin_row<F>(a, e, uw, xs4, nch, xres_s, red);
@@ -375,6 +421,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
                         const float hv = xr[r] + v;
                         a.lin.h[row] = hv;
                         ssw = fmaf(hv, hv, ssw);
+                        if (LIN == 2) hs[row - (int64_t)blockIdx.x * RB] = hv;
                     }
                 }
                 acc[r] = 0.0f;
@@ -390,6 +437,11 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
 #pragma unroll
             for (int i = 0; i < G1_WARPS; i++) v += red[i];
             a.lin.ssq[blockIdx.x] = v;
+        }
+        if constexpr (LIN == 2) {   /* (the barrier above: hs complete; rows past the end: hs and rx 0) */
+            if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
+            __syncthreads();
+            g1_rx_add(a, RB, rx_s, hs);
         }
     }
     TRACE_MARK(4);
@@ -603,11 +655,13 @@ int tern_cuda_gemv1_supported(const tern_mat *W) {
  * dynamic shared memory: the input as floats and its chunk sums, with LIN
  * the chunk sums padded to 16 bytes and x_res after them. With LIN the
  * block count is also the sums of squares' count. */
-template <int KIND, int R, int U, bool LIN = false>
+template <int KIND, int R, int U, int LIN = 0>
 static int64_t g1_grid(const g1_args &a, size_t *smem) {
     constexpr int E = kind_traits<KIND>::E;
     const size_t nch = (size_t)(a.cols / E);
-    *smem = ((size_t)a.cols + (LIN ? ((nch + 3) & ~(size_t)3) + (size_t)a.rows : nch)) * sizeof(float);
+    *smem = ((size_t)a.cols + (LIN ? ((nch + 3) & ~(size_t)3) + (size_t)a.rows : nch) +
+             (LIN == 2 ? (size_t)a.lin.n_e * G1_WARPS * R : 0)) *
+            sizeof(float);
     static occ_cache cache;
     int64_t ngrp = (a.rows + R - 1) / R,
             cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U, LIN>, G1_THREADS, *smem);
@@ -615,7 +669,7 @@ static int64_t g1_grid(const g1_args &a, size_t *smem) {
     return blocks < cap ? blocks : cap;
 }
 
-template <int KIND, int R, int U, bool LIN = false>
+template <int KIND, int R, int U, int LIN = 0>
 static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
     size_t smem = 0;
     const int64_t blocks = g1_grid<KIND, R, U, LIN>(a, &smem);
@@ -630,7 +684,7 @@ static int g1_shape(int64_t cols, int E) {
     return cpl == 1 ? G1_T41 : cpl == 2 ? G1_T22 : cpl % 4 == 0 ? G1_T14 : G1_T11;
 }
 
-template <int KIND, bool LIN = false>
+template <int KIND, int LIN = 0>
 static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
     switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
     case G1_T41: return g1_launch<KIND, 4, 1, LIN>(a, s);
@@ -642,16 +696,23 @@ static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
 
 /* ---- tern_cuda_gemv1_lin: host side ---------------------------------------
  * The register-tile kernel with LIN: its blocks (and so its sums of
- * squares) as g1_grid counts them; 0 where it does not apply. */
-template <int KIND>
-static int lin_blocks(const g1_args &a) {
+ * squares) as g1_grid counts them, *rb its rows per block; 0 where it does
+ * not apply (LIN 2: also where the grid is capped, so that a block's rows
+ * are not the contiguous RB the slices of rx are cut for). */
+template <int KIND, int LIN>
+static int lin_blocks(const g1_args &a, int *rb) {
     size_t smem = 0;
+    int R = 1;
+    int64_t blocks;
     switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
-    case G1_T41: return (int)g1_grid<KIND, 4, 1, true>(a, &smem);
-    case G1_T22: return (int)g1_grid<KIND, 2, 2, true>(a, &smem);
-    case G1_T14: return (int)g1_grid<KIND, 1, 4, true>(a, &smem);
-    default: return (int)g1_grid<KIND, 1, 1, true>(a, &smem);
+    case G1_T41: R = 4; blocks = g1_grid<KIND, 4, 1, LIN>(a, &smem); break;
+    case G1_T22: R = 2; blocks = g1_grid<KIND, 2, 2, LIN>(a, &smem); break;
+    case G1_T14: blocks = g1_grid<KIND, 1, 4, LIN>(a, &smem); break;
+    default: blocks = g1_grid<KIND, 1, 1, LIN>(a, &smem); break;
     }
+    *rb = G1_WARPS * R;
+    const int64_t uncapped = (a.rows + *rb - 1) / *rb;
+    return LIN == 2 && (blocks < uncapped || smem > (size_t)100 * 1024) ? 0 : (int)blocks;
 }
 
 static int lin_applies(const tern_mat *W, int n_e) {
@@ -659,42 +720,59 @@ static int lin_applies(const tern_mat *W, int n_e) {
            (W->cols + W->rows) / 4 <= LIN_V * G1_THREADS;
 }
 
-static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo) {
+static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, int n_e) {
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL}, y, {}, 0,
                  tern_cuda_trigger_late(), {}};
     if (lo) a.lin = *lo;
+    a.lin.n_e = n_e;
     return a;
 }
 
-int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e) {
-    if (!lin_applies(W, n_e)) return 0;
-    const g1_args a = lin_args(W, NULL, NULL, NULL);
+template <int LIN>
+static int lin_blocks_of(const tern_mat *W, int n_e, int *rb) {
+    const g1_args a = lin_args(W, NULL, NULL, NULL, n_e);
     switch (mat_kind(W)) {
-    case KIND_Q4: return lin_blocks<KIND_Q4>(a);
-    case KIND_Q8: return lin_blocks<KIND_Q8>(a);
-    case KIND_BF16: return lin_blocks<KIND_BF16>(a);
-    default: return lin_blocks<KIND_F16>(a);
+    case KIND_Q4: return lin_blocks<KIND_Q4, LIN>(a, rb);
+    case KIND_Q8: return lin_blocks<KIND_Q8, LIN>(a, rb);
+    case KIND_BF16: return lin_blocks<KIND_BF16, LIN>(a, rb);
+    default: return lin_blocks<KIND_F16, LIN>(a, rb);
     }
+}
+
+int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e) {
+    int rb = 0;
+    return lin_applies(W, n_e) ? lin_blocks_of<1>(W, n_e, &rb) : 0;
+}
+
+int tern_cuda_gemv1_rx_rows(const tern_mat *W, int n_e, int *blocks) {
+    int rb = 0, nb = lin_applies(W, n_e) ? lin_blocks_of<2>(W, n_e, &rb) : 0;
+    if (blocks) *blocks = nb;
+    return nb ? rb : 0;
 }
 
 int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
                         tern_error *err) {
-    if (!lo || !x || !y || !lo->x_res || !lo->h || !lo->ssq || !lo->ru || !lo->u)
+    if (!lo || !x || !y || !lo->x_res || !lo->h || !lo->ssq || (lo->rx ? !lo->u_fx : !lo->ru || !lo->u))
         return tern_fail(err, "gemv1_lin: missing input or output");
     if (lo->h == lo->x_res || lo->h == y || lo->h == x || y == lo->x_res || y == x)
         return tern_fail(err, "gemv1_lin: h and y must differ from each other and from the inputs");
-    if (!lin_applies(W, lo->n_e))
+    if (lo->rx ? !tern_cuda_gemv1_rx_rows(W, lo->n_e, NULL) : !lin_applies(W, lo->n_e))
         return tern_fail(err, "gemv1_lin: unsupported matrix (bits %d, %lldx%lld) or %d experts", W->bits,
                          (long long)W->rows, (long long)W->cols, lo->n_e);
-    const g1_args a = lin_args(W, x, y, lo);
+    const g1_args a = lin_args(W, x, y, lo, lo->n_e);
     cudaStream_t st = (cudaStream_t)s;
-    cudaError_t e = mat_kind(W) == KIND_Q4   ? g1_pick<KIND_Q4, true>(a, st)
-                    : mat_kind(W) == KIND_Q8 ? g1_pick<KIND_Q8, true>(a, st)
-                    : mat_kind(W) == KIND_BF16 ? g1_pick<KIND_BF16, true>(a, st)
-                                               : g1_pick<KIND_F16, true>(a, st);
+    const int kind = mat_kind(W);
+    cudaError_t e = lo->rx ? (kind == KIND_Q4     ? g1_pick<KIND_Q4, 2>(a, st)
+                              : kind == KIND_Q8   ? g1_pick<KIND_Q8, 2>(a, st)
+                              : kind == KIND_BF16 ? g1_pick<KIND_BF16, 2>(a, st)
+                                                  : g1_pick<KIND_F16, 2>(a, st))
+                           : (kind == KIND_Q4     ? g1_pick<KIND_Q4, 1>(a, st)
+                              : kind == KIND_Q8   ? g1_pick<KIND_Q8, 1>(a, st)
+                              : kind == KIND_BF16 ? g1_pick<KIND_BF16, 1>(a, st)
+                                                  : g1_pick<KIND_F16, 1>(a, st));
     if (e != cudaSuccess) return tern_fail(err, "gemv1_lin: %s", cudaGetErrorString(e));
     return launch_check("gemv1_lin", err);
 }

@@ -98,6 +98,9 @@ typedef struct {
     const float *ssq, *nw;
     int nssq, one_plus;
     float eps;
+    /* the accumulated form: u as fixed-point integers (tern_cuda_lin_out's
+     * u_fx; NULL: logits holds u), zeroed by the grid's last block */
+    unsigned long long *ufx;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
@@ -335,6 +338,18 @@ __device__ __forceinline__ void lin_w_fetch(const moe_args &a, float4 *xf4) {
     cp_async_commit();
 }
 
+/* the accumulated form's u (route_load's layout) */
+__device__ __forceinline__ void ufx_load(const moe_args &a, float (&v)[8]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < a.n_e ? __ll2float_rn((long long)__ldcg(a.ufx + (size_t)e * TERN_CUDA_UFX_STRIDE)) *
+                               (1.0f / (float)(1ull << TERN_CUDA_UFX_SHIFT))
+                         : -FLT_MAX;
+    }
+}
+
 __device__ __forceinline__ void lin_norm(const moe_args &a, float r, const float4 *xf4, float4 (&xv)[GUD_XV]) {
     cp_async_wait<0>();   /* this thread's weight copies (the down rows' copies are not committed yet) */
 #pragma unroll
@@ -371,8 +386,8 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
  * that segment's h (seg_down). */
 /* NORM (with FUSED): tern_cuda_moe_route_lin's input, h normed in the
  * block (a kernel of its own, so the other one launch keeps its code).
- * EARLY (with FUSED, routing itself, x read first, not NORM;
- * TERN_MOE_DIGITS_EARLY=1): a routed block stores x and builds its digits
+ * EARLY (with FUSED, routing itself, x read first, not NORM; the default,
+ * TERN_MOE_DIGITS_EARLY=0 off): a routed block stores x and builds its digits
  * in warps 1.. while warp 0 takes the top k, instead of after its weight
  * requests, whose issue holds the block back (docs/PERFORMANCE.md:
  * x as digits 1.6 us after the first weights requested). */
@@ -439,7 +454,8 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                          * other */
                         float v[8];
                         if (!x_now) lin_ssq_load(a, sq);   /* (with x otherwise) */
-                        route_load<8>(a.logits, a.n_e, v);
+                        if (a.ufx) ufx_load(a, v);
+                        else route_load<8>(a.logits, a.n_e, v);
                         const float r = lin_rinv(a, sq);
 #pragma unroll
                         for (int i = 0; i < 8; i++) v[i] = v[i] == -FLT_MAX ? v[i] : v[i] * r;
@@ -873,6 +889,10 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     if (tid == 0 && atom_acq_rel(a.done_cnt) == (unsigned)(B * gridDim.y - 1)) {
         for (int kk = 0; kk < (int)gridDim.y; kk++) a.seg_cnt[kk] = 0;
         *a.done_cnt = 0;
+        /* the accumulated form's u: every routed block read it before its
+         * segment's wait */
+        if (a.ufx)
+            for (int e = 0; e < a.n_e; e++) a.ufx[(size_t)e * TERN_CUDA_UFX_STRIDE] = 0;
     }
 }
 
@@ -957,7 +977,7 @@ static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN
 static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
-static int digits_early_enabled(void) { static int on = -1; return switch_opt_in(&on, "TERN_MOE_DIGITS_EARLY"); }
+static int digits_early_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DIGITS_EARLY"); }
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -1102,7 +1122,9 @@ int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *sh
     if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > TERN_CUDA_MOE_NORM_MAX_SSQ || !nm->norm_w ||
         a.H > TERN_CUDA_MOE_NORM_MAX_H || a.H % 4)
         return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
-    a.logits = u;
+    if (!u && !nm->u_fx) return tern_fail(err, "moe_route_lin: no logits (u or u_fx)");
+    a.ufx = nm->u_fx;
+    a.logits = u ? u : (const float *)nm->u_fx;   /* (non-NULL: the launch routes; ufx is read) */
     a.n_e = n_experts;
     a.renorm = renorm;
     a.ids_out = ids;

@@ -1,4 +1,5 @@
-/* The router's linear part for the one-token path (gemv_fused.cu, LIN):
+/* The router's linear part for the one-token path (gemv_fused.cu, LIN 1;
+ * LIN 2, the accumulated form's slices of N, at the end):
  *   ru = [M | N],  N = W_r diag(g),  M = N W_o,  g = norm_w (+ 1)
  * built once per layer when the model goes up. W_o and W_r are dequantized
  * to fp32 rows with the embedding's kernel (the CPU's values bit for bit),
@@ -97,4 +98,40 @@ int tern_cuda_router_lin_build(const tern_mat *router, const float *norm_w, int 
     rl_product_kernel<<<grid, dim3(RL_T, 8), 0, st>>>(n, wo, (int)E, (int)H, (int)D, ru);
     rl_tail_kernel<<<(unsigned)((EH + 255) / 256), 256, 0, st>>>(n, (int)E, (int)H, (int)D, ru);
     return launch_check("router_lin", err);
+}
+
+/* ---- the accumulated form's slices (tern_cuda_gemv1_lin with rx) ----------
+ * rx[b][e][i] = N[e][b rb + i], N = W_r diag(g): block b of the output
+ * projection finds its rows' columns of N in one contiguous n_e x rb run. */
+__global__ void rx_slice_kernel(const float *wr, const float *nw, int one_plus, int n_e, int H, int rb, float *rx) {
+    const int64_t nb = (H + rb - 1) / rb, n = nb * n_e * rb;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int k = (int)(i % rb), e = (int)((i / rb) % n_e), b = (int)(i / ((int64_t)rb * n_e)), j = b * rb + k;
+    rx[i] = j < H ? (float)((double)wr[(int64_t)e * H + j] * (one_plus ? 1.0 + (double)nw[j] : (double)nw[j])) : 0.0f;
+}
+
+size_t tern_cuda_router_rx_work(const tern_mat *router) {
+    const size_t E = (size_t)router->rows, H = (size_t)router->cols;
+    return rl_align(E * H * sizeof(float)) + rl_align(E * sizeof(int32_t));
+}
+
+int tern_cuda_router_rx_build(const tern_mat *router, const float *norm_w, int one_plus, int rb, float *rx,
+                              void *work, tern_stream s, tern_error *err) {
+    const int64_t E = router->rows, H = router->cols;
+    if (E < 1 || H < 1 || E * H > (1ll << 30) || rb < 1 || rb > 64)
+        return tern_fail(err, "router_rx: router %lldx%lld, %d rows a block", (long long)E, (long long)H, rb);
+    if (!norm_w || !rx || !work) return tern_fail(err, "router_rx: missing norm weights, output or workspace");
+    cudaStream_t st = (cudaStream_t)s;
+    float *wr = (float *)work;
+    int32_t *ids = (int32_t *)((uint8_t *)work + rl_align((size_t)(E * H) * sizeof(float)));
+    rl_iota_kernel<<<(unsigned)((E + 255) / 256), 256, 0, st>>>(ids, (int)E);
+    if (launch_check("router_rx", err)) return -1;
+    if (tern_cuda_embed(router, ids, (int)E, wr, s, err)) {   /* W_r's rows as the CPU dequantizes them */
+        tern_err_prefix(err, "router_rx");
+        return -1;
+    }
+    const int64_t n = (H + rb - 1) / rb * E * rb;
+    rx_slice_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(wr, norm_w, one_plus, (int)E, (int)H, rb, rx);
+    return launch_check("router_rx", err);
 }

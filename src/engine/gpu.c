@@ -98,6 +98,7 @@ typedef struct gpu_model {
     float **ru;
     int *ru_blocks;
     int ru_layers;
+    int ru_form;                  /* 1: [M | N] (ru), 2: the accumulated form (ru holds rx) */
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
@@ -401,6 +402,7 @@ typedef struct gpu_session {
     stats *st;
     float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
     float *ssq;                   /* the output projection's sums of squares (tern_cuda_gemv1_lin) */
+    unsigned long long *u_fx;     /* the accumulated form's u (zero between layers) */
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
@@ -456,6 +458,9 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
     g->ssq = dalloc(TERN_CUDA_MOE_NORM_MAX_SSQ, &ok, err);
+    const size_t ufx_bytes = (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof(unsigned long long);
+    g->u_fx = (unsigned long long *)dalloc(ufx_bytes / sizeof(float), &ok, err);
+    if (ok && tern_cuda_fill(g->u_fx, 0, ufx_bytes, NULL, err)) ok = 0;
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
@@ -574,6 +579,7 @@ void tern_gpu_session_free(tern_session *s) {
                      g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
     tern_cuda_free(g->ids);
+    tern_cuda_free(g->u_fx);
     tern_cuda_free(g->moe_work);
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
@@ -827,41 +833,48 @@ static const tern_mat *out_proj_of(const gpu_model *gm, int l) {
     return L->kind == TERN_LAYER_ATTN ? &L->attn.o : &L->gdn.out;
 }
 
-/* gpu_model.ru: with TERN_MOE_LIN=1, for every layer whose experts route
- * the token themselves, the router's linear part beside the output
- * projection (docs/CUDA.md, "the router beside the output projection";
- * measured slower than the router's own launch, docs/PERFORMANCE.md step
- * 50, so not the default). Another value than 0 or 1 is an error. */
+/* gpu_model.ru: with TERN_MOE_LIN=1 or 2, for every layer whose experts
+ * route the token themselves, the router beside the output projection
+ * (docs/CUDA.md, "the router beside the output projection"): 1 its linear
+ * part [M | N] (measured slower than the router's own launch,
+ * docs/PERFORMANCE.md step 50), 2 the accumulated form (N's slices for the
+ * projection's blocks, step 51). Another value than 0, 1 or 2 is an error. */
 static int plan_router_lin(tern_model *m, tern_error *err) {
     gpu_model *gm = m->gpu;
     const tern_config *c = &m->cfg;
     const char *sw = getenv("TERN_MOE_LIN");
-    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1"))
-        return tern_fail(err, "TERN_MOE_LIN must be 0 or 1 (got '%s')", sw);
-    if (!sw || strcmp(sw, "1")) return 0;
+    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1") && strcmp(sw, "2"))
+        return tern_fail(err, "TERN_MOE_LIN must be 0, 1 or 2 (got '%s')", sw);
+    if (!sw || !*sw || !strcmp(sw, "0")) return 0;
+    const int form = sw[0] - '0';
     if (!(gm->ru = calloc((size_t)c->n_layers, sizeof *gm->ru)) ||
         !(gm->ru_blocks = calloc((size_t)c->n_layers, sizeof *gm->ru_blocks)))
         return tern_fail(err, "out of memory");
     gm->ru_layers = c->n_layers;
+    gm->ru_form = form;
     void *work = NULL;
     size_t work_bytes = 0;
     int rc = 0;
     for (int l = 0; l < c->n_layers && rc == 0; l++) {
         const tern_moe_w *w = &gm->w.layers[l].moe;
         const tern_mat *wo = out_proj_of(gm, l);
-        int nb = gm->moe_self[l] && gm->one_token && w->router.cols == wo->rows && gm->w.layers[l].post_norm
-                     ? tern_cuda_gemv1_lin_blocks(wo, (int)w->router.rows)
-                     : 0;
+        const int n_e = (int)w->router.rows;
+        int ok = gm->moe_self[l] && gm->one_token && w->router.cols == wo->rows && gm->w.layers[l].post_norm;
+        int nb = 0, rb = 0;
+        if (ok && form == 1) nb = tern_cuda_gemv1_lin_blocks(wo, n_e);
+        if (ok && form == 2) rb = tern_cuda_gemv1_rx_rows(wo, n_e, &nb);
         if (!nb || nb > TERN_CUDA_MOE_NORM_MAX_SSQ || wo->rows > TERN_CUDA_MOE_NORM_MAX_H) continue;
-        size_t need = tern_cuda_router_lin_work(&w->router, wo);
+        size_t need = form == 1 ? tern_cuda_router_lin_work(&w->router, wo) : tern_cuda_router_rx_work(&w->router);
         if (need > work_bytes) {
             tern_cuda_free(work);
             if (!(work = tern_cuda_alloc(need, err))) return -1;
             work_bytes = need;
         }
-        size_t n = (size_t)w->router.rows * (size_t)(wo->cols + wo->rows);
+        size_t n = form == 1 ? (size_t)n_e * (size_t)(wo->cols + wo->rows) : (size_t)nb * (size_t)n_e * (size_t)rb;
+        const float *nw = gm->w.layers[l].post_norm;
         if (!(gm->ru[l] = tern_cuda_alloc(n * sizeof(float), err)) ||
-            tern_cuda_router_lin_build(&w->router, gm->w.layers[l].post_norm, 1, wo, gm->ru[l], work, NULL, err) ||
+            (form == 1 ? tern_cuda_router_lin_build(&w->router, nw, 1, wo, gm->ru[l], work, NULL, err)
+                       : tern_cuda_router_rx_build(&w->router, nw, 1, rb, gm->ru[l], work, NULL, err)) ||
             tern_cuda_sync(NULL, err))
             rc = -1;
         gm->ru_blocks[l] = nb;
@@ -1019,7 +1032,9 @@ static int out_proj1(tern_session *s, int l, const tern_mat *W, const float *x, 
     stage(g, role, 0);
     int rc;
     if (lin_on(s, l)) {
-        tern_cuda_lin_out lo = {r->x, r->spare, g->ssq, gm->ru[l], (int)gm->w.layers[l].moe.router.rows, g->rlog};
+        const int rx = gm->ru_form == 2;
+        tern_cuda_lin_out lo = {r->x, r->spare, g->ssq, rx ? NULL : gm->ru[l], (int)gm->w.layers[l].moe.router.rows,
+                                rx ? NULL : g->rlog, rx ? gm->ru[l] : NULL, rx ? g->u_fx : NULL};
         rc = tern_cuda_gemv1_lin(W, x, g->out, &lo, g->stream, err);
         r->delta = g->out;
         resid_taken(r);
@@ -1068,9 +1083,11 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
      * host observes the ids between the two */
     int self = g->one_launch && !s->route_fn && gm->moe_self[l];
     if (lin_on(s, l)) {   /* the router's logits (unscaled) and the stream's sum came with the output projection */
-        tern_cuda_moe_norm nm = {g->ssq, gm->ru_blocks[l], post_norm, 1, c->norm_eps};
+        tern_cuda_moe_norm nm = {g->ssq, gm->ru_blocks[l], post_norm, 1, c->norm_eps,
+                                 gm->ru_form == 2 ? g->u_fx : NULL};
         stage(g, R_MOE, 0);
-        int rc = tern_cuda_moe_route_lin(&ex, &w->shared, &w->shared_gate, r->x, &nm, c->top_k, g->rlog,
+        int rc = tern_cuda_moe_route_lin(&ex, &w->shared, &w->shared_gate, r->x, &nm, c->top_k,
+                                         gm->ru_form == 2 ? NULL : g->rlog,
                                          c->n_experts, c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream,
                                          err);
         stage(g, R_MOE, 1);

@@ -430,7 +430,7 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
  * each entry of M rounded once from a double sum; the sums of squares'
  * total 1e-5; ids exactly; weights and output the MoE check's 1e-5. Run
  * twice on other inputs first, so counters left set would show. */
-static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, int rbits, int must) {
+static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, int rbits, int must, int form) {
     expert_fixture f;
     fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
     const tern_expert_w *shp = fixture_shared(&f);
@@ -441,10 +441,13 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     make_mat(ck, &wo, H, D, obits, TERN_DTYPE_BF16, c->group);
     make_mat(ck, &wr, E, H, rbits, TERN_DTYPE_BF16, c->group);
     char shape[128];
-    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d out %s %lldx%lld router %s%s", c->bits, c->group, E,
-             (long long)c->I, (long long)H, K, obits ? (obits == 4 ? "q4" : "q8") : "bf16", (long long)H, (long long)D,
+    snprintf(shape, sizeof shape, "%sq%d g%d %dx(%lld,%lld) top%d out %s %lldx%lld router %s%s",
+             form == 2 ? "accumulated " : "", c->bits, c->group, E, (long long)c->I, (long long)H, K,
+             obits ? (obits == 4 ? "q4" : "q8") : "bf16", (long long)H, (long long)D,
              rbits ? (rbits == 4 ? "q4" : "q8") : "bf16", c->shared_kind ? " +sh" : "");
-    const int nb = tern_cuda_gemv1_lin_blocks(&wo.d, E);
+    int nb = 0, rb = 0;
+    if (form == 2) rb = tern_cuda_gemv1_rx_rows(&wo.d, E, &nb);
+    else nb = tern_cuda_gemv1_lin_blocks(&wo.d, E);
     if (!nb || !tern_cuda_moe_routes_itself(&f.ex, shp, sgp, K, E)) {
         if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_lin", shape, 1, 1);
         else printf("moe_lin %s: does not apply on this device, skipped\n", shape);
@@ -462,11 +465,21 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     float *gss = xmalloc((size_t)nb * sizeof(float)), *got = xmalloc(nh * sizeof(float));
     rnd_floats(ck, nw, nh, 0.2f);
     float *dnw = dev_upload(nw, nh * sizeof(float));
-    float *ru = dev_alloc((size_t)E * (size_t)(D + H) * sizeof(float));
-    size_t wb = tern_cuda_router_lin_work(&wr.d, &wo.d);
+    const size_t ru_n = form == 2 ? (size_t)nb * (size_t)E * (size_t)rb : (size_t)E * (size_t)(D + H);
+    float *ru = dev_alloc(ru_n * sizeof(float));
+    size_t wb = form == 2 ? tern_cuda_router_rx_work(&wr.d) : tern_cuda_router_lin_work(&wr.d, &wo.d);
     void *rwork = dev_alloc(wb);
     tern_error err;
-    if (tern_cuda_router_lin_build(&wr.d, dnw, 1, &wo.d, ru, rwork, ck->stream, &err)) die_err("router_lin", &err);
+    if (form == 2 ? tern_cuda_router_rx_build(&wr.d, dnw, 1, rb, ru, rwork, ck->stream, &err)
+                  : tern_cuda_router_lin_build(&wr.d, dnw, 1, &wo.d, ru, rwork, ck->stream, &err))
+        die_err("router_lin", &err);
+    const size_t nfx = (size_t)E * TERN_CUDA_UFX_STRIDE;
+    unsigned long long *ufx = xmalloc(nfx * sizeof *ufx), *dfx = NULL;
+    if (form == 2) {
+        dfx = dev_alloc(nfx * sizeof *ufx);
+        dev_zero(dfx, nfx * sizeof *ufx);
+    }
+    long fx_left = 0;   /* u_fx entries not zero after the experts' launch (the last round) */
     size_t mb = tern_cuda_moe_workspace(1, K, c->I, c->H);
     void *work = dev_alloc(mb);
     dev_zero(work, mb);
@@ -480,12 +493,25 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
         rnd_floats(ck, xr, nh, 3.0f);
         if (tern_cuda_upload(da, a, na * sizeof(float), &err) || tern_cuda_upload(dxr, xr, nh * sizeof(float), &err))
             die_err("moe_lin upload", &err);
-        tern_cuda_lin_out lo = {dxr, dh, dss, ru, E, du};
-        tern_cuda_moe_norm nm = {dss, nb, dnw, 1, eps};
-        if (tern_cuda_gemv1_lin(&wo.d, da, dy, &lo, ck->stream, &err) ||
-            tern_cuda_moe_route_lin(&f.ex, shp, sgp, dh, &nm, K, du, E, 1, di, dw, work, dout, ck->stream, &err))
+        tern_cuda_lin_out lo = {dxr, dh, dss, form == 2 ? NULL : ru, E, form == 2 ? NULL : du,
+                                form == 2 ? ru : NULL, dfx};
+        tern_cuda_moe_norm nm = {dss, nb, dnw, 1, eps, dfx};
+        if (tern_cuda_gemv1_lin(&wo.d, da, dy, &lo, ck->stream, &err)) die_err("moe_lin", &err);
+        if (form == 2 && round == 2) {   /* u as the projection left it */
+            dev_sync(ck, "moe_lin");
+            dev_download(ufx, dfx, nfx * sizeof *ufx);
+            for (int e = 0; e < E; e++)
+                gu[e] = (float)((double)(long long)ufx[(size_t)e * TERN_CUDA_UFX_STRIDE] /
+                                (double)(1ull << TERN_CUDA_UFX_SHIFT));
+        }
+        if (tern_cuda_moe_route_lin(&f.ex, shp, sgp, dh, &nm, K, form == 2 ? NULL : du, E, 1, di, dw, work, dout,
+                                    ck->stream, &err))
             die_err("moe_lin", &err);
         dev_sync(ck, "moe_lin");
+    }
+    if (form == 2) {
+        dev_download(ufx, dfx, nfx * sizeof *ufx);
+        for (size_t i = 0; i < nfx; i++) fx_left += ufx[i] != 0;
     }
     tern_matmul(ck->pool, y, a, 1, &wo.h);
     double ss = 0.0;
@@ -505,7 +531,7 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     if (f.has_shared) fixture_ref_shared(ck, &f, xn, ref);
     dev_download(gy, dy, nh * sizeof(float));
     dev_download(gh, dh, nh * sizeof(float));
-    dev_download(gu, du, (size_t)E * sizeof(float));
+    if (form != 2) dev_download(gu, du, (size_t)E * sizeof(float));
     dev_download(gss, dss, (size_t)nb * sizeof(float));
     dev_download(got, dout, nh * sizeof(float));
     dev_download(gi, di, (size_t)K * sizeof(int32_t));
@@ -530,6 +556,12 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     snprintf(what, sizeof what, "%s weights", shape);
     report(ck, "moe_lin", what, gw, wt, (size_t)K, 1e-5);
     report(ck, "moe_lin", shape, got, ref, nh, 1e-5);
+    if (form == 2) {
+        snprintf(what, sizeof what, "%s u_fx zero after the experts", shape);
+        report_exact(ck, "moe_lin", what, fx_left, (long)nfx);
+        tern_cuda_free(dfx);
+    }
+    free(ufx);
     tern_cuda_free(dnw); tern_cuda_free(ru); tern_cuda_free(rwork); tern_cuda_free(work);
     tern_cuda_free(da); tern_cuda_free(dxr); tern_cuda_free(dy); tern_cuda_free(dh); tern_cuda_free(du);
     tern_cuda_free(dss); tern_cuda_free(dw); tern_cuda_free(dout); tern_cuda_free(di);
@@ -582,12 +614,14 @@ void check_moe(checker *ck) {
      * experts and shared expert, a 4096-wide q4 projection) with a q8 and a
      * bf16 router, and with a q8 projection; no shared expert; top 10 of 20
      * with a narrow projection, q4 and bf16 (the GEMV's other tile shapes) */
-    moe_lin_check(ck, &q4, 4096, 4, 8, 1);
-    moe_lin_check(ck, &q4, 4096, 4, 0, 0);
-    moe_lin_check(ck, &q4, 4096, 8, 8, 0);
-    moe_lin_check(ck, &q4ns, 2048, 4, 4, 0);
-    moe_lin_check(ck, &wide1, 384, 4, 8, 0);
-    moe_lin_check(ck, &wide1, 384, 0, 8, 0);
+    for (int form = 1; form <= 2; form++) {   /* [M | N], then the accumulated form */
+        moe_lin_check(ck, &q4, 4096, 4, 8, 1, form);
+        moe_lin_check(ck, &q4, 4096, 4, 0, 0, form);
+        moe_lin_check(ck, &q4, 4096, 8, 8, 0, form);
+        moe_lin_check(ck, &q4ns, 2048, 4, 4, 0, form);
+        moe_lin_check(ck, &wide1, 384, 4, 8, 0, form);
+        moe_lin_check(ck, &wide1, 384, 0, 8, 0, form);
+    }
 }
 
 /* ---- router ------------------------------------------------------------------ */
