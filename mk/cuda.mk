@@ -55,8 +55,8 @@ endif
 # requests (the default builds them during the top k).
 # Then the GPU engine against the CPU engine (tests/gpu/check_engine.c), also
 # with the router's epilogue taking the top k instead of the experts' one
-# launch, and with the router's linear part beside the output projection
-# instead of its own launch.
+# launch, and with the router beside the output projection instead of its
+# own launch (its linear part [M | N], and its products accumulated).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
@@ -70,4 +70,5 @@ test-cuda:
 	echo "TERN_MOE_DIGITS_EARLY=0"; TERN_MOE_DIGITS_EARLY=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
+	echo "TERN_MOE_LIN=2"; TERN_MOE_LIN=2 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

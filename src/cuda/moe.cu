@@ -386,8 +386,8 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
  * that segment's h (seg_down). */
 /* NORM (with FUSED): tern_cuda_moe_route_lin's input, h normed in the
  * block (a kernel of its own, so the other one launch keeps its code).
- * EARLY (with FUSED, routing itself, x read first, not NORM; the default,
- * TERN_MOE_DIGITS_EARLY=0 off): a routed block stores x and builds its digits
+ * EARLY (with FUSED, routing itself, x read first; the default,
+ * TERN_MOE_DIGITS_EARLY=0 off): a routed block stores x (NORM: normed) and builds its digits
  * in warps 1.. while warp 0 takes the top k, instead of after its weight
  * requests, whose issue holds the block back (docs/PERFORMANCE.md:
  * x as digits 1.6 us after the first weights requested). */
@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         }
         gud_rows w;
         gud_step first;
-        constexpr bool DE = EARLY && FUSED && !NORM;   /* (the host asks for it only with x read first) */
+        constexpr bool DE = EARLY && FUSED;   /* (the host asks for it only with x read first) */
         if (FUSED && routed) {
             if (a.logits) {
                 /* every routed block routes the token itself (route.cuh: the
@@ -443,6 +443,9 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                 if constexpr (DE) {   /* x complete in shared memory for the digits below */
                     float *xf = (float *)gud_smem;
                     uint4 *xd = (uint4 *)(xf + a.H);
+                    /* NORM: every warp sums the sums of squares (loaded
+                     * with x) itself, the same bits as warp 0's below */
+                    if constexpr (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
                     gud_x_store(x4, a.H, xv, (float4 *)xf);
                     __syncthreads();
                     if (warp != 0) xd_build<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
@@ -994,19 +997,21 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
-    /* the digits during the top k: routing itself, x read first, not normed here */
-    const int early = digits_early_enabled() && a->logits && a->x_first && !a->ssq;
-    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : early ? 4 : 0);
-    void (*const ks[6])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
+    /* the digits during the top k: routing itself, x read first */
+    const int early = digits_early_enabled() && a->logits && a->x_first;
+    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : 0) + (early ? 4 : 0);
+    void (*const ks[8])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, -1, true, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, -1, true, false, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, false, true>};
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, false, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, -1, true, true, true>,
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true, true>};
     void (*k)(moe_args) = ks[v];
     carveout_max((const void *)k);
     /* (a failed query or shared-memory limit counts one block a SM: not one wave) */
-    static occ_cache caches[6];
+    static occ_cache caches[8];
     const int occ = blocks_per_sm(caches[v], k, GUD_WARPS * 32, smem);
     if ((int64_t)occ * tern_cuda_sm_count() < (int64_t)gd.x * gd.y)
         return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
