@@ -364,13 +364,19 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
-    if constexpr (LIN) {
+    float xr[R];   /* LIN: x_res of the group's rows (LIN 2: the warp's one group, in registers from here) */
+    if constexpr (LIN == 1) {
         for (int i = threadIdx.x; i < a.rows / 4; i += G1_THREADS)
             cp_async<16>((float4 *)xres_s + i, (const float4 *)a.lin.x_res + i);
         cp_async_commit();
     }
+    if constexpr (LIN == 2) {
+#pragma unroll
+        for (int r = 0; r < R; r++) xr[r] = lane == 0 && gw * R + r < a.rows ? __ldcg(a.lin.x_res + gw * R + r) : 0.0f;
+        if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
+    }
     g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
-    if constexpr (LIN) {
+    if constexpr (LIN == 1) {
         cp_async_wait_all();
         __syncthreads();
     }
@@ -383,13 +389,13 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     }
     TRACE_MARK(3);
 
-    float acc[R], ssw = 0.0f, xr[R];   /* LIN: the warp's sum of h^2; x_res of the group's rows */
+    float acc[R], ssw = 0.0f;   /* LIN: the warp's sum of h^2 */
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int64_t t = 0; t < tiles; t++) {
         int64_t grp = gw + (t / nb) * nw;
         int batch = (int)(t % nb);
-        if (LIN && batch == 0 && lane == 0) {
+        if (LIN == 1 && batch == 0 && lane == 0) {
 #pragma unroll
             for (int r = 0; r < R; r++) xr[r] = grp * R + r < a.rows ? xres_s[grp * R + r] : 0.0f;
         }
@@ -431,6 +437,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     }
     if (LIN) {   /* the block's sum of squares of h, its warps in order */
         if (lane == 0) red[threadIdx.x >> 5] = ssw;
+        if (LIN == 2) cp_async_wait_all();   /* the slice of N, for after the barrier */
         __syncthreads();
         if (threadIdx.x == 0) {
             float v = 0.0f;
@@ -438,11 +445,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
             for (int i = 0; i < G1_WARPS; i++) v += red[i];
             a.lin.ssq[blockIdx.x] = v;
         }
-        if constexpr (LIN == 2) {   /* (the barrier above: hs complete; rows past the end: hs and rx 0) */
-            if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
-            __syncthreads();
-            g1_rx_add(a, RB, rx_s, hs);
-        }
+        if constexpr (LIN == 2) g1_rx_add(a, RB, rx_s, hs);   /* (the barrier above: hs complete; past the end 0) */
     }
     TRACE_MARK(4);
     if (a.route.counter) {

@@ -407,6 +407,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     float ew = 0.0f;
     TRACE_DECL;
     TRACE_MARK(0);
+    /* NORM: the norm's weights (constant) before the wait: x and the sums
+     * of squares, loaded after it, would otherwise queue behind the copies
+     * (docs/PERFORMANCE.md step 53) */
+    if (NORM && (routed || SK == RK)) lin_w_fetch(a, gud_smem);
     if (!early) pdl_wait();
     TRACE_MARK(1);
     if (routed || SK == RK) {   /* x as digits (every thread of the block takes part) */
@@ -422,7 +426,6 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
          * were requested, docs/PERFORMANCE.md step 37) */
         const float4 *x4 = (const float4 *)x;
         float4 xv[GUD_XV];
-        if (NORM) lin_w_fetch(a, gud_smem);   /* constant: before the wait */
         const bool x_now = a.x_first && !early;
         float sq[LIN_SQ];
         if (x_now) {
