@@ -280,7 +280,7 @@ typedef struct tern_cuda_moe_norm {
     const float *norm_w;          /* [H] */
     int one_plus;
     float eps;
-    /* the accumulated form's u (tern_cuda_lin_out.u_fx; then u may be
+    /* the accumulated form's u (tern_cuda_lin_out.u_fx; then u must be
      * NULL), zeroed again by the launch's last block */
     unsigned long long *u_fx;
 } tern_cuda_moe_norm;

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
     constexpr int RB = G1_WARPS * R;            /* LIN 2: the block's rows */
     float4 uw[LIN == 1 ? LIN_V : 1];
-    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN: x_res (16-byte aligned), copied in while the input is built */
+    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN 1: x_res (16-byte aligned), copied in while the input is built */
     float *rx_s = xres_s + a.rows;              /* LIN 2: the block's columns of N (constant: before the wait) */
     __shared__ float hs[LIN == 2 ? RB : 1];
     if constexpr (LIN == 1) g1_lin_fetch(a, blockIdx.x, uw);
@@ -762,9 +762,12 @@ int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_
         return tern_fail(err, "gemv1_lin: missing input or output");
     if (lo->h == lo->x_res || lo->h == y || lo->h == x || y == lo->x_res || y == x)
         return tern_fail(err, "gemv1_lin: h and y must differ from each other and from the inputs");
-    if (lo->rx ? !tern_cuda_gemv1_rx_rows(W, lo->n_e, NULL) : !lin_applies(W, lo->n_e))
+    if (!lin_applies(W, lo->n_e))
         return tern_fail(err, "gemv1_lin: unsupported matrix (bits %d, %lldx%lld) or %d experts", W->bits,
                          (long long)W->rows, (long long)W->cols, lo->n_e);
+    if (lo->rx && !tern_cuda_gemv1_rx_rows(W, lo->n_e, NULL))
+        return tern_fail(err, "gemv1_lin: the accumulated form needs one row group a warp, and %lld rows do not fit "
+                         "the device's resident blocks", (long long)W->rows);
     const g1_args a = lin_args(W, x, y, lo, lo->n_e);
     cudaStream_t st = (cudaStream_t)s;
     const int kind = mat_kind(W);

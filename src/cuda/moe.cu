@@ -1130,7 +1130,7 @@ int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *sh
     if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > TERN_CUDA_MOE_NORM_MAX_SSQ || !nm->norm_w ||
         a.H > TERN_CUDA_MOE_NORM_MAX_H || a.H % 4)
         return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
-    if (!u && !nm->u_fx) return tern_fail(err, "moe_route_lin: no logits (u or u_fx)");
+    if (!u == !nm->u_fx) return tern_fail(err, "moe_route_lin: give the logits as u or as u_fx, one of them");
     a.ufx = nm->u_fx;
     a.logits = u ? u : (const float *)nm->u_fx;   /* (non-NULL: the launch routes; ufx is read) */
     a.n_e = n_experts;

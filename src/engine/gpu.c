@@ -1090,6 +1090,10 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
                                          gm->ru_form == 2 ? NULL : g->rlog,
                                          c->n_experts, c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream,
                                          err);
+        /* a launch that failed left the projection's sums in u_fx: the
+         * next step's projection adds to zero, not to them */
+        if (rc && gm->ru_form == 2)
+            tern_cuda_fill(g->u_fx, 0, (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof *g->u_fx, g->stream, NULL);
         stage(g, R_MOE, 1);
         r->delta = g->out2;
         return rc;

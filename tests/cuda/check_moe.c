@@ -448,6 +448,10 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     int nb = 0, rb = 0;
     if (form == 2) rb = tern_cuda_gemv1_rx_rows(&wo.d, E, &nb);
     else nb = tern_cuda_gemv1_lin_blocks(&wo.d, E);
+    /* the accumulated form needs the projection's grid uncapped (one row
+     * group a warp, 8 rows a block at this shape): a device with fewer
+     * resident blocks skips it */
+    if (form == 2 && must && (int64_t)tern_cuda_gemv1_lin_blocks(&wo.d, E) * 8 < H) must = 0;
     if (!nb || !tern_cuda_moe_routes_itself(&f.ex, shp, sgp, K, E)) {
         if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_lin", shape, 1, 1);
         else printf("moe_lin %s: does not apply on this device, skipped\n", shape);
