@@ -475,6 +475,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                     }
                 }
                 __syncthreads();
+                TRACE_MARK(8);   /* (the routed blocks' top k done) */
                 eid = r_ids[k];
                 ew = r_wts[k];
             } else {
@@ -844,9 +845,16 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
     float4 *h4 = (float4 *)(sm + L.h_off);
     for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
+#ifdef TERN_PHASE_TRACE
+    {
+        const float probe = tid == 0 ? ((const float *)h4)[0] : 0.0f;   /* thread 0's h load has arrived */
+        TRACE_MARK_AFTER(tm, 9, probe);
+    }
+#endif
     const float w = SH ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
     cp_async_wait_all();
     __syncthreads();
+    TRACE_MARK_AT(tm, 10);   /* the block's down rows (and the segment's h) in shared memory */
     /* rows: a half warp each, lane c of the half chunks c, c + 16, ... */
     const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
     const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;

@@ -9,6 +9,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/internal.h"
+#include "cuda/trace_marks.h"
 
 static int cuda_fail(tern_error *err, const char *what, cudaError_t e) {
     return tern_fail(err, "%s: %s", what, cudaGetErrorString(e));
@@ -90,7 +91,9 @@ int tern_cuda_trace_dump(const char *path, tern_error *err) {
 #else
     FILE *f = fopen(path, "w");
     if (!f) return tern_fail(err, "cannot write the phase trace to %s", path);
-    fprintf(f, "kid,aux,block,m0,m1,m2,m3,m4,m5,m6,m7\n");
+    fprintf(f, "kid,aux,block");
+    for (int i = 0; i < TRACE_MARKS; i++) fprintf(f, ",m%d", i);
+    fputc('\n', f);
     int a = tern_cuda_trace_dump_gemv_fused(f), b = tern_cuda_trace_dump_moe(f), c = tern_cuda_trace_dump_gdn(f);
     fclose(f);
     if (a < 0 || b < 0 || c < 0) return tern_fail(err, "phase trace: could not read the device's records");

@@ -12,7 +12,7 @@
 
 #include <stdio.h>
 
-#define TRACE_MARKS 8
+#include "cuda/trace_marks.h"
 
 #ifdef TERN_PHASE_TRACE
 typedef struct {
@@ -30,7 +30,7 @@ __device__ __forceinline__ unsigned long long trace_now() {
     return t;
 }
 
-#define TRACE_DECL unsigned long long trace_m_[TRACE_MARKS] = {0, 0, 0, 0, 0, 0, 0, 0}
+#define TRACE_DECL unsigned long long trace_m_[TRACE_MARKS] = {0}
 #define TRACE_MARK(i)                                  \
     do {                                               \
         if (threadIdx.x == 0) trace_m_[i] = trace_now(); \

@@ -22,21 +22,27 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
+# (labels of marks 0 .. TRACE_MARKS - 1, the last the end; "" unused)
+def _marks(*labels):
+    return list(labels[:-1]) + [""] * (12 - len(labels)) + [labels[-1]]
+
+
 KERNELS = {
-    1: ("one-token GEMV (register tiles)", ["start", "first weights requested", "wait released", "input built",
-                                            "rows written", "x in (thread 0)", "norm's sum in", "end"], 2),
+    1: ("one-token GEMV (register tiles)", _marks("start", "first weights requested", "wait released", "input built",
+                                                 "rows written", "x in (thread 0)", "norm's sum in", "end"), 2),
     2: ("fused router (register tiles + top-k in the last block)",
-        ["start", "first weights requested", "wait released", "input built", "rows written", "block counted",
-         "routed (last block)", "end"], 2),
-    3: ("one-token GEMV (staged)", ["start", "first tiles requested", "wait released", "input built",
-                                    "first tile landed", "x in (thread 0)", "norm's sum in", "end"], 2),
-    4: ("experts' gate/up", ["start", "wait released", "first weights requested", "x as digits", "h written", "",
-                             "", "end"], 1),
-    5: ("experts' down", ["start", "ids read", "rows requested", "rows landed", "products", "", "", "end"], 0),
-    6: ("experts in one launch", ["start", "wait released", "first weights requested", "x as digits", "h written",
-                                  "segment done", "down rows written", "end"], 1),
-    7: ("DeltaNet step", ["start", "S requested", "wait released", "conv in", "conv outputs shared",
-                          "head's norm sums in", "", "end"], 2),
+        _marks("start", "first weights requested", "wait released", "input built", "rows written", "block counted",
+               "routed (last block)", "end"), 2),
+    3: ("one-token GEMV (staged)", _marks("start", "first tiles requested", "wait released", "input built",
+                                          "first tile landed", "x in (thread 0)", "norm's sum in", "end"), 2),
+    4: ("experts' gate/up", _marks("start", "wait released", "first weights requested", "x as digits", "h written",
+                                   "", "", "", "top k done", "end"), 1),
+    5: ("experts' down", _marks("start", "ids read", "rows requested", "rows landed", "products", "end"), 0),
+    6: ("experts in one launch", _marks("start", "wait released", "first weights requested", "x as digits",
+                                        "h written", "segment done", "down rows written", "", "top k done",
+                                        "segment's h in", "down rows in shared memory", "end"), 1),
+    7: ("DeltaNet step", _marks("start", "S requested", "wait released", "conv in", "conv outputs shared",
+                                "head's norm sums in", "end"), 2),
 }
 GAP_NS = 8000   # blocks of one call start within this of the previous block
 
@@ -46,7 +52,9 @@ def main():
     if len(args) != 1 or any(a not in ("--self-routed",) for a in sys.argv[1:] if a.startswith("--")):
         sys.exit(__doc__)
     with open(args[0]) as f:
-        recs = [(int(r["kid"]), int(r["aux"]), [int(r[f"m{i}"]) for i in range(8)]) for r in csv.DictReader(f)]
+        rd = csv.DictReader(f)
+        nm = sum(1 for k in rd.fieldnames if k.startswith("m"))   # marks a record (trace_marks.h)
+        recs = [(int(r["kid"]), int(r["aux"]), [int(r[f"m{i}"]) for i in range(nm)]) for r in rd]
     if "--self-routed" in sys.argv:
         observed = [m[0] for kid, _, m in recs if kid == 2]
         if observed:
@@ -60,7 +68,12 @@ def main():
     for (kid, aux), recs in groups.items():
         merged[(kid, 0 if kid == 2 else aux)].extend((aux, m) for m in recs)
     for (kid, aux), recs in sorted(merged.items()):
-        name, marks, ref = KERNELS.get(kid, (f"kernel {kid}", [f"m{i}" for i in range(8)], 0))
+        name, marks, ref = KERNELS.get(kid, (f"kernel {kid}", [f"m{i}" for i in range(12)], 0))
+        nm = len(recs[0][1])
+        if nm == 8:   # a trace of the 8-mark builds (before trace_marks.h): the same marks, the end at 7
+            marks = marks[:7] + [marks[-1]]
+        elif nm != len(marks):
+            marks = [f"m{i}" for i in range(nm)]
         recs.sort(key=lambda am: am[1][0])
         calls, cur, last0 = [], [], None
         for am in recs:
@@ -77,7 +90,7 @@ def main():
         mx = defaultdict(list)
         for c in calls:
             t0 = min(m[ref] for _, m in c)
-            for i in range(8):
+            for i in range(nm):
                 vals = [m[i] - t0 for a, m in c if m[i]]
                 if kid == 2 and i == 6:
                     vals = [m[i] - t0 for a, m in c if a == 1 and m[i]]
@@ -88,7 +101,7 @@ def main():
               f"'{marks[ref]}')\n")
         print("| mark | median block | last block |")
         print("|---|---:|---:|")
-        rows = [(statistics.median(med[i]), statistics.median(mx[i]), marks[i]) for i in range(8) if i in med and marks[i]]
+        rows = [(statistics.median(med[i]), statistics.median(mx[i]), marks[i]) for i in range(nm) if i in med and marks[i]]
         for m_, x_, label in sorted(rows):   # in time order (marks set inside helpers fall between others)
             print(f"| {label} | {m_ / 1e3:.2f} | {x_ / 1e3:.2f} |")
         print()
