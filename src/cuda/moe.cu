@@ -105,6 +105,10 @@ typedef struct {
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
 } moe_args;
 
+/* The launch routes the token itself (from float logits or, in the
+ * accumulated form, from ufx) instead of reading ids and weights. */
+__host__ __device__ __forceinline__ bool routes_itself(const moe_args &a) { return a.logits || a.ufx; }
+
 __device__ __forceinline__ const uint8_t *expert_blob(const moe_args &a, int e) {
     return a.blobs ? a.blobs[e] : a.base + (size_t)e * a.stride;
 }
@@ -436,7 +440,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         gud_step first;
         constexpr bool DE = EARLY && FUSED;   /* (the host asks for it only with x read first) */
         if (FUSED && routed) {
-            if (a.logits) {
+            if (routes_itself(a)) {
                 /* every routed block routes the token itself (route.cuh: the
                  * same ids and weights in each block, and as the router's
                  * last block gives them), in warp 0 while the others' x
@@ -501,7 +505,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         float *xf = (float *)gud_smem;
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
-        if (!(DE && routed && a.logits)) {   /* (EARLY: built during the top k) */
+        if (!(DE && routed && routes_itself(a))) {   /* (EARLY: built during the top k) */
             if (!x_now) {
                 gud_x_load(x4, a.H, xv);
                 if (NORM) lin_ssq_load(a, sq);
@@ -526,7 +530,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
     if (FUSED) {
-        if (!a.logits && routed) ew = __ldcg(a.wts + t * a.K + k);
+        if (!routes_itself(a) && routed) ew = __ldcg(a.wts + t * a.K + k);
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
         if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), ew, TRACE_PTR);
         else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), 0.0f, TRACE_PTR);
@@ -1009,7 +1013,7 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
     /* the digits during the top k: routing itself, x read first */
-    const int early = digits_early_enabled() && a->logits && a->x_first;
+    const int early = digits_early_enabled() && routes_itself(*a) && a->x_first;
     const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : 0) + (early ? 4 : 0);
     void (*const ks[8])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>,
@@ -1140,7 +1144,7 @@ int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *sh
         return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
     if (!u == !nm->u_fx) return tern_fail(err, "moe_route_lin: give the logits as u or as u_fx, one of them");
     a.ufx = nm->u_fx;
-    a.logits = u ? u : (const float *)nm->u_fx;   /* (non-NULL: the launch routes; ufx is read) */
+    a.logits = u;
     a.n_e = n_experts;
     a.renorm = renorm;
     a.ids_out = ids;

@@ -434,6 +434,11 @@ static tern_cuda_attn_dims attn_dims(const tern_config *c) {
     return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
 }
 
+/* The accumulated router form's u (gpu_session.u_fx). */
+static size_t ufx_bytes(const tern_config *c) {
+    return (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof(unsigned long long);
+}
+
 /* Activations and op outputs for pieces of up to g->piece tokens. */
 static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
@@ -458,9 +463,8 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
     g->ssq = dalloc(TERN_CUDA_MOE_NORM_MAX_SSQ, &ok, err);
-    const size_t ufx_bytes = (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof(unsigned long long);
-    g->u_fx = (unsigned long long *)dalloc(ufx_bytes / sizeof(float), &ok, err);
-    if (ok && tern_cuda_fill(g->u_fx, 0, ufx_bytes, NULL, err)) ok = 0;
+    g->u_fx = (unsigned long long *)dalloc(ufx_bytes(c) / sizeof(float), &ok, err);
+    if (ok && tern_cuda_fill(g->u_fx, 0, ufx_bytes(c), NULL, err)) ok = 0;
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
@@ -838,7 +842,7 @@ static const tern_mat *out_proj_of(const gpu_model *gm, int l) {
  * (docs/CUDA.md, "the router beside the output projection"): 1 its linear
  * part [M | N] (measured slower than the router's own launch,
  * docs/PERFORMANCE.md step 50), 2 the accumulated form (N's slices for the
- * projection's blocks, step 51). Another value than 0, 1 or 2 is an error. */
+ * projection's blocks, steps 52-54). Another value than 0, 1 or 2 is an error. */
 static int plan_router_lin(tern_model *m, tern_error *err) {
     gpu_model *gm = m->gpu;
     const tern_config *c = &m->cfg;
@@ -1093,7 +1097,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
         /* a launch that failed left the projection's sums in u_fx: the
          * next step's projection adds to zero, not to them */
         if (rc && gm->ru_form == 2)
-            tern_cuda_fill(g->u_fx, 0, (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof *g->u_fx, g->stream, NULL);
+            tern_cuda_fill(g->u_fx, 0, ufx_bytes(c), g->stream, NULL);
         stage(g, R_MOE, 1);
         r->delta = g->out2;
         return rc;

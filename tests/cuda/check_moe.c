@@ -428,8 +428,11 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
  * logits u * r (r from the CPU's h, in double) within 1e-5 of max |logit|:
  * u sums [M | N] [a | x_res] in fp32 where the CPU sums W_o a then W_r xn,
  * each entry of M rounded once from a double sum; the sums of squares'
- * total 1e-5; ids exactly; weights and output the MoE check's 1e-5. Run
- * twice on other inputs first, so counters left set would show. */
+ * total 1e-5; ids exactly; weights and output the MoE check's 1e-5. Form
+ * 2, the accumulated form (tern_cuda_router_rx_build, u as fixed-point
+ * sums of N[:, rows] h[rows]): the same checks, u read between the two
+ * launches, and u zero again after the experts'. Run twice on other
+ * inputs first, so counters (and u) left set would show. */
 static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, int rbits, int must, int form) {
     expert_fixture f;
     fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
