@@ -103,6 +103,7 @@ typedef struct {
     unsigned long long *ufx;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
+    int dn_digits;     /* the one launch's down takes h as digits (TERN_MOE_DOWN_DIGITS=0: as floats) */
 } moe_args;
 
 /* The launch routes the token itself (from float logits or, in the
@@ -376,10 +377,10 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
  * kernel holds only the code it runs (a block runs for a few microseconds:
  * instruction-cache misses of a kernel carrying every kind's loop measured
  * 30 % of its stalls). */
-template <int RK, bool SH>
-__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm);
-template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr,
+template <int RK>
+__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, bool sh);
+template <int RK>
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, bool sh, float wr,
                          unsigned long long *tm);
 
 /* FUSED: the down projection too (one-token decode, q4, the grid in one
@@ -497,8 +498,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         }
         if (FUSED) {
             const part_ptr D = routed ? blob_part(blob, a.down) : a.sdown_p;
-            if (routed) seg_stage<RK, false>(a, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
-            else seg_stage<RK, true>(a, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32));
+            seg_stage<RK>(a, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed);
         }
         TRACE_MARK(2);
         if (early) pdl_wait();
@@ -532,8 +532,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     if (FUSED) {
         if (!routes_itself(a) && routed) ew = __ldcg(a.wts + t * a.K + k);
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
-        if (routed) seg_down<RK, false>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), ew, TRACE_PTR);
-        else seg_down<RK, true>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), 0.0f, TRACE_PTR);
+        /* one copy of the down's code for routed and shared blocks (a
+         * template on it made two, and an SM holding both kinds fetched
+         * both: docs/PERFORMANCE.md step 56) */
+        seg_down<RK>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed, ew, TRACE_PTR);
     }
     TRACE_END(FUSED ? TRACE_MOE_ONE : TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
@@ -806,9 +808,9 @@ __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int d
     return L;
 }
 
-template <int RK, bool SH>
-__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm) {
-    const int I = SH ? a.s_inter : a.I, d0 = blockIdx.x * a.dc, nr = min(a.dc, a.H - d0);
+template <int RK>
+__device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, bool sh) {
+    const int I = sh ? a.s_inter : a.I, d0 = blockIdx.x * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
     if (nr <= 0) return;
     stage(sm, D.q + (int64_t)d0 * L.rbd, nr * L.rbd, threadIdx.x, blockDim.x);
@@ -830,23 +832,16 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
     return old;
 }
 
-template <int RK, bool SH>
-__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, float wr,
-                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
-    const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
-    const int I = SH ? a.s_inter : a.I, nch = I / 32, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
-    const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
-    int *flag = (int *)(sm + L.flag_off);
-    /* the segment's h rows: every block of it has written its own */
-    __syncthreads();
-    if (tid == 0) {
-        red_release(a.seg_cnt + k);
-        while (ld_acquire(a.seg_cnt + k) < (unsigned)B) __nanosleep(32);
-    }
-    __syncthreads();
-    TRACE_MARK_AT(tm, 5);
-    pdl_trigger();   /* every block is resident and past its wait: the next kernel may launch */
-    const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
+/* The block's down rows times the segment's h (hk, I floats in global
+ * memory), weighted by w, into part[0..nr): h in shared memory as floats
+ * (permuted like the GEMVs' input: float4 q of chunk c at [q * n_chunks +
+ * c], the 16 lanes of a row read 16 banks); rows a half warp each, lane c
+ * of the half chunks c, c + 16, ... (TERN_MOE_DOWN_DIGITS=0) */
+template <int RK>
+__device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
+                                float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
+                                unsigned long long *tm) {
+    const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
     float4 *h4 = (float4 *)(sm + L.h_off);
     for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
 #ifdef TERN_PHASE_TRACE
@@ -854,15 +849,13 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
         const float probe = tid == 0 ? ((const float *)h4)[0] : 0.0f;   /* thread 0's h load has arrived */
         TRACE_MARK_AFTER(tm, 9, probe);
     }
+#else
+    (void)tm;
 #endif
-    const float w = SH ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
     cp_async_wait_all();
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows (and the segment's h) in shared memory */
-    /* rows: a half warp each, lane c of the half chunks c, c + 16, ... */
     const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
-    const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
-    float *part = a.part + ((size_t)t * a.S + k) * a.H;
 #pragma unroll 1
     for (int rp = warp; rp * 2 < nr; rp += nw) {
         const int r = rp * 2 + half;
@@ -880,14 +873,104 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
                 x[4 * q + 2] = v.z;
                 x[4 * q + 3] = v.w;
             }
-            const int g = (32 * c) >> D.gsh;
+            const int g = (32 * c) >> gsh;
             const uint32_t sc = sb_at(sm + L.sb_off, s0, r * L.ng + g), bi = sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g);
             acc += row_dot<RK>(sm + (size_t)r * L.rbd, c, I, x, piece_sum(x), sc, bi);
         }
 #pragma unroll
         for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (ok && c0 == 0) part[d0 + r] = w * acc;
+        if (ok && c0 == 0) part[r] = w * acc;
     }
+}
+
+/* Chunk c of staged row r (q4) times h as digits d (chunk hc): the
+ * gate/up's integer dot (idot.cuh), then scale and bias. */
+__device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout &L, const uint16_t *s0,
+                                             const uint16_t *b0, int r, int c, int g, const uint4 (&d)[XD_VEC4],
+                                             xd_chunk hc) {
+    const uint4 raw = *(const uint4 *)(sm + (size_t)r * L.rbd + 16 * c);
+    const float p = xd_dot<KIND_Q4>(raw, d) * hc.dx;
+    const float sc = bf16f((uint16_t)sb_at(sm + L.sb_off, s0, r * L.ng + g));
+    const float bi = bf16f((uint16_t)sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g));
+    return fmaf(sc, p, bi * hc.sum);
+}
+
+/* seg_rows_floats with h as digits, as the gate/up takes x: the float
+ * path's dequantize-and-multiply was ~110 instructions a row and chunk, 3 us
+ * of the launch for 71 rows (docs/PERFORMANCE.md step 55); a q4 chunk is
+ * 24 dp4a here. h lands in the x region at the start of shared memory (the
+ * gate/up is done with x and its digits: the segment wait's
+ * __syncthreads), its digits after it; a lane's first chunk's digits stay
+ * in registers across its rows. */
+__device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
+                                float w, float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
+                                unsigned long long *tm) {
+    const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
+    float *hf = (float *)(sm - xd_smem_bytes(a.H, 32));
+    uint4 *hd = (uint4 *)(hf + I);
+    xd_chunk *hcx = (xd_chunk *)(hd + XD_VEC4 * nch);
+    for (int i = tid; i < I / 4; i += nt) ((float4 *)hf)[i] = __ldcg(hk + i);
+#ifdef TERN_PHASE_TRACE
+    {
+        const float probe = tid == 0 ? hf[0] : 0.0f;   /* thread 0's h load has arrived */
+        TRACE_MARK_AFTER(tm, 9, probe);
+    }
+#else
+    (void)tm;
+#endif
+    __syncthreads();
+    xd_build<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
+    cp_async_wait_all();
+    __syncthreads();
+    TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
+    const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
+    uint4 d[XD_VEC4];
+    xd_chunk hc = {0.0f, 0.0f};
+    if (c0 < nch) {
+        xd_load<KIND_Q4>(hd, nch, c0, d);
+        hc = hcx[c0];
+    }
+    const int g0 = (32 * c0) >> gsh;
+#pragma unroll 2
+    for (int rp = warp; rp * 2 < nr; rp += nw) {
+        const int r = rp * 2 + half;
+        const bool ok = r < nr;
+        float acc = ok && c0 < nch ? seg_chunk_d(sm, L, s0, b0, r, c0, g0, d, hc) : 0.0f;
+#pragma unroll 1
+        for (int c = c0 + 16; c < nch; c += 16) {
+            if (!ok) continue;
+            uint4 dc[XD_VEC4];
+            xd_load<KIND_Q4>(hd, nch, c, dc);
+            acc += seg_chunk_d(sm, L, s0, b0, r, c, (32 * c) >> gsh, dc, hcx[c]);
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (ok && c0 == 0) part[r] = w * acc;
+    }
+}
+
+template <int RK>
+__device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, bool sh, float wr,
+                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
+    const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
+    const int I = sh ? a.s_inter : a.I, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
+    const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
+    int *flag = (int *)(sm + L.flag_off);
+    /* the segment's h rows: every block of it has written its own */
+    __syncthreads();
+    if (tid == 0) {
+        red_release(a.seg_cnt + k);
+        while (ld_acquire(a.seg_cnt + k) < (unsigned)B) __nanosleep(32);
+    }
+    __syncthreads();
+    TRACE_MARK_AT(tm, 5);
+    pdl_trigger();   /* every block is resident and past its wait: the next kernel may launch */
+    const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
+    const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
+    float *part = a.part + ((size_t)t * a.S + k) * a.H + d0;
+    const float w = sh ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
+    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
+    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
     /* the chunk over the segments, by the last segment to finish it */
     __syncthreads();
     TRACE_MARK_AT(tm, 6);
@@ -895,9 +978,17 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     __syncthreads();
     if (*flag) {
         const float *p0 = a.part + (size_t)t * a.S * a.H + d0;
+        /* the S partials requested together, then summed in segment
+         * order (a loop of load-add pairs waits on L2 S times, on the
+         * launch's last block's path: the next kernel waits for it) */
         for (int i = tid; i < nr; i += nt) {
-            float v = 0.0f;
-            for (int kk = 0; kk < a.S; kk++) v += __ldcg(p0 + (size_t)kk * a.H + i);
+            float pv[16], v = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) pv[kk] = kk < a.S ? __ldcg(p0 + (size_t)kk * a.H + i) : 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++)
+                if (kk < a.S) v += pv[kk];
+            for (int kk = 16; kk < a.S; kk++) v += __ldcg(p0 + (size_t)kk * a.H + i);
             a.out[(size_t)t * a.H + d0 + i] = v;
         }
         if (tid == 0) a.chunk_cnt[b] = 0;
@@ -996,6 +1087,7 @@ static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TER
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
 static int digits_early_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DIGITS_EARLY"); }
+static int down_digits_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DOWN_DIGITS"); }
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -1009,6 +1101,8 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
         a->I % 32)
         return 0;
     a->dc = ceil_div(a->H, gd.x);
+    /* h as digits: spans of 64, and h's floats and digits within x's region */
+    a->dn_digits = down_digits_enabled() && a->I % XD_SPAN == 0 && a->I <= a->H;
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;

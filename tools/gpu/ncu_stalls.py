@@ -64,6 +64,13 @@ def report(name, rows, top):
             totals[k] += as_int(r[ix[k]])
         lines.append((n, r[ix["Source"]].strip(), per))
     print(f"\n### {name}: {total} warp samples over {len(data)} SASS lines\n")
+    ex_col = ix.get("Instructions Executed")
+    if ex_col is not None:
+        # each SASS instruction is 16 bytes; code run once per launch comes
+        # cold from L2 (tools/gpu/icacheprobe.cu: ~45 ns per KB)
+        run = sum(1 for r in data if as_int(r[ex_col]) > 0)
+        print(f"executed code: {run} of {len(data)} SASS lines, {run * 16 / 1024:.1f} KB; "
+              f"warp instructions executed: {sum(as_int(r[ex_col]) for r in data)}\n")
     print("| stall reason | samples | share |")
     print("|---|---:|---:|")
     for k, v in sorted(totals.items(), key=lambda kv: -kv[1]):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""phase_trace.py TRACE.csv [--self-routed]
+"""phase_trace.py TRACE.csv [--self-routed] [--tail]
 
 The phase trace of a measurement build (make CUDA=1 TRACE=1, run with
 TERN_PHASE_TRACE=TRACE.csv; src/cuda/trace.cuh): one record per block of an
@@ -16,7 +16,14 @@ Prints a Markdown table per kernel.
 router's epilogue (kernel 2): `tern bench` decodes first with the host
 observing the routing (its routing statistics), which keeps the router's
 epilogue and the two-kernel chain, then the timed steps, where the experts
-route themselves; without it a trace mixes both kinds of step."""
+route themselves; without it a trace mixes both kinds of step.
+
+--tail adds, for the experts' one launch (kernel 6), where its last blocks
+spend the time after their down rows are written (mark 6 to the end): the
+next kernel waits for the last block, so the tail is on the step's path.
+Per block, end - mark 6 for the chunk's reducer (of the blocks of one
+chunk, the one whose mark 6 came last) and for the others; and per call the
+last block to end: its segment, whether it reduced, its mark 6 and end."""
 import csv
 import statistics
 import sys
@@ -49,19 +56,21 @@ GAP_NS = 8000   # blocks of one call start within this of the previous block
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 1 or any(a not in ("--self-routed",) for a in sys.argv[1:] if a.startswith("--")):
+    if len(args) != 1 or any(a not in ("--self-routed", "--tail") for a in sys.argv[1:] if a.startswith("--")):
         sys.exit(__doc__)
     with open(args[0]) as f:
         rd = csv.DictReader(f)
         nm = sum(1 for k in rd.fieldnames if k.startswith("m"))   # marks a record (trace_marks.h)
-        recs = [(int(r["kid"]), int(r["aux"]), [int(r[f"m{i}"]) for i in range(nm)]) for r in rd]
+        recs = [(int(r["kid"]), int(r["aux"]), [int(r[f"m{i}"]) for i in range(nm)], int(r["block"])) for r in rd]
     if "--self-routed" in sys.argv:
-        observed = [m[0] for kid, _, m in recs if kid == 2]
+        observed = [m[0] for kid, _, m, _b in recs if kid == 2]
         if observed:
             cut = max(observed) + GAP_NS
             recs = [r for r in recs if r[2][0] > cut]
+    if "--tail" in sys.argv:
+        tail(recs, nm)
     groups = defaultdict(list)
-    for kid, aux, m in recs:
+    for kid, aux, m, _b in recs:
         groups[(kid, aux)].append(m)
     # the router's aux says whether the block was the last; trace both together
     merged = defaultdict(list)
@@ -105,6 +114,53 @@ def main():
         for m_, x_, label in sorted(rows):   # in time order (marks set inside helpers fall between others)
             print(f"| {label} | {m_ / 1e3:.2f} | {x_ / 1e3:.2f} |")
         print()
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def tail(recs, nm):
+    """The experts' one launch after mark 6 (see --tail above)."""
+    rs = sorted((r for r in recs if r[0] == 6), key=lambda r: r[2][0])
+    calls, cur = [], []
+    for r in rs:
+        if cur and r[2][0] - cur[-1][2][0] > GAP_NS:
+            calls.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        calls.append(cur)
+    if not calls:
+        return
+    n = Counter(len(c) for c in calls).most_common(1)[0][0]
+    calls = [c for c in calls if len(c) == n]
+    end, m6 = nm - 1, 6
+    red, other, lasts = [], [], []
+    for c in calls:
+        gx = sum(1 for r in c if r[1] == 1) or 1   # the shared segment's blocks: one per chunk
+        t0 = min(r[2][1] for r in c)
+        by_chunk = defaultdict(list)
+        for r in c:
+            by_chunk[r[3] % gx].append(r)
+        reducers = {max(rr, key=lambda r: r[2][m6])[3] for rr in by_chunk.values()}
+        for r in c:
+            (red if r[3] in reducers else other).append(r[2][end] - r[2][m6])
+        lr = max(c, key=lambda r: r[2][end])
+        lasts.append((lr[3] // gx, lr[3] in reducers, (lr[2][m6] - t0) / 1e3, (lr[2][end] - t0) / 1e3))
+    print(f"### experts in one launch, tail: {len(calls)} calls of {n} blocks\n")
+    print("| blocks | count | end - mark 6 p50 (us) | p90 | max |")
+    print("|---|---:|---:|---:|---:|")
+    for label, v in (("reducers", red), ("others", other)):
+        if v:
+            print(f"| {label} | {len(v)} | {pct(v, 0.5) / 1e3:.2f} | {pct(v, 0.9) / 1e3:.2f} | {max(v) / 1e3:.2f} |")
+    print("\nlast block of a call (first 12 calls): segment, reducer, mark 6, end (us since the first wait release)\n")
+    for seg, isr, a, b in lasts[:12]:
+        print(f"- segment {seg}, {'reducer' if isr else 'not reducer'}, {a:.2f}, {b:.2f}")
+    segs = Counter(s for s, _, _, _ in lasts)
+    print(f"\nlast block's segment over all calls: {dict(sorted(segs.items()))}; "
+          f"reducer in {sum(1 for l in lasts if l[1])} of {len(lasts)}\n")
 
 
 if __name__ == "__main__":
