@@ -90,14 +90,14 @@ __device__ __forceinline__ void xd_span(const float *xf, int sp, int nch, uint8_
  * spans of a 2,048 input took ~1,600 cycles); lane l holds values 2l and
  * 2l + 1 of a span. The caller synchronises before (xf complete) and after. */
 #define XD_ILP 4
-template <int KIND, int ILP = XD_ILP>   /* ILP: spans a warp takes at once (1: the least code, for short inputs) */
+template <int KIND>
 __device__ __forceinline__ void xd_build(const float *xf, int cols, uint4 *xd, xd_chunk *cx, int nwarps,
                                          int w0 = 0) {   /* the warps taking part: w0 .. w0 + nwarps - 1 */
     const int nsp = cols / XD_SPAN, nch = cols / xd_traits<KIND>::E;
     uint8_t *xb = (uint8_t *)xd;
-    for (int sp = (threadIdx.x >> 5) - w0; sp < nsp; sp += ILP * nwarps) {
+    for (int sp = (threadIdx.x >> 5) - w0; sp < nsp; sp += XD_ILP * nwarps) {
 #pragma unroll
-        for (int j = 0; j < ILP; j++)
+        for (int j = 0; j < XD_ILP; j++)
             if (sp + j * nwarps < nsp) xd_span<KIND>(xf, sp + j * nwarps, nch, xb, cx);
     }
 }

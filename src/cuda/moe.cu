@@ -103,6 +103,7 @@ typedef struct {
     unsigned long long *ufx;
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
+    int dn_digits;     /* the one launch's down takes h as digits (TERN_MOE_DOWN_DIGITS=0: as floats) */
 } moe_args;
 
 /* The launch routes the token itself (from float logits or, in the
@@ -788,10 +789,11 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
  * segment order into out, so the result does not depend on timing. The
  * last block of the grid (done_cnt) puts the segment counters back to 0.
  * Shared memory after the digits' region: the chunk's rows, its scales and
- * biases (stage_sb regions), a flag; h and its digits take the digits'
- * region once the gate/up is done (seg_rows_digits). */
+ * biases (stage_sb regions), h permuted like the GEMVs' input (float4 q of
+ * chunk c at [q * n_chunks + c]: the 16 lanes of a row read 16 banks), a
+ * flag. */
 struct seg_layout {
-    int rbd, ng, sbb, sb_off, flag_off, bytes;
+    int rbd, ng, sbb, sb_off, h_off, flag_off, bytes;
 };
 
 __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int dc) {
@@ -800,7 +802,8 @@ __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int d
     L.ng = I >> gsh;
     L.sbb = (dc * L.ng * 2 + 32 + 15) & ~15;
     L.sb_off = (dc * L.rbd + 15) & ~15;
-    L.flag_off = L.sb_off + 2 * L.sbb;
+    L.h_off = L.sb_off + 2 * L.sbb;
+    L.flag_off = L.h_off + I * 4;
     L.bytes = L.flag_off + 16;
     return L;
 }
@@ -829,6 +832,57 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
     return old;
 }
 
+/* The block's down rows times the segment's h (hk, I floats in global
+ * memory), weighted by w, into part[0..nr): h in shared memory as floats
+ * (permuted like the GEMVs' input: float4 q of chunk c at [q * n_chunks +
+ * c], the 16 lanes of a row read 16 banks); rows a half warp each, lane c
+ * of the half chunks c, c + 16, ... (TERN_MOE_DOWN_DIGITS=0) */
+template <int RK>
+__device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
+                                float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
+                                unsigned long long *tm) {
+    const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
+    float4 *h4 = (float4 *)(sm + L.h_off);
+    for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
+#ifdef TERN_PHASE_TRACE
+    {
+        const float probe = tid == 0 ? ((const float *)h4)[0] : 0.0f;   /* thread 0's h load has arrived */
+        TRACE_MARK_AFTER(tm, 9, probe);
+    }
+#else
+    (void)tm;
+#endif
+    cp_async_wait_all();
+    __syncthreads();
+    TRACE_MARK_AT(tm, 10);   /* the block's down rows (and the segment's h) in shared memory */
+    const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
+#pragma unroll 1
+    for (int rp = warp; rp * 2 < nr; rp += nw) {
+        const int r = rp * 2 + half;
+        const bool ok = r < nr;
+        float acc = 0.0f;
+#pragma unroll 1
+        for (int c = c0; c < nch; c += 16) {
+            if (!ok) continue;
+            float x[32];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float4 v = h4[q * nch + c];
+                x[4 * q] = v.x;
+                x[4 * q + 1] = v.y;
+                x[4 * q + 2] = v.z;
+                x[4 * q + 3] = v.w;
+            }
+            const int g = (32 * c) >> gsh;
+            const uint32_t sc = sb_at(sm + L.sb_off, s0, r * L.ng + g), bi = sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g);
+            acc += row_dot<RK>(sm + (size_t)r * L.rbd, c, I, x, piece_sum(x), sc, bi);
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (ok && c0 == 0) part[r] = w * acc;
+    }
+}
+
 /* Chunk c of staged row r (q4) times h as digits d (chunk hc): the
  * gate/up's integer dot (idot.cuh), then scale and bias. */
 __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout &L, const uint16_t *s0,
@@ -841,15 +895,13 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
     return fmaf(sc, p, bi * hc.sum);
 }
 
-/* The block's down rows times the segment's h (hk, I floats in global
- * memory), weighted by w, into part[0..nr), with h as digits as the
- * gate/up takes x: the dequantize-and-multiply of floats was ~110
- * instructions a row and chunk, 3 us of the launch for 71 rows
- * (docs/PERFORMANCE.md step 55); a q4 chunk is 24 dp4a here. h lands in
- * the x region at the start of shared memory (the gate/up is done with x
- * and its digits: the segment wait's __syncthreads), its digits after it;
- * rows a half warp each, lane c of the half chunks c, c + 16, ..., and a
- * lane's first chunk's digits stay in registers across its rows. */
+/* seg_rows_floats with h as digits, as the gate/up takes x: the float
+ * path's dequantize-and-multiply was ~110 instructions a row and chunk, 3 us
+ * of the launch for 71 rows (docs/PERFORMANCE.md step 55); a q4 chunk is
+ * 24 dp4a here. h lands in the x region at the start of shared memory (the
+ * gate/up is done with x and its digits: the segment wait's
+ * __syncthreads), its digits after it; a lane's first chunk's digits stay
+ * in registers across its rows. */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
                                 float w, float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 unsigned long long *tm) {
@@ -867,7 +919,7 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
     (void)tm;
 #endif
     __syncthreads();
-    xd_build<KIND_Q4, 1>(hf, I, hd, hcx, nt >> 5);   /* (a span a warp: I = 512 is 8 spans) */
+    xd_build<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
     cp_async_wait_all();
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
@@ -917,7 +969,8 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
     float *part = a.part + ((size_t)t * a.S + k) * a.H + d0;
     const float w = sh ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
-    seg_rows_digits(a, sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
+    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
+    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
     /* the chunk over the segments, by the last segment to finish it */
     __syncthreads();
     TRACE_MARK_AT(tm, 6);
@@ -1034,6 +1087,7 @@ static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TER
 static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
 static int digits_early_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DIGITS_EARLY"); }
+static int down_digits_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DOWN_DIGITS"); }
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -1044,9 +1098,11 @@ static int seg_enabled(void) { static int on = -1; return switch_on(&on, "TERN_M
 static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p) {
     if (!a->one_launch || gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
         !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
-        a->I % XD_SPAN || a->I > a->H)   /* (h as digits: spans of 64, within x's region) */
+        a->I % 32)
         return 0;
     a->dc = ceil_div(a->H, gd.x);
+    /* h as digits: spans of 64, and h's floats and digits within x's region */
+    a->dn_digits = down_digits_enabled() && a->I % XD_SPAN == 0 && a->I <= a->H;
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
