@@ -900,8 +900,10 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
  * of the launch for 71 rows (docs/PERFORMANCE.md step 55); a q4 chunk is
  * 24 dp4a here. h lands in the x region at the start of shared memory (the
  * gate/up is done with x and its digits: the segment wait's
- * __syncthreads), its digits after it; a lane's first chunk's digits stay
- * in registers across its rows. */
+ * __syncthreads), its digits after it. A lane reads its chunk's digits
+ * again for each of its rows: held across them (24 registers) they took the
+ * kernel's spills from 68 to 100 bytes, as every phase of the launch shares
+ * its 96 registers (docs/PERFORMANCE.md step 58); read per row, 44. */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
                                 float w, float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 unsigned long long *tm) {
@@ -924,18 +926,17 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
     const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
-    uint4 d[XD_VEC4];
-    xd_chunk hc = {0.0f, 0.0f};
-    if (c0 < nch) {
-        xd_load<KIND_Q4>(hd, nch, c0, d);
-        hc = hcx[c0];
-    }
     const int g0 = (32 * c0) >> gsh;
-#pragma unroll 2
+#pragma unroll 1
     for (int rp = warp; rp * 2 < nr; rp += nw) {
         const int r = rp * 2 + half;
         const bool ok = r < nr;
-        float acc = ok && c0 < nch ? seg_chunk_d(sm, L, s0, b0, r, c0, g0, d, hc) : 0.0f;
+        float acc = 0.0f;
+        if (ok && c0 < nch) {
+            uint4 d[XD_VEC4];
+            xd_load<KIND_Q4>(hd, nch, c0, d);
+            acc = seg_chunk_d(sm, L, s0, b0, r, c0, g0, d, hcx[c0]);
+        }
 #pragma unroll 1
         for (int c = c0 + 16; c < nch; c += 16) {
             if (!ok) continue;
