@@ -926,23 +926,17 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
     const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
-    const int g0 = (32 * c0) >> gsh;
 #pragma unroll 1
     for (int rp = warp; rp * 2 < nr; rp += nw) {
         const int r = rp * 2 + half;
         const bool ok = r < nr;
         float acc = 0.0f;
-        if (ok && c0 < nch) {
-            uint4 d[XD_VEC4];
-            xd_load<KIND_Q4>(hd, nch, c0, d);
-            acc = seg_chunk_d(sm, L, s0, b0, r, c0, g0, d, hcx[c0]);
-        }
 #pragma unroll 1
-        for (int c = c0 + 16; c < nch; c += 16) {
+        for (int c = c0; c < nch; c += 16) {
             if (!ok) continue;
-            uint4 dc[XD_VEC4];
-            xd_load<KIND_Q4>(hd, nch, c, dc);
-            acc += seg_chunk_d(sm, L, s0, b0, r, c, (32 * c) >> gsh, dc, hcx[c]);
+            uint4 d[XD_VEC4];
+            xd_load<KIND_Q4>(hd, nch, c, d);
+            acc += seg_chunk_d(sm, L, s0, b0, r, c, (32 * c) >> gsh, d, hcx[c]);
         }
 #pragma unroll
         for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

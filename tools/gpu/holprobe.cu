@@ -23,14 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(x)                                                                      \
-    do {                                                                              \
-        cudaError_t e_ = (x);                                                         \
-        if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "holprobe: %s: %s\n", #x, cudaGetErrorString(e_));        \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
+#define PROBE_NAME "holprobe"
+#include "probe.cuh"
 
 #define THREADS 256
 #define XN 2048          /* the vector: 2048 floats, 8 KB (the model's hidden size) */

@@ -12,14 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(x)                                                                \
-    do {                                                                        \
-        cudaError_t e_ = (x);                                                   \
-        if (e_ != cudaSuccess) {                                                \
-            fprintf(stderr, "icacheprobe: %s: %s\n", #x, cudaGetErrorString(e_)); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
+#define PROBE_NAME "icacheprobe"
+#include "probe.cuh"
 
 /* SALT makes each instance's code its own (a different constant). */
 template <int N, int SALT>

@@ -138,8 +138,14 @@ def tail(recs, nm):
     calls = [c for c in calls if len(c) == n]
     end, m6 = nm - 1, 6
     red, other, lasts = [], [], []
+    # a block's chunk is its blockIdx.x = block % gridDim.x, and gridDim.x is
+    # the shared segment's block count (aux 1: one block a chunk)
+    if not any(r[1] == 1 for r in calls[0]):
+        print("### experts in one launch, tail: no shared segment in the trace, so no grid width to find "
+              "the chunks by (--tail needs a model with a shared expert)\n")
+        return
     for c in calls:
-        gx = sum(1 for r in c if r[1] == 1) or 1   # the shared segment's blocks: one per chunk
+        gx = sum(1 for r in c if r[1] == 1)
         t0 = min(r[2][1] for r in c)
         by_chunk = defaultdict(list)
         for r in c:

@@ -13,14 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(x)                                                                      \
-    do {                                                                              \
-        cudaError_t e_ = (x);                                                         \
-        if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "readprobe: %s: %s\n", #x, cudaGetErrorString(e_));       \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
+#define PROBE_NAME "readprobe"
+#include "probe.cuh"
 
 #define NBUF 24
 #define UNROLL 4
