@@ -56,8 +56,10 @@ endif
 # launch's down taking h as floats (the default: as digits).
 # Then the GPU engine against the CPU engine (tests/gpu/check_engine.c), also
 # with the router's epilogue taking the top k instead of the experts' one
-# launch, and with the router beside the output projection instead of its
-# own launch (its linear part [M | N], and its products accumulated).
+# launch, with the router beside the output projection instead of its
+# own launch (its linear part [M | N], and its products accumulated), and
+# with the experts' one launch summing its chunks as floats (the default:
+# fixed-point sums).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
@@ -73,4 +75,5 @@ test-cuda:
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=2"; TERN_MOE_LIN=2 build-cuda/tern-cuda-engine-tests
+	echo "TERN_MOE_FX=0"; TERN_MOE_FX=0 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

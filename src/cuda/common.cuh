@@ -393,4 +393,24 @@ __device__ __forceinline__ void kv_load8(const uint8_t *vals, int d, bool al, fl
     }
 }
 
+/* The experts' fixed-point sums (tern_cuda_experts.fx): a share as an
+ * integer of 2^-TERN_CUDA_DFX_SHIFT units, saturating at +-2^25 (so up to
+ * 64 shares add without overflow; NaN becomes the upper limit), and a sum
+ * back as the float nearest it (one rounding: the scale is a power of 2). */
+__device__ __forceinline__ long long dfx_of(float v) {
+    const float lim = 33554432.0f;   /* 2^25 */
+    return __float2ll_rn(fminf(fmaxf(v, -lim), lim) * (float)(1ull << TERN_CUDA_DFX_SHIFT));
+}
+__device__ __forceinline__ float dfx_val(long long s) {
+    return __ll2float_rn(s) * (1.0f / (float)(1ull << TERN_CUDA_DFX_SHIFT));
+}
+__device__ __forceinline__ void dfx_add(long long *p, long long v) {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+/* entries 4i .. 4i + 3 of a sum array as floats */
+__device__ __forceinline__ float4 dfx_load4(const long long *s, int i) {
+    const longlong2 a = ((const longlong2 *)s)[2 * i], b = ((const longlong2 *)s)[2 * i + 1];
+    return make_float4(dfx_val(a.x), dfx_val(a.y), dfx_val(b.x), dfx_val(b.y));
+}
+
 #endif

@@ -135,6 +135,10 @@ typedef struct tern_cuda_vec_in {
     int one_plus;
     float eps;
     float *xn_out;
+    /* delta as the experts' fixed-point sums (tern_cuda_experts.fx;
+     * instead of delta, then NULL): each entry d * 2^TERN_CUDA_DFX_SHIFT,
+     * read as the float nearest d */
+    const long long *delta_fx;
 } tern_cuda_vec_in;
 
 /* 1 if tern_cuda_gemv1 handles W: q4/q8 (group 32/64/128 dividing cols)
@@ -237,7 +241,26 @@ typedef struct tern_cuda_experts {
      * device: two grids sharing the SMs could each wait for blocks the
      * other keeps from starting. 0: the two launches. */
     int one_launch;
+    /* The one launch's output as 64-bit fixed-point sums instead of out
+     * (docs/CUDA.md, "the experts' sums in fixed point"): fx is a slot of
+     * tern_cuda_moe_fx_bytes(hidden), zero before the launch; every block
+     * adds its rows' shares into tern_cuda_moe_fx_sums(fx) with integer
+     * atomics (the order the blocks finish in does not change the sums),
+     * so no block sums a chunk over the experts after the others. The
+     * launch also zeroes fx_zero (another slot, or NULL): the slot of the
+     * launch before it, whose sums the kernels between the two have read.
+     * NULL: out as floats. Only where the one launch applies (else an
+     * error), and not with the accumulated router (tern_cuda_moe_norm.u_fx). */
+    void *fx, *fx_zero;
 } tern_cuda_experts;
+
+/* A fixed-point slot: the launch's segment counters, then hidden sums,
+ * each value * 2^TERN_CUDA_DFX_SHIFT (an expert's share saturates at
+ * +-2^25: 33 shares cannot overflow). tern_cuda_dfx_float converts them. */
+#define TERN_CUDA_DFX_SHIFT 32
+size_t tern_cuda_moe_fx_bytes(int64_t hidden);
+const long long *tern_cuda_moe_fx_sums(const void *fx);
+int tern_cuda_dfx_float(float *y, const long long *fx, int n, tern_stream s, tern_error *err);
 
 /* One MoE block for T tokens (T small: decode, MTP verification):
  *   out[t] = sum_k wts[t,k] * E_{ids[t,k]}(x_t) + sigmoid(x_t . w_sg) * S(x_t)

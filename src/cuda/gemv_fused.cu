@@ -177,8 +177,8 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
         int i = tid + k * G1_THREADS;
         if (i < n4) {
             v[k] = ((const float4 *)in.x)[i];
-            if (in.delta) {
-                float4 d = ((const float4 *)in.delta)[i];
+            if (in.delta || in.delta_fx) {
+                float4 d = in.delta_fx ? dfx_load4(in.delta_fx, i) : ((const float4 *)in.delta)[i];
                 v[k].x += d.x; v[k].y += d.y; v[k].z += d.z; v[k].w += d.w;
                 if (first && in.x_out) ((float4 *)in.x_out)[i] = v[k];
             }
@@ -727,7 +727,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL}, y, {}, 0,
+                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
                  tern_cuda_trigger_late(), {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
@@ -809,8 +809,10 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
         return tern_fail(err, "gemv1: unsupported matrix (bits %d, dtype %d, %lldx%lld, group %d)", W->bits, W->dtype,
                          (long long)W->rows, (long long)W->cols, W->group);
     if (!in || !in->x) return tern_fail(err, "gemv1: no input");
-    if (in->delta && !in->x_out) return tern_fail(err, "gemv1: a residual needs x_out");
-    if (in->x_out && (in->x_out == in->x || in->x_out == in->delta))
+    if (in->delta && in->delta_fx) return tern_fail(err, "gemv1: a residual as floats or as fixed point, not both");
+    if ((in->delta || in->delta_fx) && !in->x_out) return tern_fail(err, "gemv1: a residual needs x_out");
+    if (in->delta_fx && ((uintptr_t)in->delta_fx & 15)) return tern_fail(err, "gemv1: fixed-point residual not 16-byte aligned");
+    if (in->x_out && (in->x_out == in->x || in->x_out == in->delta || (const void *)in->x_out == (const void *)in->delta_fx))
         return tern_fail(err, "gemv1: x_out must not be an input (other blocks still read it)");
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,

@@ -84,6 +84,12 @@ typedef struct {
     int one_launch;    /* the caller allows it (tern_cuda_experts.one_launch) */
     int dc;            /* down rows of a block's chunk */
     float *out;
+    /* tern_cuda_experts.fx: the sums each block adds its rows into (then
+     * seg_cnt is the slot's counters, and no chunk is summed over the
+     * segments), and the slot the launch zeroes, in 16-byte units */
+    long long *fx_sum;
+    uint4 *fx_zero;
+    int fx_zero_n;
     /* routing inside the one launch (tern_cuda_moe_route): the router's
      * logits [n_e] instead of ids and weights, which block 0 of segment 0
      * writes to ids_out / wts_out; NULL: ids and wts are given */
@@ -837,9 +843,16 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
  * (permuted like the GEMVs' input: float4 q of chunk c at [q * n_chunks +
  * c], the 16 lanes of a row read 16 banks); rows a half warp each, lane c
  * of the half chunks c, c + 16, ... (TERN_MOE_DOWN_DIGITS=0) */
+/* A row's share: its partial, which the chunk's reducer sums over the
+ * segments, or (fx, the fixed-point sums) added into the sums. */
+__device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float v) {
+    if (fx) dfx_add(fx + r, dfx_of(v));
+    else part[r] = v;
+}
+
 template <int RK>
 __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
-                                float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
+                                float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 unsigned long long *tm) {
     const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
     float4 *h4 = (float4 *)(sm + L.h_off);
@@ -879,7 +892,7 @@ __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *
         }
 #pragma unroll
         for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (ok && c0 == 0) part[r] = w * acc;
+        if (ok && c0 == 0) seg_put(part, fx, r, w * acc);
     }
 }
 
@@ -905,7 +918,7 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
  * kernel's spills from 68 to 100 bytes, as every phase of the launch shares
  * its 96 registers (docs/PERFORMANCE.md step 58); read per row, 44. */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
-                                float w, float *part, const uint16_t *s0, const uint16_t *b0, int gsh,
+                                float w, float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 unsigned long long *tm) {
     const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
     float *hf = (float *)(sm - xd_smem_bytes(a.H, 32));
@@ -940,7 +953,7 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
         }
 #pragma unroll
         for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (ok && c0 == 0) part[r] = w * acc;
+        if (ok && c0 == 0) seg_put(part, fx, r, w * acc);
     }
 }
 
@@ -951,6 +964,13 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const int I = sh ? a.s_inter : a.I, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
     int *flag = (int *)(sm + L.flag_off);
+    /* fx: the slot of the launch before, read by now (every block is past
+     * its wait), zeroed for the launch after this one; one 16-byte store a
+     * thread in the grid's first blocks */
+    if (a.fx_zero) {
+        const int i = (blockIdx.y * B + b) * nt + tid;
+        if (i < a.fx_zero_n) a.fx_zero[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
     /* the segment's h rows: every block of it has written its own */
     __syncthreads();
     if (tid == 0) {
@@ -963,9 +983,14 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const float4 *hk = (const float4 *)(a.h + ((size_t)t * a.S + k) * a.Imax);
     const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
     float *part = a.part + ((size_t)t * a.S + k) * a.H + d0;
+    long long *fx = a.fx_sum ? a.fx_sum + (size_t)t * a.H + d0 : NULL;
     const float w = sh ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
-    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
-    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, s0, b0, D.gsh, tm);
+    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, tm);
+    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, tm);
+    if (fx) {   /* the sums are complete when the grid is; nothing to count */
+        TRACE_MARK_AT(tm, 6);
+        return;
+    }
     /* the chunk over the segments, by the last segment to finish it */
     __syncthreads();
     TRACE_MARK_AT(tm, 6);
@@ -1053,6 +1078,11 @@ static size_t moe_seg_bytes(int top_k, int64_t inter, int64_t hidden) {
     return align256(seg_counters(top_k, inter) * sizeof(unsigned)) +
            align256((size_t)(top_k + 1) * (size_t)hidden * sizeof(float));
 }
+
+/* a fixed-point slot: 64 segment counters (S <= 64), then the sums */
+#define FX_CNT_BYTES 256
+size_t tern_cuda_moe_fx_bytes(int64_t hidden) { return FX_CNT_BYTES + align256((size_t)hidden * sizeof(long long)); }
+const long long *tern_cuda_moe_fx_sums(const void *fx) { return (const long long *)((const uint8_t *)fx + FX_CNT_BYTES); }
 
 size_t tern_cuda_moe_workspace(int T, int top_k, int64_t inter, int64_t hidden) {
     return moe_seg_bytes(top_k, inter, hidden) +
@@ -1179,6 +1209,17 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
         a.sg = a.h + (size_t)T * a.S * a.Imax;
     }
     a.out = out;
+    if (ex->fx) {
+        if (a.S > FX_CNT_BYTES / (int)sizeof(unsigned) || ((uintptr_t)ex->fx & 15) || ((uintptr_t)ex->fx_zero & 15) ||
+            ex->fx_zero == ex->fx)
+            return tern_fail(err, "moe: fixed-point sums need at most %d segments and two distinct 16-byte aligned slots",
+                             FX_CNT_BYTES / (int)sizeof(unsigned));
+        if (T != 1) return tern_fail(err, "moe: fixed-point sums are the one launch's, one token (T = %d)", T);
+        a.seg_cnt = (unsigned *)ex->fx;
+        a.fx_sum = (long long *)tern_cuda_moe_fx_sums(ex->fx);
+        a.fx_zero = (uint4 *)ex->fx_zero;
+        a.fx_zero_n = ex->fx_zero ? (int)(tern_cuda_moe_fx_bytes(a.H) / 16) : 0;
+    }
     a.x_first = x_first_enabled();
     if ((int64_t)T * a.S > 65535) return tern_fail(err, "moe: %d tokens too many for one launch", T);
     return 0;
@@ -1232,6 +1273,7 @@ int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *sh
         a.H > TERN_CUDA_MOE_NORM_MAX_H || a.H % 4)
         return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
     if (!u == !nm->u_fx) return tern_fail(err, "moe_route_lin: give the logits as u or as u_fx, one of them");
+    if (nm->u_fx && ex->fx) return tern_fail(err, "moe_route_lin: fixed-point sums do not go with the accumulated u");
     a.ufx = nm->u_fx;
     a.logits = u;
     a.n_e = n_experts;
@@ -1299,6 +1341,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         dim3 gd = gud_grid(a, T);
         int rc = moe_seg(&a, gd, s, err);
         if (rc <= 0) return rc;   /* launched (0) or failed (-1) */
+        if (a.fx_sum) return tern_fail(err, "moe: fixed-point sums need the one launch, which does not apply here");
         if (smem_attr((const void *)k1, smem1, err)) return -1;
         if (gu_pdl_enabled()) {
             cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
@@ -1308,6 +1351,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
             k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
         }
     } else {
+        if (a.fx_sum) return tern_fail(err, "moe: fixed-point sums need the one launch, which does not apply here");
         moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
     }
     if (launch_check("moe gate/up", err)) return -1;

@@ -48,6 +48,17 @@ int tern_cuda_rmsnorm(float *y, float *x, const float *delta, const float *w, in
     return launch_check("rmsnorm", err);
 }
 
+__global__ void dfx_float_kernel(float *y, const long long *fx, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = dfx_val(fx[i]);
+}
+
+int tern_cuda_dfx_float(float *y, const long long *fx, int n, tern_stream s, tern_error *err) {
+    if (n < 1 || !y || !fx) return tern_fail(err, "dfx_float: n = %d, or no buffer", n);
+    dfx_float_kernel<<<ceil_div(n, 256), 256, 0, s>>>(y, fx, n);
+    return launch_check("dfx_float", err);
+}
+
 /* ---- f16 rounding, as cpu/kvquant.c rounds ------------------------------- */
 
 __device__ __forceinline__ uint16_t f16_rne(float f) { return __half_as_ushort(__float2half_rn(f)); }

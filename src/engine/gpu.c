@@ -92,6 +92,11 @@ typedef struct gpu_model {
     /* per layer: its experts' one launch can route the token itself (shapes,
      * kinds and the device's room; fixed for the model, planned once) */
     unsigned char *moe_self;
+    /* per layer: with its experts' sums in fixed point (TERN_MOE_FX=0: as
+     * floats), the layer whose slot its launch zeroes: the one before it
+     * among those that route themselves, cyclically (-1: floats; fewer
+     * than two such layers, since a launch cannot zero its own slot) */
+    int *fx_prev;
     /* per layer: the router's linear part [n_e, D + H] beside the output
      * projection (tern_cuda_gemv1_lin; NULL: the router's own launch) and
      * that projection's block count (its sums of squares) */
@@ -197,6 +202,7 @@ static void gpu_model_free(gpu_model *g) {
     tern_cuda_free(g->resident);
     free(g->w.layers);
     free(g->moe_self);
+    free(g->fx_prev);
     for (int l = 0; g->ru && l < g->ru_layers; l++) tern_cuda_free(g->ru[l]);
     free(g->ru);
     free(g->ru_blocks);
@@ -333,6 +339,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
 
 static int plan_moe_self(tern_model *m, tern_error *err);
 static int plan_router_lin(tern_model *m, tern_error *err);
+static int plan_moe_fx(tern_model *m, tern_error *err);
 
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
@@ -343,7 +350,7 @@ int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
         return -1;
     }
     m->gpu = g;
-    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0) {
+    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0 || plan_moe_fx(m, err) != 0) {
         tern_gpu_model_free(m);
         return -1;
     }
@@ -411,6 +418,10 @@ typedef struct gpu_session {
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
+    /* the experts' fixed-point slots, one a layer (gpu_model.fx_prev),
+     * fx_bytes each: zero but for the slots of the last layers run */
+    uint8_t *fx;
+    size_t fx_bytes;
     /* A piece's input, [u (double), position, tokens...]: written on the
      * host into page-locked memory, copied up in the stream (the embedding,
      * the captured step and the sampler read it on the device). */
@@ -492,7 +503,10 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     g->grouped_bytes = tern_cuda_moe_grouped_workspace(g->piece, c->top_k, c->n_experts, (int64_t)c->hidden,
                                                        c->expert_inter, c->shared_inter);
     size_t moe_bytes = tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter, (int64_t)c->hidden);
+    g->fx_bytes = tern_cuda_moe_fx_bytes((int64_t)c->hidden);
+    size_t fx_all = g->fx_bytes * (size_t)c->n_layers;
     if (!(g->moe_work = tern_cuda_alloc(moe_bytes, err)) || tern_cuda_fill(g->moe_work, 0, moe_bytes, NULL, err) ||
+        !(g->fx = tern_cuda_alloc(fx_all, err)) || tern_cuda_fill(g->fx, 0, fx_all, NULL, err) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
         !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
         !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))
@@ -585,6 +599,7 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->ids);
     tern_cuda_free(g->u_fx);
     tern_cuda_free(g->moe_work);
+    tern_cuda_free(g->fx);
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->d_id);
@@ -812,7 +827,7 @@ static tern_cuda_expert_part part_of(const tern_pk_tensor *t) {
 static tern_cuda_experts experts_of(const tern_model *m, int l) {
     const gpu_model *gm = m->gpu;
     return (tern_cuda_experts){NULL, gm->experts[l], m->man.stride, part_of(&m->man.parts[0]),
-                               part_of(&m->man.parts[1]), part_of(&m->man.parts[2]), 0};
+                               part_of(&m->man.parts[1]), part_of(&m->man.parts[2]), 0, NULL, NULL};
 }
 
 /* gpu_model.moe_self: asked once per layer (with the one launch allowed;
@@ -828,6 +843,39 @@ static int plan_moe_self(tern_model *m, tern_error *err) {
         gm->moe_self[l] = (unsigned char)tern_cuda_moe_routes_itself(&ex, &w->shared, &w->shared_gate, c->top_k,
                                                                     c->n_experts);
     }
+    return 0;
+}
+
+/* gpu_model.fx_prev: the layers whose experts route themselves with the
+ * router's own launch (the accumulated router form's launch zeroes its u
+ * at the end instead) take the fixed-point sums, each zeroing the slot of
+ * the one before it. A step runs them all in order or none (whether the
+ * one launch is taken is decided per step), so the slot a launch adds into
+ * was zeroed by the next one in the step before. */
+static int plan_moe_fx(tern_model *m, tern_error *err) {
+    gpu_model *gm = m->gpu;
+    const tern_config *c = &m->cfg;
+    const char *sw = getenv("TERN_MOE_FX");
+    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1")) return tern_fail(err, "TERN_MOE_FX must be 0 or 1 (got '%s')", sw);
+    if (!(gm->fx_prev = malloc((size_t)c->n_layers * sizeof *gm->fx_prev))) return tern_fail(err, "out of memory");
+    int n = 0, last = -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        gm->fx_prev[l] = -1;
+        if (gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
+            gm->fx_prev[l] = last;
+            last = l;
+            n++;
+        }
+    }
+    if (n < 2 || (sw && !strcmp(sw, "0"))) {
+        for (int l = 0; l < c->n_layers; l++) gm->fx_prev[l] = -1;
+        return 0;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        if (gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
+            gm->fx_prev[l] = last;   /* the first: the last one, of the step before */
+            break;
+        }
     return 0;
 }
 
@@ -983,26 +1031,29 @@ static int layers(tern_session *s, int T, tern_error *err) {
 typedef struct resid {
     float *x, *spare;
     const float *delta;           /* the output not yet added to x, or NULL */
+    const long long *delta_fx;    /* or so, as the experts' fixed-point sums */
 } resid;
 
 static tern_cuda_vec_in resid_in(const resid *r, const float *norm_w, float eps, float *xn_out) {
-    return (tern_cuda_vec_in){r->x, r->delta, r->delta ? r->spare : NULL, norm_w, 1, eps, xn_out};
+    return (tern_cuda_vec_in){r->x, r->delta, r->delta || r->delta_fx ? r->spare : NULL, norm_w, 1, eps, xn_out,
+                              r->delta_fx};
 }
 
 /* After a GEMV took resid_in: the sum is the stream now. */
 static void resid_taken(resid *r) {
-    if (r->delta) {
+    if (r->delta || r->delta_fx) {
         float *t = r->x;
         r->x = r->spare;
         r->spare = t;
     }
     r->delta = NULL;
+    r->delta_fx = NULL;
 }
 
 static int gemv_plain(const gpu_model *gm, const gpu_session *g, const tern_mat *W, const float *x, float *y,
                       tern_error *err) {
     if (!tern_cuda_gemv1_supported(W)) return mm(gm, g, y, x, 1, W, err);
-    tern_cuda_vec_in in = {x, NULL, NULL, NULL, 0, 0.0f, NULL};
+    tern_cuda_vec_in in = {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL};
     return tern_cuda_gemv1(W, &in, y, g->stream, err);
 }
 
@@ -1112,12 +1163,18 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     stage(g, R_ROUTER, 1);
     if (s->route_fn && observe(s, l, 1, err)) return -1;
     stage(g, R_MOE, 0);
+    const int fx = self && gm->fx_prev[l] >= 0;
+    if (fx) {
+        ex.fx = g->fx + (size_t)l * g->fx_bytes;
+        ex.fx_zero = g->fx + (size_t)gm->fx_prev[l] * g->fx_bytes;
+    }
     int rc = self ? tern_cuda_moe_route(&ex, &w->shared, &w->shared_gate, g->xn, c->top_k, g->rlog, c->n_experts,
                                         c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream, err)
                   : tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work,
                                   g->out2, g->stream, err);
     stage(g, R_MOE, 1);
-    r->delta = g->out2;
+    if (fx) r->delta_fx = tern_cuda_moe_fx_sums(ex.fx);
+    else r->delta = g->out2;
     return rc;
 }
 
@@ -1127,7 +1184,7 @@ static int step1(tern_session *s, int rows, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    resid r = {g->x, g->x2, NULL};
+    resid r = {g->x, g->x2, NULL, NULL};
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];
         int rc = L->kind == TERN_LAYER_ATTN ? attn1(s, &L->attn, L->in_norm, l, &r, err)
@@ -1144,7 +1201,14 @@ static int step1(tern_session *s, int rows, tern_error *err) {
         tern_cuda_vec_in in = resid_in(&r, gm->w.final_norm, c->norm_eps, g->xn);
         rc = tern_cuda_gemv1(&gm->w.lm_head, &in, g->logits, g->stream, err);
     } else {
-        rc = tern_cuda_rmsnorm(g->xn, r.x, r.delta, gm->w.final_norm, 1, c->hidden, 1, c->norm_eps, g->stream, err);
+        const float *d = r.delta;
+        rc = 0;
+        if (r.delta_fx) {   /* (the norm kernel takes floats) */
+            rc = tern_cuda_dfx_float(g->out2, r.delta_fx, c->hidden, g->stream, err);
+            d = g->out2;
+        }
+        if (rc == 0)
+            rc = tern_cuda_rmsnorm(g->xn, r.x, d, gm->w.final_norm, 1, c->hidden, 1, c->norm_eps, g->stream, err);
     }
     stage(g, R_HEAD, 1);
     return rc;
@@ -1285,7 +1349,12 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     if (graph) rc = replay_step(s, T, rows, rule, err);
     else if (small) rc = enqueue_step(s, T, rows, rule, err);
     else rc = embed(s, T, err) || layers(s, T, err) ? -1 : 0;
-    if (rc != 0) return -1;
+    if (rc != 0) {
+        /* a step cut short leaves sums in the slots of the layers it ran
+         * that the next ones did not zero */
+        tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
+        return -1;
+    }
     const float *last = g->xn + (size_t)(T - 1) * H;
     if (rule) {
         /* the logits in g->logits, the drawn id on its way to id_host */

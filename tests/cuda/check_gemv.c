@@ -5,6 +5,7 @@
  * terms of random sign the rounding differences stay near 1e-7 of the
  * largest output, so 1e-5 leaves room for the order and fails on any
  * indexing, nibble-order or scale error (which are O(1)). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,57 @@ static void run_gemv1(void *arg, int rep) {
     if (tern_cuda_gemv1(&r->copies[rep % r->n], &r->in, r->y, r->s, &err)) die_err("gemv1", &err);
 }
 
+/* The residual as the experts' fixed-point sums (delta_fx): y, the normed
+ * vector and the sum bit for bit those of the same call with delta as the
+ * floats the sums stand for (each the float nearest d * 2^SHIFT / 2^SHIFT,
+ * made here as the kernel makes it: one rounding, then a power of 2). */
+static void gemv1_fx_case(checker *ck, const test_mat *m, const float *d, const tern_cuda_vec_in *in,
+                          const char *shape) {
+    size_t n = (size_t)m->d.cols, rows = (size_t)m->d.rows;
+    long long *fx = xmalloc(n * sizeof(long long));
+    size_t per = rows + 2 * n;   /* y, x_out, xn_out */
+    float *dq = xmalloc(n * sizeof(float)), *a = xmalloc(2 * per * sizeof(float)), *b = a + per;
+    for (size_t i = 0; i < n; i++) {
+        fx[i] = llrint((double)d[i] * (double)(1ull << TERN_CUDA_DFX_SHIFT));
+        dq[i] = (float)fx[i] * (1.0f / (float)(1ull << TERN_CUDA_DFX_SHIFT));
+    }
+    long long *dfx = dev_upload(fx, n * sizeof(long long));
+    float *ddq = dev_upload(dq, n * sizeof(float));
+    float *outs[2][3] = {{dev_poison(rows), dev_poison(n), dev_poison(n)}, {dev_poison(rows), dev_poison(n), dev_poison(n)}};
+    tern_error err;
+    for (int v = 0; v < 2; v++) {
+        tern_cuda_vec_in i2 = *in;
+        i2.delta = v ? NULL : ddq;
+        i2.delta_fx = v ? dfx : NULL;
+        i2.x_out = outs[v][1];
+        i2.xn_out = outs[v][2];
+        if (tern_cuda_gemv1(&m->d, &i2, outs[v][0], ck->stream, &err)) die_err("gemv1 (fixed-point residual)", &err);
+    }
+    /* both residuals given: refused */
+    tern_cuda_vec_in both = *in;
+    both.delta = ddq;
+    both.delta_fx = dfx;
+    long bad = tern_cuda_gemv1(&m->d, &both, outs[0][0], ck->stream, &err) == 0;
+    dev_sync(ck, "gemv1 (fixed-point residual)");
+    for (int v = 0; v < 2; v++) {
+        float *h = v ? b : a;
+        dev_download(h, outs[v][0], rows * sizeof(float));
+        dev_download(h + rows, outs[v][1], n * sizeof(float));
+        dev_download(h + rows + n, outs[v][2], n * sizeof(float));
+    }
+    bad += memcmp(a, b, per * sizeof(float)) != 0;
+    char what[256];
+    snprintf(what, sizeof what, "%s, residual as fixed point = as its floats (bitwise); both refused", shape);
+    report_exact(ck, "gemv1 delta_fx", what, bad, 2);
+    for (int v = 0; v < 2; v++)
+        for (int j = 0; j < 3; j++) tern_cuda_free(outs[v][j]);
+    tern_cuda_free(dfx);
+    tern_cuda_free(ddq);
+    free(fx);
+    free(dq);
+    free(a);
+}
+
 /* mode: 0 plain x, 1 RMSNorm (1 + w), 2 residual + RMSNorm (1 + w), 3 residual + RMSNorm w */
 static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dtype, int group, int mode, int timed) {
     test_mat m;
@@ -120,7 +172,7 @@ static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dt
     tern_matmul(ck->pool, ref, xn, 1, &m.h);
     float *dx = dev_upload(x, n * sizeof(float)), *dd = dev_upload(d, n * sizeof(float));
     float *dw = dev_upload(w, n * sizeof(float)), *dxo = dev_poison(n), *dxn = dev_poison(n), *dy = dev_poison(rows);
-    tern_cuda_vec_in in = {dx, mode >= 2 ? dd : NULL, mode >= 2 ? dxo : NULL, mode ? dw : NULL, mode != 3, 1e-6f, dxn};
+    tern_cuda_vec_in in = {dx, mode >= 2 ? dd : NULL, mode >= 2 ? dxo : NULL, mode ? dw : NULL, mode != 3, 1e-6f, dxn, NULL};
     tern_error err;
     if (tern_cuda_gemv1(&m.d, &in, dy, ck->stream, &err)) die_err("gemv1", &err);
     dev_sync(ck, "gemv1");
@@ -135,6 +187,7 @@ static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dt
     if (mode >= 2) {
         dev_download(got_x, dxo, n * sizeof(float));
         report(ck, "gemv1 x_out", shape, got_x, xs, n, 1e-6);
+        gemv1_fx_case(ck, &m, d, &in, shape);
     }
     if (timed && ck->time) {
         gemv1_run r = {NULL, 0, in, dy, ck->stream};
@@ -167,7 +220,7 @@ static void gemv1_route_case(checker *ck, int E, int64_t cols, int bits, int K, 
     float *l1 = dev_poison((size_t)E), *l2 = dev_poison((size_t)E), *w1 = dev_poison((size_t)K), *w2 = dev_poison((size_t)K);
     int32_t *i1 = dev_alloc((size_t)K * 4), *i2 = dev_alloc((size_t)K * 4);
     unsigned zero = 0, *counter = dev_upload(&zero, sizeof zero);
-    tern_cuda_vec_in in = {dx, NULL, NULL, dw, 1, 1e-6f, NULL};
+    tern_cuda_vec_in in = {dx, NULL, NULL, dw, 1, 1e-6f, NULL, NULL};
     tern_cuda_route_out ro = {E, K, renorm, i2, w2, counter};
     tern_error err;
     if (tern_cuda_gemv1(&m.d, &in, l1, ck->stream, &err)) die_err("gemv1", &err);

@@ -321,6 +321,71 @@ static int switched_off(const char *name) {
     return e && !strcmp(e, "0");
 }
 
+/* The one launch's sums in fixed point (tern_cuda_experts.fx), in the
+ * engine's order: three launches through two slots, each zeroing the
+ * other's; the first two on other logits (dl2), so the third (dl, into the
+ * slot the first used) shows sums or counters not zeroed. Its output
+ * within the MoE check's 1e-5 of the CPU's (ref) and 1e-6 of the float
+ * output (flt: the same shares, summed in fp32 instead of exactly); the
+ * other slot zero after it, ids and weights as the float path's. A call of
+ * several tokens or with one slot for both refuses. */
+static void moe_fx_check(checker *ck, const expert_fixture *f, const moe_case *c, const char *shape, const float *dx,
+                         const float *dl, const float *dl2, void *work, const float *ref, const float *flt) {
+    const tern_expert_w *shp = fixture_shared(f);
+    const tern_mat *sgp = fixture_gate(f);
+    int K = c->K, E = c->E;
+    size_t fb = tern_cuda_moe_fx_bytes(c->H);
+    uint8_t *slots = dev_alloc(2 * fb);
+    dev_zero(slots, 2 * fb);
+    float *dw = dev_poison((size_t)K), *dout = dev_poison((size_t)c->H);
+    int32_t *di = dev_alloc((size_t)K * sizeof(int32_t));
+    tern_cuda_experts ex = f->ex;
+    tern_error err;
+    for (int i = 0; i < 3; i++) {
+        ex.fx = slots + (i & 1) * fb;
+        ex.fx_zero = slots + (~i & 1) * fb;
+        if (tern_cuda_moe_route(&ex, shp, sgp, dx, K, i == 2 ? dl : dl2, E, 1, di, dw, work, NULL, ck->stream, &err))
+            die_err("moe_route (fixed point)", &err);
+    }
+    if (tern_cuda_dfx_float(dout, tern_cuda_moe_fx_sums(slots), c->H, ck->stream, &err)) die_err("dfx_float", &err);
+    dev_sync(ck, "moe_route (fixed point)");
+    float *got = xmalloc((size_t)c->H * sizeof(float));
+    uint8_t *other = xmalloc(fb);
+    dev_download(got, dout, (size_t)c->H * sizeof(float));
+    dev_download(other, slots + fb, fb);
+    char what[192];
+    snprintf(what, sizeof what, "%s, fixed-point sums", shape);
+    report(ck, "moe_fx", what, got, ref, (size_t)c->H, 1e-5);
+    snprintf(what, sizeof what, "%s, fixed-point sums ~ float sums", shape);
+    report(ck, "moe_fx", what, got, flt, (size_t)c->H, 1e-6);
+    long nz = 0;
+    for (size_t i = 0; i < fb; i++) nz += other[i] != 0;
+    snprintf(what, sizeof what, "%s, the other slot zeroed (bytes)", shape);
+    report_exact(ck, "moe_fx", what, nz, (long)fb);
+    /* refusals: several tokens; one slot as both */
+    int32_t ids4[4 * 32];
+    float wts4[4 * 32];
+    random_routing(ck, 4, K, E, ids4, wts4);
+    int32_t *d4 = dev_upload(ids4, sizeof(int32_t) * 4 * K);
+    float *w4 = dev_upload(wts4, sizeof(float) * 4 * K);
+    ex.fx = slots;
+    ex.fx_zero = slots + fb;
+    long bad = tern_cuda_moe(&ex, shp, sgp, dx, 4, K, d4, w4, work, NULL, ck->stream, &err) == 0;
+    ex.fx_zero = slots;
+    bad += tern_cuda_moe_route(&ex, shp, sgp, dx, K, dl, E, 1, di, dw, work, NULL, ck->stream, &err) == 0;
+    snprintf(what, sizeof what, "%s, fixed point refused for T=4 and for one slot as both", shape);
+    report_exact(ck, "moe_fx", what, bad, 2);
+    dev_sync(ck, "moe_route (fixed point)");
+    tern_cuda_free(d4);
+    tern_cuda_free(w4);
+    tern_cuda_free(slots);
+    tern_cuda_free(dw);
+    tern_cuda_free(dout);
+    tern_cuda_free(di);
+    free(got);
+    free(other);
+}
+
 /* The one-launch MoE routing the token itself (tern_cuda_moe_route) from
  * random logits: ids exactly the CPU's top k, weights and output within
  * the MoE check's tolerance of the CPU's, and all three bit for bit those
@@ -384,8 +449,6 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
         tern_cuda_moe(&f.ex, shp, sgp, dx, 1, K, di2, dw2, work, dout2, ck->stream, &err))
         die_err("route + moe", &err);
     dev_sync(ck, "moe_route");
-    tern_cuda_free(dl2);
-    free(l2);
     dev_download(got, dout, (size_t)c->H * sizeof(float));
     dev_download(two, dout2, (size_t)c->H * sizeof(float));
     dev_download(gi, di, (size_t)K * sizeof(int32_t));
@@ -403,6 +466,9 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     report(ck, "moe_route", shape, got, ref, (size_t)c->H, 1e-5);
     snprintf(what, sizeof what, "%s = route + moe (bitwise)", shape);
     report_exact(ck, "moe_route", what, diff, K + 1);
+    moe_fx_check(ck, &f, c, shape, dx, dl, dl2, work, ref, got);
+    tern_cuda_free(dl2);
+    free(l2);
     tern_cuda_free(dl);
     tern_cuda_free(dx);
     tern_cuda_free(dw);

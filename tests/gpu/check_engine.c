@@ -308,6 +308,33 @@ static void snapshot(const char *dir) {
     tern_model_free(gpu);
 }
 
+/* A decode step without logits (its final norm alone, the experts' sums
+ * converted first) leaves the state a step with logits leaves: the next
+ * step's logits bit for bit the same. */
+static void no_logits_step(const char *dir) {
+    tern_model *gpu = load(dir, "cuda");
+    tern_session_params sp = {.kv_bits = 8};
+    tern_error err;
+    int V = tern_model_vocab_size(gpu);
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+    float *x = malloc((size_t)V * 3 * sizeof(float));
+    for (int v = 0; v < 2; v++) {
+        tern_session *s = tern_session_create(gpu, &sp, &err);
+        if (!s || tern_session_eval(s, ids, 12, NULL, 0, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+        for (int i = 12; i < 15; i++)
+            if (tern_session_eval(s, ids + i, 1, v == 0 && i == 13 ? NULL : x + (size_t)2 * V, 0, &err)) {
+                fprintf(stderr, "%s\n", err.msg);
+                exit(2);
+            }
+        memcpy(x + (size_t)v * V, x + (size_t)2 * V, (size_t)V * sizeof(float));
+        tern_session_destroy(s);
+    }
+    report("tern-tiny step without logits, then (bitwise)", memcmp(x, x + V, (size_t)V * sizeof(float)) != 0, 0);
+    free(x);
+    tern_model_free(gpu);
+}
+
 int main(void) {
     char tmpl[] = "/tmp/tern-gpu-XXXXXX";
     char *tmp = mkdtemp(tmpl);
@@ -343,6 +370,7 @@ int main(void) {
     compare_decode("tern-tiny q4", t4, 4);
     tiny_greedy(t8);
     snapshot(t4);
+    no_logits_step(t8);
     gpu_fused("tern-tiny q8 unfused (TERN_GPU_FUSED=0)", t8);
     gpu_sampling(t8);
     char cmd[256];
