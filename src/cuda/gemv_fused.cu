@@ -53,6 +53,8 @@ typedef struct {
     tern_cuda_route_out route;   /* counter NULL: no routing epilogue */
     int norm_pre;                /* the norm's weights requested before the wait (TERN_GEMV1_NORM_PRE=0: not) */
     int late;                    /* the successor may launch once the input is built, not at the start */
+    int pre;                     /* staged: tiles requested before the wait (TERN_GEMV1_PRE, 0 .. GS_STAGES - 1) */
+    int reg_pre;                 /* register tiles: the first requested before the wait (TERN_GEMV1_REG_PRE=0: not) */
     /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
      * and the router's linear part u beside the rows */
     tern_cuda_lin_out lin;
@@ -161,13 +163,71 @@ __device__ float g1_block_sum(float v, float *red) {
     return s;
 }
 
+#define GS_STAGES 3
+#define GS_TILE_BYTES 16384
+
+typedef struct {
+    size_t dbytes, sbytes, stage;   /* a stage: data, then scales and biases (each padded to 16 bytes) */
+    int ng, rt;
+} gs_layout;
+
+__host__ __device__ static inline gs_layout gs_layout_of(int quant, int64_t cols, int gsh, size_t row_bytes, int rt) {
+    gs_layout L;
+    L.rt = rt;
+    L.ng = quant ? (int)(cols >> gsh) : 0;
+    L.dbytes = (size_t)rt * row_bytes;
+    L.sbytes = quant ? ((size_t)rt * L.ng * 2 + 15) / 16 * 16 : 0;
+    L.stage = L.dbytes + 2 * L.sbytes;
+    return L;
+}
+
+/* Tile t's rows (those that exist) into a stage; every thread takes part. */
+template <int KIND>
+__device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, int64_t t, uint8_t *stage) {
+    int64_t r0 = t * L.rt;
+    int nrow = (int)min((int64_t)L.rt, a.rows - r0);
+    int n16 = nrow * (int)(a.row_bytes / 16);
+    const uint8_t *src = a.q + r0 * a.row_bytes;
+    for (int i = threadIdx.x; i < n16; i += G1_THREADS) cp_async<16>(stage + (size_t)i * 16, src + (size_t)i * 16);
+    if (kind_traits<KIND>::QUANT) {
+        int n4 = nrow * L.ng / 2;   /* ng is even here: whole 4-byte pieces */
+        const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
+        for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
+            cp_async<4>(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
+            cp_async<4>(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
+        }
+    }
+}
+
+/* The staged kernel's tiles pre .. GS_STAGES - 2 (the first pre before
+ * the wait), requested in g1_input once the input's loads are issued: a
+ * load issued behind a block's tile requests waits for them (measured: x
+ * in 2.75 us after the release instead of 0.80 once the experts' launch
+ * ended sooner, docs/PERFORMANCE.md step 60). */
+template <int KIND>
+__device__ __forceinline__ void gs_issue_post(const g1_args &a, const gs_layout &L, uint8_t *stages, int64_t tiles) {
+#pragma unroll 1
+    for (int k = a.pre; k < GS_STAGES - 1; k++) {
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
+        if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
+        cp_async_commit();
+    }
+}
+
+/* What a kernel requests in g1_input once the input's loads are issued
+ * (so they go ahead of it): a callable, by default nothing. */
+struct g1_no_post {
+    __device__ void operator()() const {}
+};
+
 /* The input, made by every block in registers (float4 k of a thread is
  * element tid + k * G1_THREADS): x (+ delta, which block 0 writes to
  * x_out), then the RMSNorm when asked (block 0 keeps the result in
  * xn_out). Shared by the three kernels, which then lay it out their way. */
-template <int WG>
+template <int WG, typename POST = g1_no_post>
 __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&v)[G1_MAXV], const float4 *wsm,
-                                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
+                                         unsigned long long *tm,   /* tm: the trace's marks (a measurement build) */
+                                         const POST &post = POST()) {
     const tern_cuda_vec_in &in = a.in;
     int n4 = a.cols / 4, tid = threadIdx.x;
     bool first = blockIdx.x == 0;
@@ -185,6 +245,7 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
     }
+    post();   /* (the input's loads are issued: what it requests queues behind them) */
     TRACE_MARK_AFTER(tm, 5, ss);   /* this thread's x (+ delta) in */
     float r = 1.0f;
     if (in.norm_w) {
@@ -217,13 +278,13 @@ __device__ __forceinline__ const float4 *g1_norm_prefetch(const g1_args &a, floa
 
 /* The input into shared memory (permuted, see the header) and, for
  * quantized kinds, each chunk's sum. */
-template <int KIND, int WG>
+template <int KIND, int WG, typename POST = g1_no_post>
 __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red, const float4 *wsm,
-                         unsigned long long *tm) {
+                         unsigned long long *tm, const POST &post = POST()) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     int n4 = a.cols / 4, nch = a.cols / E, tid = threadIdx.x;
     float4 v[G1_MAXV];
-    g1_input<WG>(a, red, v, wsm, tm);
+    g1_input<WG>(a, red, v, wsm, tm, post);
     if (wsm) __syncthreads();   /* every thread has read its norm weights from where the input goes */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
@@ -353,7 +414,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     if (!a.late) pdl_trigger();
     g1_tile<R, U> cur;
     const float4 *wsm = g1_norm_prefetch(a, xs4);
-    if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
+    if (tiles && a.reg_pre) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
     constexpr int RB = G1_WARPS * R;            /* LIN 2: the block's rows */
     float4 uw[LIN == 1 ? LIN_V : 1];
     float *xres_s = csum + ((nch + 3) & ~3);   /* LIN 1: x_res (16-byte aligned), copied in while the input is built */
@@ -375,7 +436,10 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         for (int r = 0; r < R; r++) xr[r] = lane == 0 && gw * R + r < a.rows ? __ldcg(a.lin.x_res + gw * R + r) : 0.0f;
         if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
     }
-    g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
+    /* TERN_GEMV1_REG_PRE=0: the first weights requested after the input's loads */
+    g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR, [&]() {
+        if (tiles && !a.reg_pre) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
+    });
     if constexpr (LIN == 1) {
         cp_async_wait_all();
         __syncthreads();
@@ -465,48 +529,13 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
  * ran at ~1.3 TB/s. Here a block's tile of RT = 8 x RW whole rows (~16 KB
  * with their scales and biases) is copied into shared memory with
  * cp.async (no registers held while in flight), GS_STAGES tiles deep: the
- * first GS_STAGES - 1 are requested before waiting for the previous kernel,
- * each later one as soon as a stage frees. Rows are contiguous, so a tile is
+ * first GS_STAGES - 1 are requested as soon as the input's loads are issued
+ * (TERN_GEMV1_PRE=n: n of them before waiting for the previous kernel, as
+ * before step 60), each later one as soon as a stage frees. Rows are contiguous, so a tile is
  * one contiguous range. Warps then read their RW rows from shared memory
  * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). With ID the
  * products are integer dots on the input's digits (idot.cuh): q4 always,
  * q8 for the largest matrices (gemv1 below). */
-#define GS_STAGES 3
-#define GS_TILE_BYTES 16384
-
-typedef struct {
-    size_t dbytes, sbytes, stage;   /* a stage: data, then scales and biases (each padded to 16 bytes) */
-    int ng, rt;
-} gs_layout;
-
-__host__ __device__ static inline gs_layout gs_layout_of(int quant, int64_t cols, int gsh, size_t row_bytes, int rt) {
-    gs_layout L;
-    L.rt = rt;
-    L.ng = quant ? (int)(cols >> gsh) : 0;
-    L.dbytes = (size_t)rt * row_bytes;
-    L.sbytes = quant ? ((size_t)rt * L.ng * 2 + 15) / 16 * 16 : 0;
-    L.stage = L.dbytes + 2 * L.sbytes;
-    return L;
-}
-
-/* Tile t's rows (those that exist) into a stage; every thread takes part. */
-template <int KIND>
-__device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, int64_t t, uint8_t *stage) {
-    int64_t r0 = t * L.rt;
-    int nrow = (int)min((int64_t)L.rt, a.rows - r0);
-    int n16 = nrow * (int)(a.row_bytes / 16);
-    const uint8_t *src = a.q + r0 * a.row_bytes;
-    for (int i = threadIdx.x; i < n16; i += G1_THREADS) cp_async<16>(stage + (size_t)i * 16, src + (size_t)i * 16);
-    if (kind_traits<KIND>::QUANT) {
-        int n4 = nrow * L.ng / 2;   /* ng is even here: whole 4-byte pieces */
-        const uint8_t *ss = (const uint8_t *)(a.sc + r0 * L.ng), *bb = (const uint8_t *)(a.bi + r0 * L.ng);
-        for (int i = threadIdx.x; i < n4; i += G1_THREADS) {
-            cp_async<4>(stage + L.dbytes + (size_t)i * 4, ss + (size_t)i * 4);
-            cp_async<4>(stage + L.dbytes + L.sbytes + (size_t)i * 4, bb + (size_t)i * 4);
-        }
-    }
-}
-
 /* ID: q4 / q8 through integer dots (idot.cuh), the input as digits. */
 template <int KIND, int RW, bool ID>
 __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
@@ -527,8 +556,8 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     TRACE_MARK(0);
     if (!a.late) pdl_trigger();
     const float4 *wsm = g1_norm_prefetch(a, xs4);   /* its group precedes the stages' */
-#pragma unroll
-    for (int k = 0; k < GS_STAGES - 1; k++) {   /* weights only: before the wait */
+#pragma unroll 1
+    for (int k = 0; k < a.pre; k++) {   /* weights only: before the wait */
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
         cp_async_commit();
@@ -536,9 +565,10 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     TRACE_MARK(1);
     pdl_wait();
     TRACE_MARK(2);
+    auto post = [&]() { gs_issue_post<KIND>(a, L, stages, tiles); };   /* the other GS_STAGES - 1 - pre */
     if (ID) {
         float4 v[G1_MAXV];
-        g1_input<GS_STAGES - 1>(a, red, v, wsm, TRACE_PTR);
+        g1_input<GS_STAGES - 1>(a, red, v, wsm, TRACE_PTR, post);
 #pragma unroll
         for (int k = 0; k < G1_MAXV; k++) {
             int i = threadIdx.x + k * G1_THREADS;
@@ -548,7 +578,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         xd_build<KIND == KIND_Q8 ? KIND_Q8 : KIND_Q4>((const float *)xs4, a.cols, xd, cx, G1_WARPS);
         __syncthreads();
     } else {
-        g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm, TRACE_PTR);
+        g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm, TRACE_PTR, post);
     }
     if (a.late) pdl_trigger();
     TRACE_MARK(3);
@@ -728,7 +758,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), {}};
+                 tern_cuda_trigger_late(), GS_STAGES - 1, 1, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;
@@ -803,6 +833,23 @@ static int norm_pre_enabled(void) {
     return switch_on(&on, "TERN_GEMV1_NORM_PRE");
 }
 
+static int reg_pre_enabled(void) {
+    static int on = -1;
+    return switch_on(&on, "TERN_GEMV1_REG_PRE");
+}
+
+/* TERN_GEMV1_PRE=n: the staged kernel's tiles requested before the wait
+ * (0 .. GS_STAGES - 1, by default 0; the rest after the input's loads:
+ * docs/PERFORMANCE.md step 60); -1 a bad value */
+static int gemv1_pre(void) {
+    static int pre = -2;
+    if (pre == -2) {
+        const char *v = getenv("TERN_GEMV1_PRE");
+        pre = !v || !*v ? 0 : (v[0] >= '0' && v[0] < '0' + GS_STAGES && !v[1]) ? v[0] - '0' : -1;
+    }
+    return pre;
+}
+
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
                  tern_stream s, tern_error *err) {
     if (!tern_cuda_gemv1_supported(W))
@@ -817,7 +864,8 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), {}};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0,
+                 reg_pre_enabled(), {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
@@ -829,6 +877,8 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int forced = gemv1_forced();
     if (forced == FORCE_BAD)
         return tern_fail(err, "TERN_GEMV1 must be regs, staged or int (got '%s')", getenv("TERN_GEMV1"));
+    if ((a.pre = gemv1_pre()) < 0)
+        return tern_fail(err, "TERN_GEMV1_PRE must be 0 to %d (got '%s')", GS_STAGES - 1, getenv("TERN_GEMV1_PRE"));
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
     int regs = route || (forced ? forced == FORCE_REGS : bytes < ((size_t)8 << 20));
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
