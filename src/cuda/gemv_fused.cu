@@ -55,6 +55,7 @@ typedef struct {
     int late;                    /* the successor may launch once the input is built, not at the start */
     int pre;                     /* staged: tiles requested before the wait (TERN_GEMV1_PRE, 0 .. GS_STAGES - 1) */
     int reg_pre;                 /* register tiles: the first requested before the wait (TERN_GEMV1_REG_PRE=0: not) */
+    int post_late;               /* what g1_input requests, once the input is in rather than once its loads are issued */
     /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
      * and the router's linear part u beside the rows */
     tern_cuda_lin_out lin;
@@ -245,13 +246,14 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
     }
-    post();   /* (the input's loads are issued: what it requests queues behind them) */
+    if (!a.post_late) post();   /* (the input's loads are issued: what it requests queues behind them) */
     TRACE_MARK_AFTER(tm, 5, ss);   /* this thread's x (+ delta) in */
     float r = 1.0f;
     if (in.norm_w) {
         if (wsm) cp_async_wait<WG>();   /* this thread's copies of the norm weights; the sum's barrier: everyone's */
         r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
     }
+    if (a.post_late) post();   /* TERN_GEMV1_POST_LATE=1: once the block's input is in (the norm's barrier) */
     TRACE_MARK_AFTER(tm, 6, r);   /* the norm's sum of squares in */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
@@ -758,7 +760,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), GS_STAGES - 1, 1, {}};
+                 tern_cuda_trigger_late(), GS_STAGES - 1, 1, 0, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;
@@ -838,6 +840,17 @@ static int reg_pre_enabled(void) {
     return switch_on(&on, "TERN_GEMV1_REG_PRE");
 }
 
+/* TERN_GEMV1_POST_LATE=1: the staged kernel's first tiles requested once
+ * its input is in, not once its loads are issued */
+static int post_late_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TERN_GEMV1_POST_LATE");
+        on = v && !strcmp(v, "1");
+    }
+    return on;
+}
+
 /* TERN_GEMV1_PRE=n: the staged kernel's tiles requested before the wait
  * (0 .. GS_STAGES - 1, by default 0; the rest after the input's loads:
  * docs/PERFORMANCE.md step 60); -1 a bad value */
@@ -865,7 +878,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0,
-                 reg_pre_enabled(), {}};
+                 reg_pre_enabled(), post_late_on(), {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
