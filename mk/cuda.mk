@@ -46,11 +46,8 @@ endif
 # Arguments for the checker (e.g. TEST_CUDA_ARGS="--time --out DIR").
 # The one-token GEMV's cases again with each of its kernels forced (some run
 # only when forced), with the norm's weights read after the wait, with the
-# staged kernel's first tiles requested before the wait (the default: after
-# the input's loads) and the register tiles' first weights after the
-# input's loads (the default: before the wait) and the staged kernel's
-# first tiles once its input is in (the default: once its loads are
-# issued), the
+# staged kernel's first tiles requested before the wait (the default: once
+# the input's loads are issued), the
 # attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default), with
@@ -71,8 +68,6 @@ test-cuda:
 	for k in regs staged int; do echo "TERN_GEMV1=$$k"; TERN_GEMV1=$$k build-cuda/tern-cuda-tests --only gemv || exit 1; done
 	echo "TERN_GEMV1_NORM_PRE=0"; TERN_GEMV1_NORM_PRE=0 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_GEMV1_PRE=2"; TERN_GEMV1_PRE=2 build-cuda/tern-cuda-tests --only gemv
-	echo "TERN_GEMV1_REG_PRE=0"; TERN_GEMV1_REG_PRE=0 build-cuda/tern-cuda-tests --only gemv
-	echo "TERN_GEMV1_POST_LATE=1"; TERN_GEMV1_POST_LATE=1 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe

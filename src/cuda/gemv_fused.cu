@@ -54,8 +54,6 @@ typedef struct {
     int norm_pre;                /* the norm's weights requested before the wait (TERN_GEMV1_NORM_PRE=0: not) */
     int late;                    /* the successor may launch once the input is built, not at the start */
     int pre;                     /* staged: tiles requested before the wait (TERN_GEMV1_PRE, 0 .. GS_STAGES - 1) */
-    int reg_pre;                 /* register tiles: the first requested before the wait (TERN_GEMV1_REG_PRE=0: not) */
-    int post_late;               /* what g1_input requests, once the input is in rather than once its loads are issued */
     /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
      * and the router's linear part u beside the rows */
     tern_cuda_lin_out lin;
@@ -246,14 +244,13 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
             ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
     }
-    if (!a.post_late) post();   /* (the input's loads are issued: what it requests queues behind them) */
+    post();   /* (the input's loads are issued: what it requests queues behind them) */
     TRACE_MARK_AFTER(tm, 5, ss);   /* this thread's x (+ delta) in */
     float r = 1.0f;
     if (in.norm_w) {
         if (wsm) cp_async_wait<WG>();   /* this thread's copies of the norm weights; the sum's barrier: everyone's */
         r = 1.0f / sqrtf(g1_block_sum(ss, red) / (float)a.cols + in.eps);
     }
-    if (a.post_late) post();   /* TERN_GEMV1_POST_LATE=1: once the block's input is in (the norm's barrier) */
     TRACE_MARK_AFTER(tm, 6, r);   /* the norm's sum of squares in */
 #pragma unroll
     for (int k = 0; k < G1_MAXV; k++) {
@@ -416,7 +413,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     if (!a.late) pdl_trigger();
     g1_tile<R, U> cur;
     const float4 *wsm = g1_norm_prefetch(a, xs4);
-    if (tiles && a.reg_pre) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
+    if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
     constexpr int RB = G1_WARPS * R;            /* LIN 2: the block's rows */
     float4 uw[LIN == 1 ? LIN_V : 1];
     float *xres_s = csum + ((nch + 3) & ~3);   /* LIN 1: x_res (16-byte aligned), copied in while the input is built */
@@ -438,10 +435,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         for (int r = 0; r < R; r++) xr[r] = lane == 0 && gw * R + r < a.rows ? __ldcg(a.lin.x_res + gw * R + r) : 0.0f;
         if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
     }
-    /* TERN_GEMV1_REG_PRE=0: the first weights requested after the input's loads */
-    g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR, [&]() {
-        if (tiles && !a.reg_pre) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
-    });
+    g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
     if constexpr (LIN == 1) {
         cp_async_wait_all();
         __syncthreads();
@@ -532,8 +526,8 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
  * with their scales and biases) is copied into shared memory with
  * cp.async (no registers held while in flight), GS_STAGES tiles deep: the
  * first GS_STAGES - 1 are requested as soon as the input's loads are issued
- * (TERN_GEMV1_PRE=n: n of them before waiting for the previous kernel, as
- * before step 60), each later one as soon as a stage frees. Rows are contiguous, so a tile is
+ * (TERN_GEMV1_PRE=n: n of them before waiting for the previous kernel,
+ * measured slower: docs/PERFORMANCE.md step 60), each later one as soon as a stage frees. Rows are contiguous, so a tile is
  * one contiguous range. Warps then read their RW rows from shared memory
  * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). With ID the
  * products are integer dots on the input's digits (idot.cuh): q4 always,
@@ -760,7 +754,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), GS_STAGES - 1, 1, 0, {}};
+                 tern_cuda_trigger_late(), GS_STAGES - 1, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;
@@ -835,22 +829,6 @@ static int norm_pre_enabled(void) {
     return switch_on(&on, "TERN_GEMV1_NORM_PRE");
 }
 
-static int reg_pre_enabled(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_GEMV1_REG_PRE");
-}
-
-/* TERN_GEMV1_POST_LATE=1: the staged kernel's first tiles requested once
- * its input is in, not once its loads are issued */
-static int post_late_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("TERN_GEMV1_POST_LATE");
-        on = v && !strcmp(v, "1");
-    }
-    return on;
-}
-
 /* TERN_GEMV1_PRE=n: the staged kernel's tiles requested before the wait
  * (0 .. GS_STAGES - 1, by default 0; the rest after the input's loads:
  * docs/PERFORMANCE.md step 60); -1 a bad value */
@@ -877,8 +855,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0,
-                 reg_pre_enabled(), post_late_on(), {}};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
