@@ -965,11 +965,12 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
     int *flag = (int *)(sm + L.flag_off);
     /* fx: the slot of the launch before, read by now (every block is past
-     * its wait), zeroed for the launch after this one; one 16-byte store a
-     * thread in the grid's first blocks */
+     * its wait), zeroed for the launch after this one; 16-byte stores
+     * strided over the grid's threads (one a thread of its first blocks at
+     * Qwen3.6's shape) */
     if (a.fx_zero) {
-        const int i = (blockIdx.y * B + b) * nt + tid;
-        if (i < a.fx_zero_n) a.fx_zero[i] = make_uint4(0u, 0u, 0u, 0u);
+        const int nth = (int)(gridDim.y * B) * nt;
+        for (int i = (blockIdx.y * B + b) * nt + tid; i < a.fx_zero_n; i += nth) a.fx_zero[i] = make_uint4(0u, 0u, 0u, 0u);
     }
     /* the segment's h rows: every block of it has written its own */
     __syncthreads();
