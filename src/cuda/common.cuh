@@ -394,11 +394,12 @@ __device__ __forceinline__ void kv_load8(const uint8_t *vals, int d, bool al, fl
 }
 
 /* The experts' fixed-point sums (tern_cuda_experts.fx): a share as an
- * integer of 2^-TERN_CUDA_DFX_SHIFT units, saturating at +-2^25 (so up to
- * 64 shares add without overflow; NaN becomes the upper limit), and a sum
- * back as the float nearest it (one rounding: the scale is a power of 2). */
+ * integer of 2^-TERN_CUDA_DFX_SHIFT units, saturating at +-2^24 (so the 64
+ * shares a slot's counters allow add to less than 2^62; NaN becomes the
+ * upper limit), and a sum back as the float nearest it (one rounding: the
+ * scale is a power of 2). */
 __device__ __forceinline__ long long dfx_of(float v) {
-    const float lim = 33554432.0f;   /* 2^25 */
+    const float lim = 16777216.0f;   /* 2^24 */
     return __float2ll_rn(fminf(fmaxf(v, -lim), lim) * (float)(1ull << TERN_CUDA_DFX_SHIFT));
 }
 __device__ __forceinline__ float dfx_val(long long s) {

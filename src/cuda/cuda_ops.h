@@ -254,9 +254,10 @@ typedef struct tern_cuda_experts {
     void *fx, *fx_zero;
 } tern_cuda_experts;
 
-/* A fixed-point slot: the launch's segment counters, then hidden sums,
- * each value * 2^TERN_CUDA_DFX_SHIFT (an expert's share saturates at
- * +-2^25: 33 shares cannot overflow). tern_cuda_dfx_float converts them. */
+/* A fixed-point slot: the launch's segment counters (at most 64
+ * segments), then hidden sums, each value * 2^TERN_CUDA_DFX_SHIFT (an
+ * expert's share saturates at +-2^24, so the sums cannot overflow).
+ * tern_cuda_dfx_float converts them. */
 #define TERN_CUDA_DFX_SHIFT 32
 size_t tern_cuda_moe_fx_bytes(int64_t hidden);
 const long long *tern_cuda_moe_fx_sums(const void *fx);

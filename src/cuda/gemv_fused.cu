@@ -754,7 +754,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), GS_STAGES - 1, {}};
+                 tern_cuda_trigger_late(), 0, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;

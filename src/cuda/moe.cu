@@ -838,11 +838,6 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
     return old;
 }
 
-/* The block's down rows times the segment's h (hk, I floats in global
- * memory), weighted by w, into part[0..nr): h in shared memory as floats
- * (permuted like the GEMVs' input: float4 q of chunk c at [q * n_chunks +
- * c], the 16 lanes of a row read 16 banks); rows a half warp each, lane c
- * of the half chunks c, c + 16, ... (TERN_MOE_DOWN_DIGITS=0) */
 /* A row's share: its partial, which the chunk's reducer sums over the
  * segments, or (fx, the fixed-point sums) added into the sums. */
 __device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float v) {
@@ -850,6 +845,33 @@ __device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float
     else part[r] = v;
 }
 
+/* The block's nr down rows, a half warp each, lane c of the half chunks
+ * c, c + 16, ... of the nch: chunk(r, c) is staged row r's chunk c times
+ * h's (the two ways of taking h below), the row's sum weighted by w. */
+template <typename CHUNK>
+__device__ __forceinline__ void seg_rows(int nr, int nch, float w, float *part, long long *fx, const CHUNK &chunk) {
+    const int lane = threadIdx.x & 31, half = lane >> 4, c0 = lane & 15, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll 1
+    for (int rp = warp; rp * 2 < nr; rp += nw) {
+        const int r = rp * 2 + half;
+        const bool ok = r < nr;
+        float acc = 0.0f;
+#pragma unroll 1
+        for (int c = c0; c < nch; c += 16) {
+            if (!ok) continue;
+            acc += chunk(r, c);
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (ok && c0 == 0) seg_put(part, fx, r, w * acc);
+    }
+}
+
+/* The block's down rows times the segment's h (hk, I floats in global
+ * memory), weighted by w, into part[0..nr) or fx: h in shared memory as
+ * floats (permuted like the GEMVs' input: float4 q of chunk c at
+ * [q * n_chunks + c], the 16 lanes of a row read 16 banks)
+ * (TERN_MOE_DOWN_DIGITS=0) */
 template <int RK>
 __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
                                 float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
@@ -868,32 +890,20 @@ __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *
     cp_async_wait_all();
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows (and the segment's h) in shared memory */
-    const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
-#pragma unroll 1
-    for (int rp = warp; rp * 2 < nr; rp += nw) {
-        const int r = rp * 2 + half;
-        const bool ok = r < nr;
-        float acc = 0.0f;
-#pragma unroll 1
-        for (int c = c0; c < nch; c += 16) {
-            if (!ok) continue;
-            float x[32];
+    seg_rows(nr, nch, w, part, fx, [&](int r, int c) {
+        float x[32];
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const float4 v = h4[q * nch + c];
-                x[4 * q] = v.x;
-                x[4 * q + 1] = v.y;
-                x[4 * q + 2] = v.z;
-                x[4 * q + 3] = v.w;
-            }
-            const int g = (32 * c) >> gsh;
-            const uint32_t sc = sb_at(sm + L.sb_off, s0, r * L.ng + g), bi = sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g);
-            acc += row_dot<RK>(sm + (size_t)r * L.rbd, c, I, x, piece_sum(x), sc, bi);
+        for (int q = 0; q < 8; q++) {
+            const float4 v = h4[q * nch + c];
+            x[4 * q] = v.x;
+            x[4 * q + 1] = v.y;
+            x[4 * q + 2] = v.z;
+            x[4 * q + 3] = v.w;
         }
-#pragma unroll
-        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (ok && c0 == 0) seg_put(part, fx, r, w * acc);
-    }
+        const int g = (32 * c) >> gsh;
+        const uint32_t sc = sb_at(sm + L.sb_off, s0, r * L.ng + g), bi = sb_at(sm + L.sb_off + L.sbb, b0, r * L.ng + g);
+        return row_dot<RK>(sm + (size_t)r * L.rbd, c, I, x, piece_sum(x), sc, bi);
+    });
 }
 
 /* Chunk c of staged row r (q4) times h as digits d (chunk hc): the
@@ -938,23 +948,11 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
     cp_async_wait_all();
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
-    const int lane = tid & 31, half = lane >> 4, c0 = lane & 15, warp = tid >> 5, nw = nt >> 5;
-#pragma unroll 1
-    for (int rp = warp; rp * 2 < nr; rp += nw) {
-        const int r = rp * 2 + half;
-        const bool ok = r < nr;
-        float acc = 0.0f;
-#pragma unroll 1
-        for (int c = c0; c < nch; c += 16) {
-            if (!ok) continue;
-            uint4 d[XD_VEC4];
-            xd_load<KIND_Q4>(hd, nch, c, d);
-            acc += seg_chunk_d(sm, L, s0, b0, r, c, (32 * c) >> gsh, d, hcx[c]);
-        }
-#pragma unroll
-        for (int o = 8; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (ok && c0 == 0) seg_put(part, fx, r, w * acc);
-    }
+    seg_rows(nr, nch, w, part, fx, [&](int r, int c) {
+        uint4 d[XD_VEC4];
+        xd_load<KIND_Q4>(hd, nch, c, d);
+        return seg_chunk_d(sm, L, s0, b0, r, c, (32 * c) >> gsh, d, hcx[c]);
+    });
 }
 
 template <int RK>
@@ -1295,6 +1293,11 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
                   tern_stream s, tern_error *err) {
     moe_args a;
     if (moe_fill(a, ex, shared, shared_gate, x, T, top_k, ids, wts, work, out, err)) return -1;
+    /* one token of q4 experts: the one launch where it applies (its grid
+     * is the integer-dot gate/up's) */
+    int rc = moe_seg(&a, gud_grid(a, T), s, err);
+    if (rc <= 0) return rc;   /* launched (0) or failed (-1) */
+    if (a.fx_sum) return tern_fail(err, "moe: fixed-point sums need the one launch, which does not apply here");
     dim3 g1(ceil_div(a.Imax, 8), T * a.S);
 
     /* down: R rows per block, 16 KB of routed rows (1 to 16); routed lanes
@@ -1340,9 +1343,6 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
              moe_gate_up_d_kernel<KIND_Q8, KIND_F16>}};
         void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
         dim3 gd = gud_grid(a, T);
-        int rc = moe_seg(&a, gd, s, err);
-        if (rc <= 0) return rc;   /* launched (0) or failed (-1) */
-        if (a.fx_sum) return tern_fail(err, "moe: fixed-point sums need the one launch, which does not apply here");
         if (smem_attr((const void *)k1, smem1, err)) return -1;
         if (gu_pdl_enabled()) {
             cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
@@ -1352,7 +1352,6 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
             k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
         }
     } else {
-        if (a.fx_sum) return tern_fail(err, "moe: fixed-point sums need the one launch, which does not apply here");
         moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
     }
     if (launch_check("moe gate/up", err)) return -1;

@@ -858,24 +858,19 @@ static int plan_moe_fx(tern_model *m, tern_error *err) {
     const char *sw = getenv("TERN_MOE_FX");
     if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1")) return tern_fail(err, "TERN_MOE_FX must be 0 or 1 (got '%s')", sw);
     if (!(gm->fx_prev = malloc((size_t)c->n_layers * sizeof *gm->fx_prev))) return tern_fail(err, "out of memory");
-    int n = 0, last = -1;
+    const int on = !(sw && !strcmp(sw, "0"));
+    int first = -1, last = -1;
     for (int l = 0; l < c->n_layers; l++) {
         gm->fx_prev[l] = -1;
-        if (gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
-            gm->fx_prev[l] = last;
+        if (on && gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
+            if (first < 0) first = l;
+            else gm->fx_prev[l] = last;
             last = l;
-            n++;
         }
     }
-    if (n < 2 || (sw && !strcmp(sw, "0"))) {
-        for (int l = 0; l < c->n_layers; l++) gm->fx_prev[l] = -1;
-        return 0;
-    }
-    for (int l = 0; l < c->n_layers; l++)
-        if (gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
-            gm->fx_prev[l] = last;   /* the first: the last one, of the step before */
-            break;
-        }
+    /* the first zeroes the last one's (of the step before); a layer alone
+     * keeps -1 (floats) */
+    if (last != first) gm->fx_prev[first] = last;
     return 0;
 }
 

@@ -327,10 +327,11 @@ static int switched_off(const char *name) {
  * slot the first used) shows sums or counters not zeroed. Its output
  * within the MoE check's 1e-5 of the CPU's (ref) and 1e-6 of the float
  * output (flt: the same shares, summed in fp32 instead of exactly); the
- * other slot zero after it, ids and weights as the float path's. A call of
- * several tokens or with one slot for both refuses. */
+ * other slot zero after it, ids and weights bit for bit the float path's
+ * (fids, fwts). A call of several tokens or with one slot for both refuses. */
 static void moe_fx_check(checker *ck, const expert_fixture *f, const moe_case *c, const char *shape, const float *dx,
-                         const float *dl, const float *dl2, void *work, const float *ref, const float *flt) {
+                         const float *dl, const float *dl2, void *work, const float *ref, const float *flt,
+                         const int32_t *fids, const float *fwts) {
     const tern_expert_w *shp = fixture_shared(f);
     const tern_mat *sgp = fixture_gate(f);
     int K = c->K, E = c->E;
@@ -351,9 +352,17 @@ static void moe_fx_check(checker *ck, const expert_fixture *f, const moe_case *c
     dev_sync(ck, "moe_route (fixed point)");
     float *got = xmalloc((size_t)c->H * sizeof(float));
     uint8_t *other = xmalloc(fb);
+    int32_t gi[32];
+    float gw[32];
     dev_download(got, dout, (size_t)c->H * sizeof(float));
     dev_download(other, slots + fb, fb);
+    dev_download(gi, di, (size_t)K * sizeof(int32_t));
+    dev_download(gw, dw, (size_t)K * sizeof(float));
     char what[192];
+    long diff = 0;
+    for (int k = 0; k < K; k++) diff += gi[k] != fids[k] || memcmp(&gw[k], &fwts[k], sizeof(float));
+    snprintf(what, sizeof what, "%s, fixed-point sums' ids and weights = the float path's (bitwise)", shape);
+    report_exact(ck, "moe_fx", what, diff, K);
     snprintf(what, sizeof what, "%s, fixed-point sums", shape);
     report(ck, "moe_fx", what, got, ref, (size_t)c->H, 1e-5);
     snprintf(what, sizeof what, "%s, fixed-point sums ~ float sums", shape);
@@ -466,7 +475,7 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     report(ck, "moe_route", shape, got, ref, (size_t)c->H, 1e-5);
     snprintf(what, sizeof what, "%s = route + moe (bitwise)", shape);
     report_exact(ck, "moe_route", what, diff, K + 1);
-    moe_fx_check(ck, &f, c, shape, dx, dl, dl2, work, ref, got);
+    moe_fx_check(ck, &f, c, shape, dx, dl, dl2, work, ref, got, gi, gw);
     tern_cuda_free(dl2);
     free(l2);
     tern_cuda_free(dl);
