@@ -55,7 +55,8 @@ endif
 # instead of the one-token one launch, with x read after the weights, and
 # with the routed blocks' digits built after the top k and the weight
 # requests (the default builds them during the top k), and with the one
-# launch's down taking h as floats (the default: as digits).
+# launch's down taking h as floats (the default: as digits), and with its
+# down rows staged by every thread's cp.async (the default: bulk copies).
 # Then the GPU engine against the CPU engine (tests/gpu/check_engine.c), also
 # with the router's epilogue taking the top k instead of the experts' one
 # launch, with the router beside the output projection instead of its
@@ -75,6 +76,7 @@ test-cuda:
 	echo "TERN_MOE_X_FIRST=0"; TERN_MOE_X_FIRST=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_DIGITS_EARLY=0"; TERN_MOE_DIGITS_EARLY=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_DOWN_DIGITS=0"; TERN_MOE_DOWN_DIGITS=0 build-cuda/tern-cuda-tests --only moe
+	echo "TERN_MOE_SEG_BULK=0"; TERN_MOE_SEG_BULK=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=2"; TERN_MOE_LIN=2 build-cuda/tern-cuda-engine-tests

@@ -414,4 +414,39 @@ __device__ __forceinline__ float4 dfx_load4(const long long *s, int i) {
     return make_float4(dfx_val(a.x), dfx_val(a.y), dfx_val(b.x), dfx_val(b.y));
 }
 
+/* mbarriers in shared memory: a phase completes when its one arrival (with
+ * the bytes it expects) has come and those bytes have been stored (by
+ * st_async from any block of the cluster, or by bulk copies). */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+/* Wait for the phase of parity ph; CLUSTER: acquire at cluster scope (the
+ * senders' earlier memory operations, not just their bytes, are ordered
+ * before what follows). */
+template <bool CLUSTER> __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned ph) {
+    unsigned done;
+    do {
+        if (CLUSTER)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(smem_u32(bar)), "r"(ph) : "memory");
+    } while (!done);
+}
+/* A bulk copy (the TMA unit) of n bytes global -> shared, counted on bar's
+ * expected bytes; dst, src 16-byte aligned, n a multiple of 16. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned n, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(n), "r"(smem_u32(bar))
+                 : "memory");
+}
+
 #endif

@@ -110,6 +110,7 @@ typedef struct {
     int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
     int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
     int dn_digits;     /* the one launch's down takes h as digits (TERN_MOE_DOWN_DIGITS=0: as floats) */
+    int seg_bulk;      /* the one launch's down rows by bulk copies (TERN_MOE_SEG_BULK=0: every thread's cp.async) */
 } moe_args;
 
 /* The launch routes the token itself (from float logits or, in the
@@ -454,6 +455,10 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                  * loads are in flight */
                 __shared__ int32_t r_ids[32];
                 __shared__ float r_wts[32];
+                /* warp 0's logits requested now, beside x, not after x's
+                 * barrier below: their L2 round trip was in the chain */
+                float lg[8];
+                if (!NORM && warp == 0) route_load<8>(a.logits, a.n_e, lg);
                 if constexpr (DE) {   /* x complete in shared memory for the digits below */
                     float *xf = (float *)gud_smem;
                     uint4 *xd = (uint4 *)(xf + a.H);
@@ -478,7 +483,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                         for (int i = 0; i < 8; i++) v[i] = v[i] == -FLT_MAX ? v[i] : v[i] * r;
                         route_vals<8>(v, a.n_e, a.K, a.renorm, r_ids, r_wts);
                     } else {
-                        route_row<8>(a.logits, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                        route_vals<8>(lg, a.n_e, a.K, a.renorm, r_ids, r_wts);   /* (route_row, its load above) */
                     }
                     if (blockIdx.x == 0 && k == 0 && (threadIdx.x & 31) < a.K) {
                         a.ids_out[threadIdx.x] = r_ids[threadIdx.x];
@@ -814,11 +819,47 @@ __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int d
     return L;
 }
 
+/* The down rows by bulk copies (the TMA unit): thread 0 requests the
+ * block's rows, scales and biases as three copies counted on an mbarrier
+ * after the flag, where every thread's cp.async issue held the warps from
+ * their gate/up products until HBM had taken the requests (the issue ended
+ * ~5 us after the top k). Where the rows are not 16-byte aligned, cp.async. */
+__device__ __forceinline__ bool seg_bulk_on(const moe_args &a, const part_ptr &D, int d0, int nr, const seg_layout &L) {
+    return a.seg_bulk && nr > 0 && ((uintptr_t)(D.q + (int64_t)d0 * L.rbd) & 15) == 0;
+}
+__device__ __forceinline__ uint64_t *seg_bar(uint8_t *sm, const seg_layout &L) {
+    return (uint64_t *)(sm + L.flag_off + 8);
+}
+/* (the 16-byte blocks that hold nbytes of scales or biases from src, as stage_sb copies them) */
+__device__ __forceinline__ void seg_bulk_sb(uint8_t *dst, const uint16_t *src, int nbytes, uint64_t *bar) {
+    const uintptr_t st = (uintptr_t)src, a0 = st & ~(uintptr_t)15;
+    bulk_copy(dst, (const void *)a0, (unsigned)(((int)(st - a0) + nbytes + 15) & ~15), bar);
+}
+__device__ __forceinline__ unsigned seg_sb_bytes(const uint16_t *src, int nbytes) {
+    const uintptr_t st = (uintptr_t)src;
+    return (unsigned)(((int)(st & 15) + nbytes + 15) & ~15);
+}
+
 template <int RK>
 __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, bool sh) {
     const int I = sh ? a.s_inter : a.I, d0 = blockIdx.x * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
     if (nr <= 0) return;
+    if (seg_bulk_on(a, D, d0, nr, L)) {
+        if (threadIdx.x == 0) {
+            uint64_t *bar = seg_bar(sm, L);
+            const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
+            const int nsb = nr * L.ng * 2;
+            mbar_init(bar);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_expect(bar, (unsigned)(nr * L.rbd) + seg_sb_bytes(s0, nsb) + seg_sb_bytes(b0, nsb));
+            bulk_copy(sm, D.q + (int64_t)d0 * L.rbd, (unsigned)(nr * L.rbd), bar);
+            seg_bulk_sb(sm + L.sb_off, s0, nsb, bar);
+            seg_bulk_sb(sm + L.sb_off + L.sbb, b0, nsb, bar);
+        }
+        return;
+    }
     stage(sm, D.q + (int64_t)d0 * L.rbd, nr * L.rbd, threadIdx.x, blockDim.x);
     stage_sb(sm + L.sb_off, D.s + (int64_t)d0 * L.ng, nr * L.ng * 2, threadIdx.x, blockDim.x);
     stage_sb(sm + L.sb_off + L.sbb, D.b + (int64_t)d0 * L.ng, nr * L.ng * 2, threadIdx.x, blockDim.x);
@@ -872,10 +913,17 @@ __device__ __forceinline__ void seg_rows(int nr, int nch, float w, float *part, 
  * floats (permuted like the GEMVs' input: float4 q of chunk c at
  * [q * n_chunks + c], the 16 lanes of a row read 16 banks)
  * (TERN_MOE_DOWN_DIGITS=0) */
+/* The block's staged down rows have landed (this thread's view; a barrier
+ * after it: everyone's). */
+__device__ __forceinline__ void seg_staged_wait(bool bulk, uint8_t *sm, const seg_layout &L) {
+    if (bulk) mbar_wait<false>(seg_bar(sm, L), 0);
+    else cp_async_wait_all();
+}
+
 template <int RK>
 __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
                                 float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
-                                unsigned long long *tm) {
+                                bool bulk, unsigned long long *tm) {
     const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
     float4 *h4 = (float4 *)(sm + L.h_off);
     for (int i = tid; i < I / 4; i += nt) h4[(i % 8) * nch + i / 8] = __ldcg(hk + i);
@@ -887,7 +935,7 @@ __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *
 #else
     (void)tm;
 #endif
-    cp_async_wait_all();
+    seg_staged_wait(bulk, sm, L);
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows (and the segment's h) in shared memory */
     seg_rows(nr, nch, w, part, fx, [&](int r, int c) {
@@ -929,7 +977,7 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
  * its 96 registers (docs/PERFORMANCE.md step 58); read per row, 44. */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
                                 float w, float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
-                                unsigned long long *tm) {
+                                bool bulk, unsigned long long *tm) {
     const int tid = threadIdx.x, nt = blockDim.x, nch = I / 32;
     float *hf = (float *)(sm - xd_smem_bytes(a.H, 32));
     uint4 *hd = (uint4 *)(hf + I);
@@ -945,7 +993,7 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
 #endif
     __syncthreads();
     xd_build<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
-    cp_async_wait_all();
+    seg_staged_wait(bulk, sm, L);
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
     seg_rows(nr, nch, w, part, fx, [&](int r, int c) {
@@ -984,8 +1032,9 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     float *part = a.part + ((size_t)t * a.S + k) * a.H + d0;
     long long *fx = a.fx_sum ? a.fx_sum + (size_t)t * a.H + d0 : NULL;
     const float w = sh ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
-    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, tm);
-    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, tm);
+    const bool bulk = seg_bulk_on(a, D, d0, nr, L);
+    if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);
+    else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);
     if (fx) {   /* the sums are complete when the grid is; nothing to count */
         TRACE_MARK_AT(tm, 6);
         return;
@@ -1112,6 +1161,7 @@ static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, 
 static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
 static int digits_early_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DIGITS_EARLY"); }
 static int down_digits_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DOWN_DIGITS"); }
+static int seg_bulk_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_SEG_BULK"); }
 /* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
  * token, q4 routed experts on the integer dots, a q4 shared expert of the
  * same width or none, and the grid in one wave. */
@@ -1127,6 +1177,7 @@ static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p)
     a->dc = ceil_div(a->H, gd.x);
     /* h as digits: spans of 64, and h's floats and digits within x's region */
     a->dn_digits = down_digits_enabled() && a->I % XD_SPAN == 0 && a->I <= a->H;
+    a->seg_bulk = seg_bulk_enabled();
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
