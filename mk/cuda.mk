@@ -47,8 +47,7 @@ endif
 # The one-token GEMV's cases again with each of its kernels forced (some run
 # only when forced), with the norm's weights read after the wait, with the
 # staged kernel's first tiles requested before the wait (the default: once
-# the input's loads are issued), with the lm_head's tiles by block instead
-# of from its queue, the
+# the input's loads are issued), the
 # attention's on the FP32 split kernel (16-bit KV
 # takes the tensor-core one by default), the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default), with
@@ -70,7 +69,6 @@ test-cuda:
 	for k in regs staged int; do echo "TERN_GEMV1=$$k"; TERN_GEMV1=$$k build-cuda/tern-cuda-tests --only gemv || exit 1; done
 	echo "TERN_GEMV1_NORM_PRE=0"; TERN_GEMV1_NORM_PRE=0 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_GEMV1_PRE=2"; TERN_GEMV1_PRE=2 build-cuda/tern-cuda-tests --only gemv
-	echo "TERN_GEMV1_QUEUE=0"; TERN_GEMV1_QUEUE=0 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe

@@ -152,15 +152,6 @@ int tern_cuda_gemv1_supported(const tern_mat *W);
  * previous kernel ends. */
 int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err);
 
-/* tern_cuda_gemv1 for a large matrix (the lm_head) whose blocks, on the
- * staged kernel, take their tiles after the first ones from a queue
- * instead of by block index, so that blocks HBM serves faster take more.
- * queue: two device unsigned ints, zero before the first call (the kernel
- * leaves them zero); calls sharing a queue must not overlap. The output is
- * bit for bit tern_cuda_gemv1's (a row's sum does not depend on its block). */
-int tern_cuda_gemv1_queue(const tern_mat *W, const tern_cuda_vec_in *in, float *y, unsigned *queue, tern_stream s,
-                          tern_error *err);
-
 /* The router of the one-token path: logits = W xin as tern_cuda_gemv1,
  * then, in the kernel's last block, tern_cuda_route's softmax / top-k /
  * renormalisation of them into ids and wts (one launch instead of two).

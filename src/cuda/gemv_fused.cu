@@ -57,7 +57,6 @@ typedef struct {
     /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
      * and the router's linear part u beside the rows */
     tern_cuda_lin_out lin;
-    unsigned *dyn;               /* staged: the tile queue and its done count (tern_cuda_gemv1_queue), or NULL */
 } g1_args;
 
 /* The router's epilogue (one-token path): the block that finishes last
@@ -549,19 +548,6 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * nch);
     int64_t tiles = (a.rows + L.rt - 1) / L.rt;
 
-    /* The tiles: block b's first GS_STAGES - 1 are b, b + grid, ...
-     * (requested in post); then, with a queue (a.dyn), the next from it,
-     * taken by thread 0 an iteration ahead (its answer in nx), so that a
-     * block on an SM that HBM serves faster takes more tiles (measured: the
-     * lm_head's last block ended 14 us after its median one); else
-     * b + k grid. ring: the tiles in the stages, oldest first. */
-    __shared__ int64_t nx[2];
-    int64_t ring[GS_STAGES - 1];
-#pragma unroll
-    for (int j = 0; j < GS_STAGES - 1; j++) ring[j] = blockIdx.x + (int64_t)j * gridDim.x;
-    const int64_t qbase = (int64_t)(GS_STAGES - 1) * gridDim.x;
-    unsigned grab = 0;   /* (thread 0) the queue's last answer */
-
     TRACE_DECL;
     TRACE_MARK(0);
     if (!a.late) pdl_trigger();
@@ -575,9 +561,6 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     TRACE_MARK(1);
     pdl_wait();
     TRACE_MARK(2);
-    /* (after the wait: a call before this one on the queue has ended and
-     * left it zero; the answer is needed only after the input is built) */
-    if (a.dyn && threadIdx.x == 0) grab = atomicAdd(a.dyn, 1u);
     auto post = [&]() { gs_issue_post<KIND>(a, L, stages, tiles); };   /* the other GS_STAGES - 1 - pre */
     if (ID) {
         float4 v[G1_MAXV];
@@ -594,20 +577,15 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
         g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm, TRACE_PTR, post);
     }
     if (a.late) pdl_trigger();
-    if (a.dyn && threadIdx.x == 0) nx[0] = qbase + grab;   /* (published by the loop's first barrier) */
     TRACE_MARK(3);
 
     for (int k = 0;; k++) {
-        const int64_t t = ring[0];   /* (the same in every thread; the queue's answers only grow) */
+        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t >= tiles) break;
         cp_async_wait<GS_STAGES - 2>();   /* this thread's copies of tile t have landed */
         __syncthreads();            /* and everyone's; stage (k - 1) is free again */
         if (k == 0) TRACE_MARK(4);
-        const int64_t tn = a.dyn ? nx[k & 1] : t + (int64_t)(GS_STAGES - 1) * gridDim.x;
-        if (a.dyn && threadIdx.x == 0) grab = atomicAdd(a.dyn, 1u);   /* for the next iteration's request */
-#pragma unroll
-        for (int j = 0; j < GS_STAGES - 2; j++) ring[j] = ring[j + 1];
-        ring[GS_STAGES - 2] = tn;
+        int64_t tn = t + (int64_t)(GS_STAGES - 1) * gridDim.x;
         if (tn < tiles) gs_issue<KIND>(a, L, tn, stages + ((k + GS_STAGES - 1) % GS_STAGES) * L.stage);
         cp_async_commit();
         const uint8_t *st = stages + (k % GS_STAGES) * L.stage;
@@ -651,16 +629,8 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
             int64_t row = r0 + warp * RW + r;
             if (lane == 0 && row < a.rows) a.y[row] = v;
         }
-        /* (nx[(k + 1) & 1] was last read before this iteration's barrier) */
-        if (a.dyn && threadIdx.x == 0) nx[(k + 1) & 1] = qbase + grab;
     }
     cp_async_wait<0>();
-    /* the queue back to zero for the next call, by the last block to finish
-     * (every block's thread 0 has had the answer to each of its takes) */
-    if (a.dyn && threadIdx.x == 0 && atomicAdd(a.dyn + 1, 1u) == gridDim.x - 1) {
-        a.dyn[0] = 0;
-        a.dyn[1] = 0;
-    }
     TRACE_END(TRACE_GEMV1S, (unsigned)a.rows);
 }
 
@@ -784,7 +754,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), 0, {}, NULL};
+                 tern_cuda_trigger_late(), 0, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;
@@ -871,15 +841,8 @@ static int gemv1_pre(void) {
     return pre;
 }
 
-/* TERN_GEMV1_QUEUE=0: tern_cuda_gemv1_queue's tiles assigned by block as
- * tern_cuda_gemv1's (for comparison) */
-static int queue_enabled(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_GEMV1_QUEUE");
-}
-
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
-                 unsigned *queue, tern_stream s, tern_error *err) {
+                 tern_stream s, tern_error *err) {
     if (!tern_cuda_gemv1_supported(W))
         return tern_fail(err, "gemv1: unsupported matrix (bits %d, dtype %d, %lldx%lld, group %d)", W->bits, W->dtype,
                          (long long)W->rows, (long long)W->cols, W->group);
@@ -892,9 +855,8 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}, NULL};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}};
     if (route) a.route = *route;
-    a.dyn = queue_enabled() ? queue : NULL;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
      * ~8 MB of weights the register tiles (all of a lane's loads issued at
@@ -929,13 +891,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
 }
 
 int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err) {
-    return gemv1(W, in, NULL, y, NULL, s, err);
-}
-
-int tern_cuda_gemv1_queue(const tern_mat *W, const tern_cuda_vec_in *in, float *y, unsigned *queue, tern_stream s,
-                          tern_error *err) {
-    if (!queue) return tern_fail(err, "gemv1_queue: no queue");
-    return gemv1(W, in, NULL, y, queue, s, err);
+    return gemv1(W, in, NULL, y, s, err);
 }
 
 int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
@@ -946,7 +902,7 @@ int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *
         route->top_k > route->n_experts)
         return tern_fail(err, "gemv1_route: %d experts, top %d for a %lldx%lld router", route->n_experts,
                          route->top_k, (long long)W->rows, (long long)W->cols);
-    return gemv1(W, in, route, logits, NULL, s, err);
+    return gemv1(W, in, route, logits, s, err);
 }
 
 TRACE_DUMP_FN(tern_cuda_trace_dump_gemv_fused)

@@ -414,7 +414,6 @@ typedef struct gpu_session {
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
-    unsigned *head_queue;         /* the lm_head's tile queue (tern_cuda_gemv1_queue; zero between calls) */
     int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
@@ -483,8 +482,6 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->d_id = (int32_t *)dalloc(1, &ok, err);
     g->route_counters = (unsigned *)dalloc((size_t)c->n_layers, &ok, err);
     if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
-    g->head_queue = (unsigned *)dalloc(2, &ok, err);
-    if (ok && tern_cuda_fill(g->head_queue, 0, 2 * sizeof(unsigned), NULL, err)) ok = 0;
     if (ok && !(g->step_host = tern_cuda_host_alloc(STEP_BYTES(P) + sizeof(int32_t), err))) ok = 0;
     g->id_host = ok ? (int32_t *)(g->step_host + STEP_BYTES(P)) : NULL;
     if (ok && !(g->step_dev = tern_cuda_alloc(STEP_BYTES(P), err))) ok = 0;
@@ -607,7 +604,6 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->d_id);
     tern_cuda_free(g->route_counters);
-    tern_cuda_free(g->head_queue);
     tern_cuda_free(g->gdn_work);
     tern_cuda_free(g->grouped_work);
     tern_cuda_graph_destroy(g->graph);
@@ -1198,7 +1194,7 @@ static int step1(tern_session *s, int rows, tern_error *err) {
     int rc;
     if (rows) {
         tern_cuda_vec_in in = resid_in(&r, gm->w.final_norm, c->norm_eps, g->xn);
-        rc = tern_cuda_gemv1_queue(&gm->w.lm_head, &in, g->logits, g->head_queue, g->stream, err);
+        rc = tern_cuda_gemv1(&gm->w.lm_head, &in, g->logits, g->stream, err);
     } else {
         const float *d = r.delta;
         rc = 0;

@@ -153,42 +153,6 @@ static void gemv1_fx_case(checker *ck, const test_mat *m, const float *d, const 
     free(a);
 }
 
-/* tern_cuda_gemv1_queue: three calls in a row on one queue (each after the
- * last on the stream, as the engine's steps are), each y bit for bit
- * tern_cuda_gemv1's (got), and the queue zero after them; no queue:
- * refused. */
-static void gemv1_queue_case(checker *ck, const test_mat *m, const tern_cuda_vec_in *in, const float *got,
-                             const char *shape) {
-    size_t rows = (size_t)m->d.rows;
-    unsigned zero[2] = {0, 0}, q_after[2];
-    unsigned *dq = dev_upload(zero, sizeof zero);
-    float *dy[3] = {dev_poison(rows), dev_poison(rows), dev_poison(rows)};
-    float *h = xmalloc(rows * sizeof(float));
-    tern_cuda_vec_in i2 = *in;
-    i2.x_out = NULL;   /* (x_out must not be x: the first call's x_out is not an input here) */
-    i2.xn_out = NULL;
-    if (i2.delta) i2.x_out = dev_poison(m->d.cols);
-    tern_error err;
-    for (int c = 0; c < 3; c++)
-        if (tern_cuda_gemv1_queue(&m->d, &i2, dy[c], dq, ck->stream, &err)) die_err("gemv1_queue", &err);
-    long bad = tern_cuda_gemv1_queue(&m->d, &i2, dy[0], NULL, ck->stream, &err) == 0;
-    dev_sync(ck, "gemv1_queue");
-    for (int c = 0; c < 3; c++) {
-        dev_download(h, dy[c], rows * sizeof(float));
-        bad += memcmp(h, got, rows * sizeof(float)) != 0;
-    }
-    dev_download(q_after, dq, sizeof q_after);
-    bad += q_after[0] != 0 || q_after[1] != 0;
-    char what[256];
-    snprintf(what, sizeof what, "%s, tiles from a queue = by block (bitwise), 3 calls; queue zero after; none refused",
-             shape);
-    report_exact(ck, "gemv1 queue", what, bad, 5);
-    for (int c = 0; c < 3; c++) tern_cuda_free(dy[c]);
-    if (i2.x_out) tern_cuda_free(i2.x_out);
-    tern_cuda_free(dq);
-    free(h);
-}
-
 /* mode: 0 plain x, 1 RMSNorm (1 + w), 2 residual + RMSNorm (1 + w), 3 residual + RMSNorm w */
 static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dtype, int group, int mode, int timed) {
     test_mat m;
@@ -220,7 +184,6 @@ static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dt
              bits ? group : 0, modes[mode]);
     report(ck, "gemv1", shape, got, ref, (size_t)rows, 1e-5);
     report(ck, "gemv1 xn_out", shape, got_n, xn, n, 1e-5);
-    gemv1_queue_case(ck, &m, &in, got, shape);
     if (mode >= 2) {
         dev_download(got_x, dxo, n * sizeof(float));
         report(ck, "gemv1 x_out", shape, got_x, xs, n, 1e-6);
