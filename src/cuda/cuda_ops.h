@@ -152,14 +152,6 @@ int tern_cuda_gemv1_supported(const tern_mat *W);
  * previous kernel ends. */
 int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err);
 
-/* tern_cuda_gemv1 whose blocks also ask L2 to fetch `next` (a matrix a
- * later kernel reads: its data, scales and biases, split over the blocks;
- * cp.async.bulk.prefetch.L2), so that its bytes come from L2 there
- * instead of HBM. when: 1 before the wait (after the block's own weight
- * loads), 2 after the block's rows. next NULL or when 0: tern_cuda_gemv1. */
-int tern_cuda_gemv1_l2next(const tern_mat *W, const tern_cuda_vec_in *in, float *y, const tern_mat *next, int when,
-                           tern_stream s, tern_error *err);
-
 /* The router of the one-token path: logits = W xin as tern_cuda_gemv1,
  * then, in the kernel's last block, tern_cuda_route's softmax / top-k /
  * renormalisation of them into ids and wts (one launch instead of two).

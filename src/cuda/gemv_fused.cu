@@ -57,32 +57,7 @@ typedef struct {
     /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
      * and the router's linear part u beside the rows */
     tern_cuda_lin_out lin;
-    int occ_cap;                 /* staged: blocks per SM at most (TERN_GEMV1_S_OCC; 0: as many as fit) */
-    /* register tiles: ranges for L2 to fetch (tern_cuda_gemv1_l2next),
-     * 16-byte aligned, split over the blocks; pf_when 1 before the wait, 2
-     * after the rows, 0 none */
-    const uint8_t *pf_ptr[3];
-    size_t pf_len[3];
-    int pf_when;
 } g1_args;
-
-/* Thread 0's share of the L2 prefetch ranges: block b of n takes the b-th
- * of n equal slices (whole 16-byte units) of each. */
-__device__ __forceinline__ void g1_l2_prefetch(const g1_args &a) {
-    if (threadIdx.x != 0) return;
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        const size_t units = a.pf_len[i] / 16, per = (units + gridDim.x - 1) / gridDim.x;
-        size_t u0 = per * blockIdx.x, u1 = u0 + per < units ? u0 + per : units;
-        for (; u0 < u1;) {   /* pieces below 2^20 bytes (the size operand is 32-bit) */
-            size_t n = u1 - u0 < 65536 ? u1 - u0 : 65536;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf_ptr[i] + u0 * 16),
-                         "r"((unsigned)(n * 16))
-                         : "memory");
-            u0 += n;
-        }
-    }
-}
 
 /* The router's epilogue (one-token path): the block that finishes last
  * (a counter, reset by that block for the next call) routes the logits
@@ -446,7 +421,6 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     __shared__ float hs[LIN == 2 ? RB : 1];
     if constexpr (LIN == 1) g1_lin_fetch(a, blockIdx.x, uw);
     if constexpr (LIN == 2) g1_rx_fetch(a, RB, rx_s);
-    if (a.pf_when == 1) g1_l2_prefetch(a);
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
@@ -534,7 +508,6 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
         if constexpr (LIN == 2) g1_rx_add(a, RB, rx_s, hs);   /* (the barrier above: hs complete; past the end 0) */
     }
     TRACE_MARK(4);
-    if (a.pf_when == 2) g1_l2_prefetch(a);
     if (a.route.counter) {
         const bool last = g1_route_last(a);
         TRACE_MARK(5);
@@ -683,7 +656,6 @@ static cudaError_t gs_launch(const g1_args &a, cudaStream_t s) {
                   (ID ? xd_smem_bytes(a.cols, E) : (size_t)a.cols * sizeof(float) + (size_t)(a.cols / E) * sizeof(float));
     static occ_cache cache;
     int occ = blocks_per_sm(cache, gemv1s_kernel<KIND, RW, ID>, G1_THREADS, smem);
-    if (a.occ_cap > 0 && a.occ_cap < occ) occ = a.occ_cap;
     int64_t tiles = (a.rows + L.rt - 1) / L.rt, cap = (int64_t)tern_cuda_sm_count() * occ;
     int64_t blocks = tiles < cap ? tiles : cap;
     return launch_pdl(gemv1s_kernel<KIND, RW, ID>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
@@ -782,7 +754,7 @@ static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
                  kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), 0, {}, 0, {}, {}, 0};
+                 tern_cuda_trigger_late(), 0, {}};
     if (lo) a.lin = *lo;
     a.lin.n_e = n_e;
     return a;
@@ -869,20 +841,8 @@ static int gemv1_pre(void) {
     return pre;
 }
 
-/* TERN_GEMV1_S_OCC=n: at most n staged blocks per SM (by default as many
- * as fit); each block reads the input once, so fewer blocks read less of
- * it from L2 at the start. -1 a bad value. */
-static int gemv1_s_occ(void) {
-    static int cap = -2;
-    if (cap == -2) {
-        const char *v = getenv("TERN_GEMV1_S_OCC");
-        cap = !v || !*v ? 0 : (v[0] >= '1' && v[0] <= '8' && !v[1]) ? v[0] - '0' : -1;
-    }
-    return cap;
-}
-
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
-                 const tern_mat *next, int when, tern_stream s, tern_error *err) {
+                 tern_stream s, tern_error *err) {
     if (!tern_cuda_gemv1_supported(W))
         return tern_fail(err, "gemv1: unsupported matrix (bits %d, dtype %d, %lldx%lld, group %d)", W->bits, W->dtype,
                          (long long)W->rows, (long long)W->cols, W->group);
@@ -895,24 +855,8 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}, 0, {}, {}, 0};
+                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}};
     if (route) a.route = *route;
-    if (next && next->data && when) {
-        a.pf_when = when;
-        a.pf_ptr[0] = (const uint8_t *)next->data;
-        a.pf_len[0] = ((size_t)next->rows * kind_row_bytes(mat_kind(next), next->cols)) & ~(size_t)15;
-        if (next->scales && next->biases) {
-            const size_t sb = ((size_t)next->rows * (size_t)(next->cols / next->group) * 2) & ~(size_t)15;
-            a.pf_ptr[1] = (const uint8_t *)next->scales;
-            a.pf_ptr[2] = (const uint8_t *)next->biases;
-            a.pf_len[1] = a.pf_len[2] = sb;
-        }
-        for (int i = 0; i < 3; i++)
-            if ((uintptr_t)a.pf_ptr[i] % 16) a.pf_len[i] = 0;
-    }
-    static int bound = -1;   /* MEASUREMENT ONLY (not committed): the residual's sums not read */
-    if (bound < 0) bound = getenv("TERN_BOUND_NODFX") != NULL;
-    if (bound && !route && a.in.delta_fx) a.in.delta_fx = NULL;
     cudaStream_t st = (cudaStream_t)s;
     /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
      * ~8 MB of weights the register tiles (all of a lane's loads issued at
@@ -925,10 +869,8 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
         return tern_fail(err, "TERN_GEMV1 must be regs, staged or int (got '%s')", getenv("TERN_GEMV1"));
     if ((a.pre = gemv1_pre()) < 0)
         return tern_fail(err, "TERN_GEMV1_PRE must be 0 to %d (got '%s')", GS_STAGES - 1, getenv("TERN_GEMV1_PRE"));
-    if ((a.occ_cap = gemv1_s_occ()) < 0)
-        return tern_fail(err, "TERN_GEMV1_S_OCC must be 1 to 8 (got '%s')", getenv("TERN_GEMV1_S_OCC"));
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
-    int regs = route || a.pf_when || (forced ? forced == FORCE_REGS : bytes < ((size_t)8 << 20));
+    int regs = route || (forced ? forced == FORCE_REGS : bytes < ((size_t)8 << 20));
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
     /* q8 takes the integer dots only for the largest matrices (the lm_head:
      * 160 -> 133 us); on the 9-27 MB ones they measured slower (docs/CUDA.md) */
@@ -949,13 +891,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
 }
 
 int tern_cuda_gemv1(const tern_mat *W, const tern_cuda_vec_in *in, float *y, tern_stream s, tern_error *err) {
-    return gemv1(W, in, NULL, y, NULL, 0, s, err);
-}
-
-int tern_cuda_gemv1_l2next(const tern_mat *W, const tern_cuda_vec_in *in, float *y, const tern_mat *next, int when,
-                           tern_stream s, tern_error *err) {
-    if (when < 0 || when > 2) return tern_fail(err, "gemv1_l2next: when must be 0, 1 or 2 (got %d)", when);
-    return gemv1(W, in, NULL, y, next, when, s, err);
+    return gemv1(W, in, NULL, y, s, err);
 }
 
 int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
@@ -966,7 +902,7 @@ int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *
         route->top_k > route->n_experts)
         return tern_fail(err, "gemv1_route: %d experts, top %d for a %lldx%lld router", route->n_experts,
                          route->top_k, (long long)W->rows, (long long)W->cols);
-    return gemv1(W, in, route, logits, NULL, 0, s, err);
+    return gemv1(W, in, route, logits, s, err);
 }
 
 TRACE_DUMP_FN(tern_cuda_trace_dump_gemv_fused)

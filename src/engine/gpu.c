@@ -403,7 +403,6 @@ typedef struct gpu_session {
     struct { int T, rows, n_plan, one_launch; } key;   /* what g->graph was captured for */
     int counted;                  /* in the model's sessions */
     int one_launch;               /* this step may take the experts' one launch (the only session) */
-    int l2next;                   /* TERN_L2_NEXT: the router asks L2 for the next input projections (1, 2; 0 not) */
     const uint8_t **kv_key;       /* and the KV caches it points at: [layer][k, v] */
     const int *pos_dev;           /* during a capture: the step's position, read on the device */
     int n_plan;                   /* and the context the attention's splits are planned for */
@@ -519,11 +518,7 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
 static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
     const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
-    const char *pc = getenv("TERN_GPU_PIECE"), *ln = getenv("TERN_L2_NEXT");
-    if (ln && *ln) {
-        if ((ln[0] < '0' || ln[0] > '3') || ln[1]) return tern_fail(err, "TERN_L2_NEXT must be 0 to 3 (got '%s')", ln);
-        g->l2next = ln[0] - '0';
-    }
+    const char *pc = getenv("TERN_GPU_PIECE");
     g->use_graph = !(gr && !strcmp(gr, "0"));
     g->sampling = !(gs && !strcmp(gs, "0"));
     g->piece = PIECE_DEFAULT;
@@ -1093,11 +1088,6 @@ static int out_proj1(tern_session *s, int l, const tern_mat *W, const float *x, 
         rc = tern_cuda_gemv1_lin(W, x, g->out, &lo, g->stream, err);
         r->delta = g->out;
         resid_taken(r);
-    } else if (g->l2next == 3 && l + 1 < s->m->cfg.n_layers && gm->fused_in && gm->fused_in[l + 1].m.data &&
-               tern_cuda_gemv1_supported(W)) {
-        tern_cuda_vec_in in = {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL};
-        rc = tern_cuda_gemv1_l2next(W, &in, g->out, &gm->fused_in[l + 1].m, 2, g->stream, err);
-        r->delta = g->out;
     } else {
         rc = gemv_plain(gm, g, W, x, g->out, err);
         r->delta = g->out;
@@ -1161,10 +1151,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
-    const tern_mat *next = l + 1 < c->n_layers && gm->fused_in && g->l2next && g->l2next < 3 && gm->fused_in[l + 1].m.data
-                               ? &gm->fused_in[l + 1].m
-                               : NULL;
-    if (self ? tern_cuda_gemv1_l2next(&w->router, &in, g->rlog, next, g->l2next, g->stream, err)
+    if (self ? tern_cuda_gemv1(&w->router, &in, g->rlog, g->stream, err)
              : tern_cuda_gemv1_route(&w->router, &in, g->rlog, &ro, g->stream, err))
         return -1;
     resid_taken(r);
