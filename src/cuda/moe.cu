@@ -485,6 +485,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                     } else {
                         route_vals<8>(lg, a.n_e, a.K, a.renorm, r_ids, r_wts);   /* (route_row, its load above) */
                     }
+                    TRACE_MARK(7);   /* (warp 0 has routed; the others may still build the digits) */
                     if (blockIdx.x == 0 && k == 0 && (threadIdx.x & 31) < a.K) {
                         a.ids_out[threadIdx.x] = r_ids[threadIdx.x];
                         a.wts_out[threadIdx.x] = r_wts[threadIdx.x];

@@ -46,7 +46,7 @@ KERNELS = {
                                    "", "", "", "top k done", "end"), 1),
     5: ("experts' down", _marks("start", "ids read", "rows requested", "rows landed", "products", "end"), 0),
     6: ("experts in one launch", _marks("start", "wait released", "first weights requested", "x as digits",
-                                        "h written", "segment done", "down rows written", "", "top k done",
+                                        "h written", "segment done", "down rows written", "routed (warp 0)", "top k done",
                                         "segment's h in", "down rows in shared memory", "end"), 1),
     7: ("DeltaNet step", _marks("start", "S requested", "wait released", "conv in", "conv outputs shared",
                                 "head's norm sums in", "end"), 2),
