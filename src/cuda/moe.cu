@@ -561,12 +561,21 @@ __device__ __forceinline__ void stage(uint8_t *dst, const uint8_t *src, int nbyt
     for (int i = 16 * tid; i < nbytes; i += 16 * nt) cp_async<16>(dst + i, src + i);
 }
 
-/* nbytes from a 2-byte aligned src (scales, biases): the 16-byte blocks
- * that hold them, so the data starts at dst + ((uintptr_t)src & 15). The
- * extra bytes read lie in the same 16-byte blocks, so on mapped pages. */
-__device__ __forceinline__ void stage_sb(uint8_t *dst, const uint16_t *src, int nbytes, int tid, int nt) {
+/* nbytes from a 2-byte aligned src (scales, biases) are staged as the
+ * 16-byte blocks that hold them (start p, n bytes), so the data starts at
+ * dst + ((uintptr_t)src & 15). The extra bytes read lie in the same 16-byte
+ * blocks, so on mapped pages. */
+struct sb_span {
+    const uint8_t *p;
+    int n;
+};
+__device__ __forceinline__ sb_span sb_span_of(const uint16_t *src, int nbytes) {
     const uintptr_t st = (uintptr_t)src, a0 = st & ~(uintptr_t)15;
-    stage(dst, (const uint8_t *)a0, ((int)(st - a0) + nbytes + 15) & ~15, tid, nt);
+    return {(const uint8_t *)a0, ((int)(st - a0) + nbytes + 15) & ~15};
+}
+__device__ __forceinline__ void stage_sb(uint8_t *dst, const uint16_t *src, int nbytes, int tid, int nt) {
+    const sb_span b = sb_span_of(src, nbytes);
+    stage(dst, b.p, b.n, tid, nt);
 }
 
 /* Entry i of a scale or bias array staged by stage_sb from src. */
@@ -803,7 +812,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
  * Shared memory after the digits' region: the chunk's rows, its scales and
  * biases (stage_sb regions), h permuted like the GEMVs' input (float4 q of
  * chunk c at [q * n_chunks + c]: the 16 lanes of a row read 16 banks), a
- * flag. */
+ * flag, and at flag + 8 the mbarrier of the rows' bulk copies (seg_bar). */
 struct seg_layout {
     int rbd, ng, sbb, sb_off, h_off, flag_off, bytes;
 };
@@ -831,15 +840,6 @@ __device__ __forceinline__ bool seg_bulk_on(const moe_args &a, const part_ptr &D
 __device__ __forceinline__ uint64_t *seg_bar(uint8_t *sm, const seg_layout &L) {
     return (uint64_t *)(sm + L.flag_off + 8);
 }
-/* (the 16-byte blocks that hold nbytes of scales or biases from src, as stage_sb copies them) */
-__device__ __forceinline__ void seg_bulk_sb(uint8_t *dst, const uint16_t *src, int nbytes, uint64_t *bar) {
-    const uintptr_t st = (uintptr_t)src, a0 = st & ~(uintptr_t)15;
-    bulk_copy(dst, (const void *)a0, (unsigned)(((int)(st - a0) + nbytes + 15) & ~15), bar);
-}
-__device__ __forceinline__ unsigned seg_sb_bytes(const uint16_t *src, int nbytes) {
-    const uintptr_t st = (uintptr_t)src;
-    return (unsigned)(((int)(st & 15) + nbytes + 15) & ~15);
-}
 
 template <int RK>
 __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, bool sh) {
@@ -849,15 +849,17 @@ __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, boo
     if (seg_bulk_on(a, D, d0, nr, L)) {
         if (threadIdx.x == 0) {
             uint64_t *bar = seg_bar(sm, L);
-            const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
-            const int nsb = nr * L.ng * 2;
+            const sb_span sc = sb_span_of(D.s + (int64_t)d0 * L.ng, nr * L.ng * 2),
+                          bi = sb_span_of(D.b + (int64_t)d0 * L.ng, nr * L.ng * 2);
             mbar_init(bar);
+            /* the initialised barrier visible to the copy unit (the async
+             * proxy) before the copies that complete on it */
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_expect(bar, (unsigned)(nr * L.rbd) + seg_sb_bytes(s0, nsb) + seg_sb_bytes(b0, nsb));
+            mbar_expect(bar, (unsigned)(nr * L.rbd + sc.n + bi.n));
             bulk_copy(sm, D.q + (int64_t)d0 * L.rbd, (unsigned)(nr * L.rbd), bar);
-            seg_bulk_sb(sm + L.sb_off, s0, nsb, bar);
-            seg_bulk_sb(sm + L.sb_off + L.sbb, b0, nsb, bar);
+            bulk_copy(sm + L.sb_off, sc.p, (unsigned)sc.n, bar);
+            bulk_copy(sm + L.sb_off + L.sbb, bi.p, (unsigned)bi.n, bar);
         }
         return;
     }
