@@ -30,14 +30,22 @@ __device__ __forceinline__ void route_sort8(uint32_t (&k)[8], int (&ix)[8]) {
     route_cmpx(k, ix, 1, 2); route_cmpx(k, ix, 3, 4); route_cmpx(k, ix, 5, 6);
 }
 
-/* V = ceil(E / 32) logits per lane (lane + 32 i): softmax, then K rounds of
- * a warp argmax over each lane's best. Keys are the probabilities' bits + 1
- * (probabilities are >= 0, so their bits order as the values; 0 marks a
- * taken or absent entry); a round takes the largest key
- * (__reduce_max_sync), then the lowest index holding it
- * (__reduce_min_sync): larger first, ties to the lower index. The logits
- * are read through L2 (__ldcg): the fused router's other blocks wrote them. */
-/* The lane's logits v[i] = l[lane + 32 i] (-FLT_MAX past E). */
+/* A logit as a key that orders as the logits (larger first; +0 and -0 one
+ * key, v + 0 being +0 for both); finite and infinite logits give keys of
+ * at least 0x007fffff, so 0 marks a taken or absent entry. route_logit
+ * inverts it. */
+__device__ __forceinline__ uint32_t route_key(float v) {
+    const uint32_t b = __float_as_uint(v + 0.0f);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+
+__device__ __forceinline__ float route_logit(uint32_t k) {
+    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
+/* The lane's logits v[i] = l[lane + 32 i] (-FLT_MAX past E). The logits
+ * are read through L2 (__ldcg): the fused router's other blocks wrote
+ * them. */
 template <int V>
 __device__ __forceinline__ void route_load(const float *l, int E, float (&v)[V]) {
     const int lane = threadIdx.x & 31;
@@ -45,25 +53,27 @@ __device__ __forceinline__ void route_load(const float *l, int E, float (&v)[V])
     for (int i = 0; i < V; i++) v[i] = lane + 32 * i < E ? __ldcg(l + lane + 32 * i) : -FLT_MAX;
 }
 
-/* route_row from the lane's logits (route_load's) */
+/* V = ceil(E / 32) logits per lane (lane + 32 i): the top K by logit, then
+ * their softmax probabilities. A probability is expf(l - max) / sum, which
+ * grows with l, so the logits' order is the probabilities' (the CPU twin
+ * orders by probability): equal logits give equal probabilities and tie to
+ * the lower index in both; only two logits a few ulps apart whose
+ * probabilities round to one value could order differently, as the two
+ * expf could anyway. Selecting on the logits keeps the softmax (a max, 8
+ * expf, a sum, 8 divisions) out of the selection's chain: the max is the
+ * first key, and only the K chosen are divided.
+ * A round takes the largest key (__reduce_max_sync); the lane holding it
+ * (a ballot) writes its index; when several lanes hold it (equal logits)
+ * the lowest index among them (__reduce_min_sync). Its owner then moves to
+ * its next key. The weights are bit for bit those of dividing every
+ * probability first: the same max, the same sum in the same order, the
+ * chosen ones' totals in the order chosen. */
 template <int V>
-__device__ __forceinline__ void route_vals(float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
+__device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
     const int lane = threadIdx.x & 31;
-    float m = -FLT_MAX;
-#pragma unroll
-    for (int i = 0; i < V; i++) m = fmaxf(m, v[i]);
-    m = warp_max(m);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; i++)
-        if (lane + 32 * i < E) {
-            v[i] = expf(v[i] - m);
-            sum += v[i];
-        }
-    sum = warp_sum(sum);
     uint32_t key[V];
 #pragma unroll
-    for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? __float_as_uint(v[i] / sum) + 1u : 0u;
+    for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? route_key(v[i]) : 0u;
     /* the lane's best (bk, index lane + 32 bi): with 8 keys the head of its
      * sorted keys, so taking it is a shift; otherwise found by a rescan
      * (the sort's shorter chain per round: docs/PERFORMANCE.md step 35) */
@@ -84,19 +94,24 @@ __device__ __forceinline__ void route_vals(float (&v)[V], int E, int K, int reno
                 bi = i;
             }
     }
-    float mine = 0.0f, total = 0.0f;
-    int my_id = 0;
+    /* the softmax's max and sum (independent of the rounds below) */
+    const float m = route_logit(__reduce_max_sync(0xffffffffu, bk));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        if (lane + 32 * i < E) sum += expf(v[i] - m);
+    sum = warp_sum(sum);
+    uint32_t mine = 0;   /* lane r: round r's key */
 #pragma unroll 1
     for (int r = 0; r < K; r++) {
         const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
-        const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
-        const float p = __uint_as_float(top - 1u);
-        total += p;
-        if (lane == r) {
-            mine = p;
-            my_id = (int)e;
-        }
-        if ((int)(e & 31) == lane) {   /* the owner's best is taken: its next one */
+        const unsigned hold = __ballot_sync(0xffffffffu, bk == top);
+        int owner = __ffs(hold) - 1;
+        if (hold & (hold - 1))   /* (warp-uniform) equal logits: the lowest index */
+            owner = (int)(__reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu) & 31u);
+        if (lane == r) mine = top;
+        if (lane == owner) {   /* its best is taken: its next one */
+            ids[r] = lane + 32 * bi;
             if constexpr (V == 8) {
 #pragma unroll
                 for (int i = 0; i < 7; i++) {
@@ -107,11 +122,12 @@ __device__ __forceinline__ void route_vals(float (&v)[V], int E, int K, int reno
                 bk = key[0];
                 bi = ix[0];
             } else {
+                const int taken = bi;
                 bk = 0;
                 bi = 0;
 #pragma unroll
                 for (int i = 0; i < V; i++) {
-                    if (i == (int)(e >> 5)) key[i] = 0;
+                    if (i == taken) key[i] = 0;
                     if (key[i] > bk) {
                         bk = key[i];
                         bi = i;
@@ -120,10 +136,11 @@ __device__ __forceinline__ void route_vals(float (&v)[V], int E, int K, int reno
             }
         }
     }
-    if (lane < K) {
-        ids[lane] = my_id;
-        wts[lane] = renorm ? mine / total : mine;
-    }
+    const float p = lane < K ? expf(route_logit(mine) - m) / sum : 0.0f;
+    float total = 0.0f;
+    for (int r = 0; r < K; r++) total += __shfl_sync(0xffffffffu, p, r);
+    if (lane < K) wts[lane] = renorm ? p / total : p;
+    __syncwarp();   /* (the ids, written by their owners, before any lane reads them) */
 }
 
 template <int V>

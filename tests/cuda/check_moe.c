@@ -399,15 +399,17 @@ static void moe_fx_check(checker *ck, const expert_fixture *f, const moe_case *c
  * random logits: ids exactly the CPU's top k, weights and output within
  * the MoE check's tolerance of the CPU's, and all three bit for bit those
  * of tern_cuda_route then tern_cuda_moe (the same kernels' code). must:
- * the shape is the engine's, where it has to apply. */
-static void moe_route_check(checker *ck, const moe_case *c, int must) {
+ * the shape is the engine's, where it has to apply. ties: the logits in
+ * quarters (route_case's), equal ones at the top k's edge. */
+static void moe_route_check(checker *ck, const moe_case *c, int must, int ties) {
     expert_fixture f;
     fixture_make(ck, &f, c->H, c->I, c->I, c->E, c->bits, c->group, c->use_table, c->shared_kind);
     const tern_expert_w *shp = fixture_shared(&f);
     const tern_mat *sgp = fixture_gate(&f);
     char shape[96];
-    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d %s%s", c->bits, c->group, c->E, (long long)c->I,
-             (long long)c->H, c->K, c->use_table ? "table" : "base", c->shared_kind ? "+sh q4" : "");
+    snprintf(shape, sizeof shape, "q%d g%d %dx(%lld,%lld) top%d %s%s%s", c->bits, c->group, c->E, (long long)c->I,
+             (long long)c->H, c->K, c->use_table ? "table" : "base", c->shared_kind ? "+sh q4" : "",
+             ties ? " ties" : "");
     if (!tern_cuda_moe_routes_itself(&f.ex, shp, sgp, c->K, c->E)) {
         if (must && !switched_off("TERN_MOE_SEG") && !switched_off("TERN_MOE_ROUTE")) report_exact(ck, "moe_route", shape, 1, 1);   /* the engine's shape must take it */
         else printf("moe_route %s: does not apply on this device, skipped\n", shape);
@@ -428,6 +430,8 @@ static void moe_route_check(checker *ck, const moe_case *c, int must) {
     float wt[32], gw[32], tw[32];
     int32_t gi[32], ti[32];
     rnd_floats(ck, l, (size_t)E, 2.0f);
+    if (ties)
+        for (int e = 0; e < E; e++) l[e] = roundf(l[e] * 4.0f) / 4.0f;
     rnd_floats(ck, x, (size_t)c->H, 1.0f);
     memcpy(p, l, (size_t)E * sizeof(float));
     route_ref(p, E, K, 1, idx, wt);
@@ -689,9 +693,10 @@ void check_moe(checker *ck) {
     moe_check(ck, &wide1, 0);
     /* routing inside the one launch: the engine's shape (q4 experts and
      * shared expert), no shared expert, top 10 of 20 */
-    moe_route_check(ck, &q4, 1);
-    moe_route_check(ck, &q4ns, 0);
-    moe_route_check(ck, &wide1, 0);
+    moe_route_check(ck, &q4, 1, 0);
+    moe_route_check(ck, &q4, 1, 1);
+    moe_route_check(ck, &q4ns, 0, 0);
+    moe_route_check(ck, &wide1, 0, 1);
     /* the router beside the output projection: the engine's shape (q4
      * experts and shared expert, a 4096-wide q4 projection) with a q8 and a
      * bf16 router, and with a q8 projection; no shared expert; top 10 of 20
@@ -743,9 +748,14 @@ static void run_route(void *arg, int rep) {
     if (tern_cuda_route(r->logits, r->T, r->E, r->K, 1, r->ids, r->wts, r->s, &err)) die_err("route", &err);
 }
 
-static void route_case(checker *ck, int T, int E, int K, int timed) {
+/* ties: the logits rounded to quarters (17 values in [-2, 2]), so most
+ * have equals, among them at the K-th place: the CPU's rule, ties to the
+ * lower index, must hold on the device too. */
+static void route_case(checker *ck, int T, int E, int K, int timed, int ties) {
     float *l = xmalloc((size_t)T * E * sizeof(float)), *p = xmalloc((size_t)T * E * sizeof(float));
     rnd_floats(ck, l, (size_t)T * E, 2.0f);
+    if (ties)
+        for (size_t i = 0; i < (size_t)T * E; i++) l[i] = roundf(l[i] * 4.0f) / 4.0f;
     memcpy(p, l, (size_t)T * E * sizeof(float));
     int *idx = xmalloc((size_t)T * K * sizeof(int));
     float *wt = xmalloc((size_t)T * K * sizeof(float)), *gw = xmalloc((size_t)T * K * sizeof(float));
@@ -761,9 +771,9 @@ static void route_case(checker *ck, int T, int E, int K, int timed) {
     long bad = 0;
     for (int i = 0; i < T * K; i++) bad += gi[i] != idx[i];
     char shape[64];
-    snprintf(shape, sizeof shape, "%d experts top%d T=%d ids", E, K, T);
+    snprintf(shape, sizeof shape, "%d experts top%d T=%d%s ids", E, K, T, ties ? " ties" : "");
     report_exact(ck, "route", shape, bad, (long)T * K);
-    snprintf(shape, sizeof shape, "%d experts top%d T=%d weights", E, K, T);
+    snprintf(shape, sizeof shape, "%d experts top%d T=%d%s weights", E, K, T, ties ? " ties" : "");
     report(ck, "route", shape, gw, wt, (size_t)T * K, 1e-5);
     if (timed && ck->time) {
         route_run r = {dl, T, E, K, di, dw, ck->stream};
@@ -782,13 +792,16 @@ static void route_case(checker *ck, int T, int E, int K, int timed) {
 }
 
 void check_route(checker *ck) {
-    route_case(ck, 1, 256, 8, 1);
-    route_case(ck, 8, 256, 8, 1);
-    route_case(ck, 7, 256, 8, 0);
-    route_case(ck, 3, 16, 4, 0);
-    route_case(ck, 2, 1000, 10, 0);
-    route_case(ck, 2, 4096, 32, 0);
-    route_case(ck, 1, 3, 3, 0);
+    route_case(ck, 1, 256, 8, 1, 0);
+    route_case(ck, 8, 256, 8, 1, 0);
+    route_case(ck, 7, 256, 8, 0, 0);
+    route_case(ck, 3, 16, 4, 0, 0);
+    route_case(ck, 2, 1000, 10, 0, 0);
+    route_case(ck, 2, 4096, 32, 0, 0);
+    route_case(ck, 1, 3, 3, 0, 0);
+    route_case(ck, 16, 256, 8, 0, 1);
+    route_case(ck, 4, 1000, 10, 0, 1);
+    route_case(ck, 4, 40, 32, 0, 1);
 }
 
 /* ---- grouped by expert (prefill) ----------------------------------------------

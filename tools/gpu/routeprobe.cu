@@ -1,0 +1,99 @@
+/* routeprobe: the latency of one warp's top k (src/cuda/route.cuh's
+ * route_vals, the chain every routed block of the experts' launch runs
+ * before it can request a weight). One warp per SM calls it N times in a
+ * row on logits already in registers, each call's input depending on the
+ * last one's output, and thread 0 times the loop with clock64 and
+ * %globaltimer; the median block's cycles and ns per call are printed for
+ * 256 experts, top 8 (the model's) and for other shapes. Build it against
+ * two trees' route.cuh to compare their top k:
+ *
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Isrc -Iinclude -o routeprobe tools/gpu/routeprobe.cu
+ *   ./routeprobe */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PROBE_NAME "routeprobe"
+#include "probe.cuh"
+
+#include "cuda/route.cuh"
+
+#define CALLS 200
+
+template <int V>
+__global__ void __launch_bounds__(32) route_loop(const float *logits, int E, int K, unsigned long long *out,
+                                                 int32_t *ids_out) {
+    __shared__ int32_t ids[32];
+    __shared__ float wts[32];
+    float v[V];
+    route_load<V>(logits + (size_t)blockIdx.x * E, E, v);
+    unsigned long long c0 = clock64(), t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (int n = 0; n < CALLS; n++) {
+        route_vals<V>(v, E, K, 1, ids, wts);
+        /* the next call waits for this one's result: ids[0] >> 30 is 0 (ids < 2^30), unknown to the compiler */
+        const float dep = (float)(ids[0] >> 30) + wts[0] * 0.0f;
+#pragma unroll
+        for (int i = 0; i < V; i++) v[i] += dep;
+        __syncwarp();
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    const unsigned long long c1 = clock64();
+    if (threadIdx.x < K) ids_out[blockIdx.x * 32 + threadIdx.x] = ids[threadIdx.x];
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = c1 - c0;
+        out[2 * blockIdx.x + 1] = t1 - t0;
+    }
+}
+
+static int cmp_ull(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+template <int V>
+static void probe(int sms, int E, int K) {
+    float *h = (float *)malloc((size_t)sms * E * sizeof(float));
+    srand(7);
+    for (size_t i = 0; i < (size_t)sms * E; i++) h[i] = (float)rand() / RAND_MAX * 4.0f - 2.0f;
+    float *d;
+    unsigned long long *dout, *hout = (unsigned long long *)malloc((size_t)sms * 2 * sizeof *hout);
+    int32_t *dids;
+    CHECK(cudaMalloc(&d, (size_t)sms * E * sizeof(float)));
+    CHECK(cudaMalloc(&dout, (size_t)sms * 2 * sizeof *dout));
+    CHECK(cudaMalloc(&dids, (size_t)sms * 32 * sizeof(int32_t)));
+    CHECK(cudaMemcpy(d, h, (size_t)sms * E * sizeof(float), cudaMemcpyHostToDevice));
+    for (int rep = 0; rep < 2; rep++) {   /* the first run warms the code */
+        route_loop<V><<<sms, 32>>>(d, E, K, dout, dids);
+        CHECK(cudaGetLastError());
+        CHECK(cudaDeviceSynchronize());
+    }
+    CHECK(cudaMemcpy(hout, dout, (size_t)sms * 2 * sizeof *hout, cudaMemcpyDeviceToHost));
+    unsigned long long *cyc = (unsigned long long *)malloc(sms * sizeof *cyc), *ns = (unsigned long long *)malloc(sms * sizeof *ns);
+    for (int b = 0; b < sms; b++) {
+        cyc[b] = hout[2 * b];
+        ns[b] = hout[2 * b + 1];
+    }
+    qsort(cyc, sms, sizeof *cyc, cmp_ull);
+    qsort(ns, sms, sizeof *ns, cmp_ull);
+    printf("%5d experts top %2d: %7.1f cycles %7.1f ns a call (median of %d warps, %d calls each)\n", E, K,
+           (double)cyc[sms / 2] / CALLS, (double)ns[sms / 2] / CALLS, sms, CALLS);
+    CHECK(cudaFree(d));
+    CHECK(cudaFree(dout));
+    CHECK(cudaFree(dids));
+    free(h);
+    free(hout);
+    free(cyc);
+    free(ns);
+}
+
+int main(void) {
+    int dev = 0, sms = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    probe<8>(sms, 256, 8);
+    probe<8>(sms, 256, 1);
+    probe<8>(sms, 128, 8);
+    probe<32>(sms, 1000, 10);
+    return 0;
+}
