@@ -59,21 +59,33 @@ __device__ __forceinline__ void route_load(const float *l, int E, float (&v)[V])
  * orders by probability): equal logits give equal probabilities and tie to
  * the lower index in both; only two logits a few ulps apart whose
  * probabilities round to one value could order differently, as the two
- * expf could anyway. Selecting on the logits keeps the softmax (a max, 8
- * expf, a sum, 8 divisions) out of the selection's chain: the max is the
- * first key, and only the K chosen are divided.
- * A round takes the largest key (__reduce_max_sync); the lane holding it
- * (a ballot) writes its index; when several lanes hold it (equal logits)
- * the lowest index among them (__reduce_min_sync). Its owner then moves to
- * its next key. The weights are bit for bit those of dividing every
- * probability first: the same max, the same sum in the same order, the
- * chosen ones' totals in the order chosen. */
+ * expf could anyway. Selecting on the logits takes the softmax out of the
+ * selection's chain: its max is one reduce of the keys, its exps overlap
+ * the sort, its sum's butterfly the rounds, and only the K chosen are
+ * divided.
+ * A round takes the largest key (__reduce_max_sync), then the lowest index
+ * holding it (__reduce_min_sync): larger first, ties to the lower index
+ * (one reduce and a ballot, with the second reduce only on a tie, measured
+ * slower: tools/gpu/routeprobe.cu). Its owner then moves to its next key.
+ * The weights are bit for bit those of dividing every probability first:
+ * the same max, the same sum in the same order, the chosen ones' total in
+ * the order chosen. */
 template <int V>
 __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
     const int lane = threadIdx.x & 31;
     uint32_t key[V];
 #pragma unroll
     for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? route_key(v[i]) : 0u;
+    /* the softmax's max and sum, from the unsorted keys: independent of
+     * the sort and the rounds below, so their latencies overlap */
+    uint32_t kmax = 0;
+#pragma unroll
+    for (int i = 0; i < V; i++) kmax = max(kmax, key[i]);
+    const float m = route_logit(__reduce_max_sync(0xffffffffu, kmax));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        if (lane + 32 * i < E) sum += expf(v[i] - m);
     /* the lane's best (bk, index lane + 32 bi): with 8 keys the head of its
      * sorted keys, so taking it is a shift; otherwise found by a rescan
      * (the sort's shorter chain per round: docs/PERFORMANCE.md step 35) */
@@ -94,24 +106,19 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
                 bi = i;
             }
     }
-    /* the softmax's max and sum (independent of the rounds below) */
-    const float m = route_logit(__reduce_max_sync(0xffffffffu, bk));
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; i++)
-        if (lane + 32 * i < E) sum += expf(v[i] - m);
-    sum = warp_sum(sum);
-    uint32_t mine = 0;   /* lane r: round r's key */
+    uint32_t mine = 0;   /* lane r: round r's key and index */
+    int my_id = 0;
+    int lvl = 16;        /* the sum's next butterfly offset (warp_sum's order), one a round */
 #pragma unroll 1
     for (int r = 0; r < K; r++) {
+        const float other = lvl ? __shfl_xor_sync(0xffffffffu, sum, lvl) : 0.0f;
         const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
-        const unsigned hold = __ballot_sync(0xffffffffu, bk == top);
-        int owner = __ffs(hold) - 1;
-        if (hold & (hold - 1))   /* (warp-uniform) equal logits: the lowest index */
-            owner = (int)(__reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu) & 31u);
-        if (lane == r) mine = top;
-        if (lane == owner) {   /* its best is taken: its next one */
-            ids[r] = lane + 32 * bi;
+        const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
+        if (lane == r) {
+            mine = top;
+            my_id = (int)e;
+        }
+        if ((int)(e & 31) == lane) {   /* the owner's best is taken: its next one */
             if constexpr (V == 8) {
 #pragma unroll
                 for (int i = 0; i < 7; i++) {
@@ -122,12 +129,11 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
                 bk = key[0];
                 bi = ix[0];
             } else {
-                const int taken = bi;
                 bk = 0;
                 bi = 0;
 #pragma unroll
                 for (int i = 0; i < V; i++) {
-                    if (i == taken) key[i] = 0;
+                    if (i == (int)(e >> 5)) key[i] = 0;
                     if (key[i] > bk) {
                         bk = key[i];
                         bi = i;
@@ -135,12 +141,29 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
                 }
             }
         }
+        if (lvl) {
+            sum += other;
+            lvl >>= 1;
+        }
     }
+    for (; lvl; lvl >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, lvl);
     const float p = lane < K ? expf(route_logit(mine) - m) / sum : 0.0f;
+    /* the total in the order chosen; lanes past K add +0, which leaves it
+     * as it is (the shuffles all issued before the adds) */
     float total = 0.0f;
-    for (int r = 0; r < K; r++) total += __shfl_sync(0xffffffffu, p, r);
-    if (lane < K) wts[lane] = renorm ? p / total : p;
-    __syncwarp();   /* (the ids, written by their owners, before any lane reads them) */
+    if (K <= 8) {
+        float q[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) q[r] = __shfl_sync(0xffffffffu, p, r);
+#pragma unroll
+        for (int r = 0; r < 8; r++) total += q[r];
+    } else {
+        for (int r = 0; r < K; r++) total += __shfl_sync(0xffffffffu, p, r);
+    }
+    if (lane < K) {
+        ids[lane] = my_id;
+        wts[lane] = renorm ? p / total : p;
+    }
 }
 
 template <int V>
