@@ -4,8 +4,12 @@
  * row on logits already in registers, each call's input depending on the
  * last one's output, and thread 0 times the loop with clock64 and
  * %globaltimer; the median block's cycles and ns per call are printed for
- * 256 experts, top 8 (the model's) and for other shapes. Build it against
- * two trees' route.cuh to compare their top k:
+ * 256 experts, top 8 (the model's) and for other shapes. Then route_vals'
+ * parts, each timed alone the same way at 256 experts, top 8: the loop's
+ * own dependency, the keys and the softmax's max and exps, the sort, the
+ * eight rounds, the sum's butterfly and the tail (the chosen ones' weights).
+ * Build it against two trees' route.cuh to compare their top k (the parts
+ * use this tree's route.cuh helpers):
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Isrc -Iinclude -o routeprobe tools/gpu/routeprobe.cu
  *   ./routeprobe */
@@ -46,12 +50,93 @@ __global__ void __launch_bounds__(32) route_loop(const float *logits, int E, int
     }
 }
 
+/* route_vals' parts (PART 1..6, above), each as route_vals does it */
+template <int PART>
+__device__ __forceinline__ float route_part(const float (&v)[8], int E, int K) {
+    const int lane = threadIdx.x & 31;
+    uint32_t key[8];
+    int ix[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        key[i] = lane + 32 * i < E ? route_key(v[i]) : 0u;
+        ix[i] = i;
+    }
+    if constexpr (PART == 1) return 0.0f;
+    if constexpr (PART == 2) {
+        uint32_t kmax = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) kmax = max(kmax, key[i]);
+        const float m = route_logit(__reduce_max_sync(0xffffffffu, kmax));
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < E) sum += expf(v[i] - m);
+        return sum;
+    }
+    if constexpr (PART == 3) {
+        route_sort8(key, ix);
+        return (float)(key[0] >> 31) + (float)ix[0];
+    }
+    if constexpr (PART == 4) {   /* the rounds on keys sorted by lane (their order, not their values) */
+        uint32_t bk = key[0];
+        int bi = 0, my_id = 0;
+#pragma unroll 1
+        for (int r = 0; r < K; r++) {
+            const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
+            const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
+            if (lane == r) my_id = (int)e;
+            if ((int)(e & 31) == lane) {
+#pragma unroll
+                for (int i = 0; i < 7; i++) {
+                    key[i] = key[i + 1];
+                    ix[i] = ix[i + 1];
+                }
+                key[7] = 0;
+                bk = key[0];
+                bi = ix[0];
+            }
+        }
+        return (float)my_id;
+    }
+    if constexpr (PART == 5) return warp_sum(v[0]);
+    if constexpr (PART == 6) {   /* the tail: a chosen one's weight, the total, the renormalised weight */
+        const float p = lane < K ? expf(v[1] - v[0]) / v[2] : 0.0f;
+        float q[8], total = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; r++) q[r] = __shfl_sync(0xffffffffu, p, r);
+#pragma unroll
+        for (int r = 0; r < 8; r++) total += q[r];
+        return p / total;
+    }
+    return 0.0f;
+}
+
+template <int PART>
+__global__ void __launch_bounds__(32) part_loop(const float *logits, int E, int K, unsigned long long *out,
+                                                int32_t *ids_out) {
+    __shared__ float res[32];
+    float v[8];
+    route_load<8>(logits + (size_t)blockIdx.x * E, E, v);
+    const unsigned long long c0 = clock64();
+    for (int n = 0; n < CALLS; n++) {
+        res[threadIdx.x] = route_part<PART>(v, E, K);
+        __syncwarp();
+        const float dep = (float)(__float_as_uint(res[0]) >> 31) * 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] += dep;
+        __syncwarp();
+    }
+    const unsigned long long c1 = clock64();
+    ids_out[blockIdx.x * 32 + threadIdx.x] = (int32_t)res[threadIdx.x];
+    if (threadIdx.x == 0) out[2 * blockIdx.x] = c1 - c0;
+}
+
 static int cmp_ull(const void *a, const void *b) {
     unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
     return x < y ? -1 : x > y;
 }
 
-template <int V>
+template <int V, int PART = 0>
 static void probe(int sms, int E, int K) {
     float *h = (float *)malloc((size_t)sms * E * sizeof(float));
     srand(7);
@@ -64,7 +149,8 @@ static void probe(int sms, int E, int K) {
     CHECK(cudaMalloc(&dids, (size_t)sms * 32 * sizeof(int32_t)));
     CHECK(cudaMemcpy(d, h, (size_t)sms * E * sizeof(float), cudaMemcpyHostToDevice));
     for (int rep = 0; rep < 2; rep++) {   /* the first run warms the code */
-        route_loop<V><<<sms, 32>>>(d, E, K, dout, dids);
+        if (PART) part_loop<PART><<<sms, 32>>>(d, E, K, dout, dids);
+        else route_loop<V><<<sms, 32>>>(d, E, K, dout, dids);
         CHECK(cudaGetLastError());
         CHECK(cudaDeviceSynchronize());
     }
@@ -76,8 +162,10 @@ static void probe(int sms, int E, int K) {
     }
     qsort(cyc, sms, sizeof *cyc, cmp_ull);
     qsort(ns, sms, sizeof *ns, cmp_ull);
-    printf("%5d experts top %2d: %7.1f cycles %7.1f ns a call (median of %d warps, %d calls each)\n", E, K,
-           (double)cyc[sms / 2] / CALLS, (double)ns[sms / 2] / CALLS, sms, CALLS);
+    static const char *part[] = {"route_vals", "the loop alone (keys made)", "keys, max, exps", "keys, sort",
+                                 "keys, rounds", "keys, butterfly", "keys, tail"};
+    printf("%5d experts top %2d: %7.1f cycles %7.1f ns a call (median of %d warps, %d calls each): %s\n", E, K,
+           (double)cyc[sms / 2] / CALLS, PART ? 0.0 : (double)ns[sms / 2] / CALLS, sms, CALLS, part[PART]);
     CHECK(cudaFree(d));
     CHECK(cudaFree(dout));
     CHECK(cudaFree(dids));
@@ -95,5 +183,11 @@ int main(void) {
     probe<8>(sms, 256, 1);
     probe<8>(sms, 128, 8);
     probe<32>(sms, 1000, 10);
+    probe<8, 1>(sms, 256, 8);
+    probe<8, 2>(sms, 256, 8);
+    probe<8, 3>(sms, 256, 8);
+    probe<8, 4>(sms, 256, 8);
+    probe<8, 5>(sms, 256, 8);
+    probe<8, 6>(sms, 256, 8);
     return 0;
 }
