@@ -21,6 +21,19 @@ __device__ __forceinline__ void route_cmpx(uint32_t (&k)[8], int (&ix)[8], int a
     ix[b] = keep ? ib : ia;
 }
 
+/* A lane's sorted keys after its best is taken: the next one is the head
+ * (bk, index lane + 32 bi). */
+__device__ __forceinline__ void route_shift8(uint32_t (&k)[8], int (&ix)[8], uint32_t &bk, int &bi) {
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        k[i] = k[i + 1];
+        ix[i] = ix[i + 1];
+    }
+    k[7] = 0;
+    bk = k[0];
+    bi = ix[0];
+}
+
 __device__ __forceinline__ void route_sort8(uint32_t (&k)[8], int (&ix)[8]) {
     route_cmpx(k, ix, 0, 1); route_cmpx(k, ix, 2, 3); route_cmpx(k, ix, 4, 5); route_cmpx(k, ix, 6, 7);
     route_cmpx(k, ix, 0, 2); route_cmpx(k, ix, 1, 3); route_cmpx(k, ix, 4, 6); route_cmpx(k, ix, 5, 7);
@@ -120,14 +133,7 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
         }
         if ((int)(e & 31) == lane) {   /* the owner's best is taken: its next one */
             if constexpr (V == 8) {
-#pragma unroll
-                for (int i = 0; i < 7; i++) {
-                    key[i] = key[i + 1];
-                    ix[i] = ix[i + 1];
-                }
-                key[7] = 0;
-                bk = key[0];
-                bi = ix[0];
+                route_shift8(key, ix, bk, bi);
             } else {
                 bk = 0;
                 bi = 0;

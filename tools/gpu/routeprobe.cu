@@ -85,16 +85,7 @@ __device__ __forceinline__ float route_part(const float (&v)[8], int E, int K) {
             const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
             const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
             if (lane == r) my_id = (int)e;
-            if ((int)(e & 31) == lane) {
-#pragma unroll
-                for (int i = 0; i < 7; i++) {
-                    key[i] = key[i + 1];
-                    ix[i] = ix[i + 1];
-                }
-                key[7] = 0;
-                bk = key[0];
-                bi = ix[0];
-            }
+            if ((int)(e & 31) == lane) route_shift8(key, ix, bk, bi);
         }
         return (float)my_id;
     }
