@@ -49,7 +49,9 @@ endif
 # staged kernel's first tiles requested before the wait (the default: once
 # the input's loads are issued), the
 # attention's on the FP32 split kernel (16-bit KV
-# takes the tensor-core one by default), the experts' on the float
+# takes the tensor-core one by default), with its splits merged by the
+# combine kernel instead of inside their cluster (one token, contexts up to
+# 1024), with every K/V chunk requested after the wait, the experts' on the float
 # gate/up kernel (8-bit experts take the integer dots by default), with
 # both MoE kernels launched the ordinary way (no PDL), in two launches
 # instead of the one-token one launch, with x read after the weights, and
@@ -70,6 +72,8 @@ test-cuda:
 	echo "TERN_GEMV1_NORM_PRE=0"; TERN_GEMV1_NORM_PRE=0 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_GEMV1_PRE=2"; TERN_GEMV1_PRE=2 build-cuda/tern-cuda-tests --only gemv
 	echo "TERN_ATTN_TC=0"; TERN_ATTN_TC=0 build-cuda/tern-cuda-tests --only attention
+	echo "TERN_ATTN_CLUSTER=0"; TERN_ATTN_CLUSTER=0 build-cuda/tern-cuda-tests --only attention
+	echo "TERN_ATTN_PRE=0"; TERN_ATTN_PRE=0 build-cuda/tern-cuda-tests --only attention
 	echo "TERN_MOE_IDOT8=0"; TERN_MOE_IDOT8=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0"; TERN_MOE_GU_PDL=0 TERN_MOE_DN_TRIGGER=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_SEG=0"; TERN_MOE_SEG=0 build-cuda/tern-cuda-tests --only moe

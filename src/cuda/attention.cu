@@ -44,8 +44,12 @@
  * positions < pos0 + t + 1: correct but re-reads K and V per token.
  *
  * Both kernels are launched with programmatic dependent launch: they wait
- * (pdl_wait) before their first read and let the next kernel launch
- * (pdl_trigger) right after it. */
+ * (pdl_wait) before their first read of what attn_prep writes and let the
+ * next kernel launch (pdl_trigger) right after it; the tensor-core split
+ * kernel requests its first chunks of rows before pos0 (the cache of earlier
+ * steps) before it waits (TERN_ATTN_PRE=0: after). One token at up to 16
+ * splits merges its splits in a cluster instead of the combine kernel (see
+ * att_cluster_merge; TERN_ATTN_CLUSTER=0: the combine kernel). */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -88,15 +92,14 @@ template <int Q>
 __device__ __forceinline__ bool att_block_of(const tern_cuda_attn_dims &dm, int pos0, int T, int ns, att_block &b) {
     int n_last = pos0 + T, sl = att_split_len(n_last, ns), used = (n_last + sl - 1) / sl;
     b.split = blockIdx.x;
-    if (b.split >= used) return false;
     int G = dm.n_heads / dm.n_kv, ngq = (G + Q - 1) / Q;
     b.kvh = blockIdx.y / ngq;
     b.t = blockIdx.z;
     b.h0 = b.kvh * G + (blockIdx.y % ngq) * Q;
     b.nq = min(Q, b.kvh * G + G - b.h0);
     b.j0 = b.split * sl;
-    b.len = max(0, min(sl, pos0 + b.t + 1 - b.j0));
-    return true;
+    b.len = max(0, min(sl, pos0 + b.t + 1 - b.j0));   /* (0 past the context) */
+    return b.split < used;
 }
 
 /* ---- the split kernel ------------------------------------------------------ */
@@ -471,27 +474,133 @@ __device__ __forceinline__ void tc_issue(uint8_t *st, int rowst, int vb, const k
     }
 }
 
+/* ---- the splits merged inside a cluster (one token, few splits) -----------
+ * At a short context the combine kernel is a launch of its own in the
+ * step's chain: its boundary and its read of the records cost ~3.8 us a
+ * layer (docs/PERFORMANCE.md step 70). When the
+ * splits of a KV head fit one thread-block cluster (ns <= 16 blocks, one
+ * token), each block keeps its record (the warps' merge, in place over
+ * warp 0's outputs, and its (max, sum) per query) in shared memory; after
+ * a cluster barrier block r merges outputs r, r + ns x threads, .. of the
+ * nq x hd (query, dim) pairs from every block's record through distributed
+ * shared memory, splits in ascending order, and applies the gate: the
+ * combine kernel's result without its launch. A second barrier keeps every
+ * record alive until its readers are done. Blocks past the context take
+ * part with an empty record (max -inf, sum 0). */
+__device__ __forceinline__ unsigned cl_map(const void *p, unsigned rank) {
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ float cl_ld(unsigned a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* The warps' records (as att_finish) merged into rec = mo's first Q x hd
+ * floats (each thread reads its (query, dims) of every warp before writing
+ * them: in place is safe) and tot's (max, sum) per query. */
+template <int Q>
+__device__ void att_finish_local(float *mo, const float *wm, const float *wl, float *wgt, float *tot, int hd, int nq) {
+    if (threadIdx.x < Q) {
+        int i = threadIdx.x;
+        float M = -INFINITY, l = 0.0f;
+        for (int w = 0; w < ATT_W; w++) M = fmaxf(M, wm[w * Q + i]);
+        for (int w = 0; w < ATT_W; w++) {
+            float mw = wm[w * Q + i], a = mw > -INFINITY ? expf(mw - M) : 0.0f;
+            wgt[w * Q + i] = a;
+            l = fmaf(a, wl[w * Q + i], l);
+        }
+        tot[2 * i] = M;
+        tot[2 * i + 1] = l;
+    }
+    __syncthreads();
+    int hd4 = hd / 4;
+    for (int it = threadIdx.x; it < nq * hd4; it += blockDim.x) {
+        int i = it / hd4, d = (it - i * hd4) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < ATT_W; w++) {
+            float a = wgt[w * Q + i];
+            float4 x = *(const float4 *)(mo + ((size_t)w * Q + i) * hd + d);
+            acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
+            acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
+        }
+        *(float4 *)(mo + (size_t)i * hd + d) = acc;
+    }
+}
+
+/* The cluster's merge (see above): ns blocks, this one rank blockIdx.x. */
+__device__ void att_cluster_merge(const float *rec, const float *tot, int hd, int nq, int ns, const float *qg,
+                                  int t, int nh, int h0, float *o) {
+    cl_sync();   /* every block's record complete and visible */
+    const int rank = blockIdx.x, n = nq * hd;
+    for (int it = rank * blockDim.x + threadIdx.x; it < n; it += ns * blockDim.x) {
+        const int i = it / hd, d = it - i * hd;
+        float ms[16], ls[16], os[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            if (r < ns) {
+                ms[r] = cl_ld(cl_map(tot + 2 * i, r));
+                ls[r] = cl_ld(cl_map(tot + 2 * i + 1, r));
+                os[r] = cl_ld(cl_map(rec + (size_t)i * hd + d, r));
+            }
+        float M = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            if (r < ns) M = fmaxf(M, ms[r]);
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            if (r < ns) {
+                const float w = ms[r] > -INFINITY ? expf(ms[r] - M) : 0.0f;
+                L = fmaf(w, ls[r], L);
+                acc = fmaf(w, os[r], acc);
+            }
+        const float gate = qg[((size_t)t * nh + h0 + i) * 2 * hd + hd + d];
+        o[((size_t)t * nh + h0 + i) * hd + d] = acc / L * sigmoid_f(gate);
+    }
+    cl_sync();   /* the records are read: blocks may leave */
+}
+
 /* HD: the head dimension (a multiple of 32, at most 256), a template
- * argument so the queries' and outputs' fragments stay in registers. */
-template <int HD>
+ * argument so the queries' and outputs' fragments stay in registers. CL:
+ * the splits merged in the cluster (att_cluster_merge; o the output, part
+ * unused), else records into part for the combine kernel. */
+template <int HD, bool CL>
 __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     attn_split_tc_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg, const uint8_t *kc, const uint8_t *vc,
-                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part) {
+                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out, int pre) {
     constexpr int KS = HD / 16, VB = HD * 2, ROWST = 2 * VB + 16, STAGE = TC_R * ROWST;
     extern __shared__ __align__(16) uint8_t smem[];
-    pdl_wait();      /* q and the current rows come from attn_prep */
-    pdl_trigger();
+    /* the position is the step's (copied in before the step's kernels
+     * run), and attn_prep writes only the rows of this call's tokens, at
+     * pos0 and after: the warp's first chunks wholly below pos0 are
+     * requested before the wait, under attn_prep, the rest after it */
+    if (pos_dev) pos0 = __ldcg(pos_dev);
     att_block b;
-    if (!att_block_of<TC_Q>(dm, pos_dev ? *pos_dev : pos0, T, ns, b)) return;
+    /* (CL: a block past the context stays for the cluster's barriers, with
+     * no rows: len 0) */
+    const bool live = att_block_of<TC_Q>(dm, pos0, T, ns, b);
     const int split = b.split, kvh = b.kvh, t = b.t, h0 = b.h0, nq = b.nq, j0 = b.j0, len = b.len;
     int nh = dm.n_heads;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int first = kvh * HD;
     uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
     int nchunks = (len + TC_R - 1) / TC_R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
-
-#pragma unroll
-    for (int k = 0; k < TC_S - 1; k++) {
+    int kpre = 0;   /* chunks requested before the wait: a prefix (commit groups stay in chunk order) */
+    for (; pre && live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0; kpre++) {
+        tc_issue(wst + kpre * STAGE, ROWST, VB, L, kc, vc, j0, warp + kpre * ATT_W, len, first, HD / 8, lane);
+        cp_async_commit();
+    }
+    pdl_wait();      /* q and the current rows come from attn_prep */
+    pdl_trigger();
+    if (!live && !CL) return;
+    for (int k = kpre; k < TC_S - 1; k++) {
         if (k < mine) tc_issue(wst + k * STAGE, ROWST, VB, L, kc, vc, j0, warp + k * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
     }
@@ -597,7 +706,12 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
         wl[warp * TC_Q + g] = lsum;
     }
     __syncthreads();
-    att_finish<TC_Q>(mo, wm, wl, wgt, tot, HD, nq, t, nh, h0, ns, split, T, part);
+    if constexpr (CL) {
+        att_finish_local<TC_Q>(mo, wm, wl, wgt, tot, HD, nq);
+        att_cluster_merge(mo, tot, HD, nq, ns, qg, t, nh, h0, out);
+    } else {
+        att_finish<TC_Q>(mo, wm, wl, wgt, tot, HD, nq, t, nh, h0, ns, split, T, part);
+    }
 }
 
 /* 1 if the tensor-core split kernel takes these dims (TERN_ATTN_TC=0
@@ -609,27 +723,107 @@ static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
     return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }
 
-template <int HD>
-static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
-                                   const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev,
-                                   float scale, float *part) {
+template <int HD> static size_t tc_smem() {
     size_t stage_all = (size_t)ATT_W * TC_S * TC_R * (4 * HD + 16), merge_all = (size_t)ATT_W * TC_Q * HD * sizeof(float);
-    size_t smem = (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
-    int G = d.n_heads / d.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
-    cudaFuncSetAttribute(attn_split_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    return launch_pdl(attn_split_tc_kernel<HD>, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, s, d, L, qg, kc, vc,
-                      pos0, pos_dev, T, ns, scale, part);
+    return (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
 }
 
-static cudaError_t launch_split_tc_hd(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
-                                      const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
-                                      const int *pos_dev, float scale, float *part) {
+/* cl > 0: a cluster of cl = ns blocks along the splits (CL form) */
+template <int HD, bool CL>
+static cudaError_t launch_split_tc(int ns, int cl, int T, cudaStream_t s, const tern_cuda_attn_dims &d,
+                                   const kv_layout &L, const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
+                                   const int *pos_dev, float scale, float *part, float *o) {
+    size_t smem = tc_smem<HD>();
+    int G = d.n_heads / d.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
+    void (*kern)(tern_cuda_attn_dims, kv_layout, const float *, const uint8_t *, const uint8_t *, int, const int *,
+                 int, int, float, float *, float *, int) = attn_split_tc_kernel<HD, CL>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static int pre_on = -1;   /* TERN_ATTN_PRE=0: every chunk requested after the wait */
+    const int pre = switch_on(&pre_on, "TERN_ATTN_PRE");
+    if (!CL)
+        return launch_pdl(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, s, d, L, qg, kc, vc, pos0, pos_dev,
+                          T, ns, scale, part, o, pre);
+    if (cl > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ns, d.n_kv * ngq, T);
+    cfg.blockDim = dim3(ATT_W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
+    cfg.attrs = at;
+    cfg.numAttrs = 2;
+    carveout_max((const void *)kern);
+    return cudaLaunchKernelEx(&cfg, kern, d, L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
+}
+
+template <bool CL>
+static cudaError_t launch_split_tc_hd(int ns, int cl, int T, cudaStream_t s, const tern_cuda_attn_dims &d,
+                                      const kv_layout &L, const float *qg, const uint8_t *kc, const uint8_t *vc,
+                                      int pos0, const int *pos_dev, float scale, float *part, float *o) {
     switch (d.head_dim) {
-    case 32: return launch_split_tc<32>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
-    case 64: return launch_split_tc<64>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
-    case 128: return launch_split_tc<128>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
-    default: return launch_split_tc<256>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
+    case 32: return launch_split_tc<32, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 64: return launch_split_tc<64, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 128: return launch_split_tc<128, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    default: return launch_split_tc<256, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
     }
+}
+
+/* The largest cluster (16, else 8, else 0: none) a launch of the CL
+ * kernel for head_dim HD can be scheduled with, asked once per HD. */
+template <int HD> static int tc_cluster_max(int n_kv) {
+    static int known = -1;
+    if (known >= 0) return known;
+    known = 0;
+    void (*kern)(tern_cuda_attn_dims, kv_layout, const float *, const uint8_t *, const uint8_t *, int, const int *,
+                 int, int, float, float *, float *, int) = attn_split_tc_kernel<HD, true>;
+    size_t smem = tc_smem<HD>();
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    for (int cl = 16; cl >= 8 && !known; cl /= 2) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(cl, n_kv > 0 ? n_kv : 1, 1);
+        cfg.blockDim = dim3(ATT_W * 32);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = cl;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) == cudaSuccess && n > 0) known = cl;
+        else cudaGetLastError();
+    }
+    return known;
+}
+
+static int tc_cluster_max_hd(int hd, int n_kv) {
+    switch (hd) {
+    case 32: return tc_cluster_max<32>(n_kv);
+    case 64: return tc_cluster_max<64>(n_kv);
+    case 128: return tc_cluster_max<128>(n_kv);
+    default: return tc_cluster_max<256>(n_kv);
+    }
+}
+
+/* The cluster form's splits for one token planned for contexts up to n:
+ * as many as att_splits plans, at most the largest cluster, when that
+ * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form.
+ * TERN_ATTN_CLUSTER=0 turns it off. */
+#define ATT_CL_LEN 64
+static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
+    static int on = -1;
+    if (!switch_on(&on, "TERN_ATTN_CLUSTER") || T != 1) return 0;
+    int cl = tc_cluster_max_hd(d->head_dim, d->n_kv);
+    if (cl < 1 || (int64_t)n > (int64_t)cl * ATT_CL_LEN) return 0;
+    return ns < cl ? ns : cl;
 }
 
 /* ---- the merge of the splits ----------------------------------------------- */
@@ -772,7 +966,17 @@ static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const floa
     kv_layout kl = kv_of(L);
     float *part = (float *)work;
     cudaError_t e;
-    if (att_tc_ok(*d, L, al)) e = launch_split_tc_hd(ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
+    int ncl = att_tc_ok(*d, L, al) ? att_cluster_splits(d, T, n_plan, ns) : 0;
+    if (ncl) {   /* the splits merged in their cluster: no combine */
+        e = launch_split_tc_hd<true>(ncl, ncl, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return tern_fail(err, "attention split (cluster): %s", cudaGetErrorString(e));
+        }
+        return 0;
+    }
+    if (att_tc_ok(*d, L, al))
+        e = launch_split_tc_hd<false>(ns, 0, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
     else if (L->bits == 16) e = launch_split_bits<16>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else if (L->bits == 8) e = launch_split_bits<8>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else e = launch_split_bits<4>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);

@@ -376,7 +376,11 @@ int tern_cuda_attn_prep_at(const tern_cuda_attn_dims *d, const tern_kvq *L, floa
  * layout L (16/8/4 bits) in kcache/vcache. Split-K (flash-decoding): the
  * positions are cut into splits, each block scores one split for the query
  * heads sharing a KV head, and a second kernel combines the splits'
- * partial softmax sums. n_ctx_max >= pos0 + T sizes the workspace. */
+ * partial softmax sums (one token with at most 16 splits, 16-bit KV: the
+ * splits of a KV head form a thread-block cluster and merge there, one
+ * launch). Rows before pos0 are read from the moment the launch starts
+ * (under the previous op, programmatic dependent launch), the rows of this
+ * call's tokens after it. n_ctx_max >= pos0 + T sizes the workspace. */
 size_t tern_cuda_attention_workspace(const tern_cuda_attn_dims *d, int T, int n_ctx_max);
 int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                         const uint8_t *vcache, int T, int pos0, float scale, void *work, size_t work_bytes,
@@ -384,7 +388,9 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
 /* The same with pos0 read on the device from *pos_dev; the splits are
  * planned for a context of n_plan >= pos0 + T (positions past pos0 + T
  * leave their splits empty), so one captured step serves every position
- * up to n_plan. */
+ * up to n_plan. *pos_dev is read at the launch's start, so it must be
+ * written before the op enqueued just before this one (the engine copies
+ * it in before the step). */
 int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                            const uint8_t *vcache, int T, const int *pos_dev, int n_plan, float scale, void *work,
                            size_t work_bytes, float *o, tern_stream s, tern_error *err);

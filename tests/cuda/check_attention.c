@@ -107,7 +107,8 @@ static void att_ref64(const tern_kvq *L, int nh, int hd, int T, int pos0, const 
 /* timed: 1 times tern_cuda_attention, 2 also the device-position form
  * planned for about twice the context (a captured decode step just past a
  * power of two) */
-static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed) {
+/* plan: the device-position form's planned context (0: 2 n + 100) */
+static void att_case_plan(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed, int plan) {
     tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
@@ -153,7 +154,7 @@ static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int 
     /* the position read on the device, splits planned for a longer context
      * (the captured decode step's form): empty splits must not count */
     {
-        int n_plan = 2 * n + 100;
+        int n_plan = plan ? plan : 2 * n + 100;
         size_t wb2 = tern_cuda_attention_workspace(&d, T, n_plan);
         void *work2 = dev_alloc(wb2);
         int *dpos = dev_upload(&pos0, sizeof pos0);
@@ -179,6 +180,10 @@ static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int 
     free(K); free(V); free(row); free(qg); free(ref); free(ref64); free(got); free(scores);
 }
 
+static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed) {
+    att_case_plan(ck, nh, nkv, hd, bits, T, pos0, timed, 0);
+}
+
 void check_attention(checker *ck) {
     for (int bits = 16; bits >= 4; bits /= 2) {
         att_case(ck, 16, 2, 256, bits, 1, 0, 0);
@@ -197,6 +202,16 @@ void check_attention(checker *ck) {
     att_case(ck, 20, 1, 64, 16, 1, 500, 0);        /* 20 heads per KV head: three query groups */
     att_case(ck, 8, 1, 32, 16, 3, 40, 0);          /* 16-bit rows of 64 bytes: the tensor-core kernel's smallest */
     att_case(ck, 4, 1, 128, 16, 2, 77, 0);         /* 4 queries a block (the rest padding), rows in part chunks */
+    /* one token, 16-bit, contexts up to 1024: the splits merged in a
+     * cluster (TERN_ATTN_CLUSTER=0 the combine kernel); the decode step's
+     * plan (the next power of two), most splits past the context, other
+     * head sizes and query groups */
+    att_case_plan(ck, 16, 2, 256, 16, 1, 639, 0, 1024);
+    att_case_plan(ck, 16, 2, 256, 16, 1, 99, 0, 1024);
+    att_case_plan(ck, 16, 2, 256, 16, 1, 1023, 0, 1024);
+    att_case_plan(ck, 8, 1, 128, 16, 1, 300, 0, 512);
+    att_case_plan(ck, 20, 1, 64, 16, 1, 200, 0, 256);
+    att_case_plan(ck, 4, 1, 32, 16, 1, 40, 0, 64);
 }
 
 /* ---- prefill (flash-style) -----------------------------------------------------

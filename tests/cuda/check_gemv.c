@@ -288,8 +288,13 @@ void check_gemv(checker *ck) {
     gemv1_case(ck, 12352, 2048, 4, 0, 64, 2, 1);
     gemv1_case(ck, 12352, 2048, 8, 0, 64, 2, 1);
     gemv1_case(ck, 2048, 4096, 4, 0, 64, 0, 1);
+    /* staged by default; under TERN_GEMV1=regs more row groups than the
+     * resident warps, so a warp walks several (its next tile a tile ahead) */
+    gemv1_case(ck, 8192, 4096, 4, 0, 32, 1, 0);
     gemv1_case(ck, 2048, 4096, 8, 0, 64, 0, 1);
     gemv1_case(ck, 256, 2048, 4, 0, 64, 2, 1);
+    gemv1_case(ck, 256, 2048, 8, 0, 64, 3, 0);    /* the router at 8 bits: four chunks a lane */
+    gemv1_case(ck, 200, 2048, 4, 0, 32, 1, 0);    /* fewer rows than the warps' groups */
     gemv1_case(ck, 248320, 2048, 4, 0, 64, 3, 1);
     gemv1_case(ck, 248320, 2048, 8, 0, 64, 3, 1);
     gemv1_case(ck, 9216, 2048, 4, 0, 128, 1, 0);
