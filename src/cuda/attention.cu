@@ -35,7 +35,8 @@
  * blocks per SM, at least 32 positions a split); their length sl is
  * computed on the device from the actual context (pos_dev), so a step
  * captured for a longer plan still spreads its positions over all the
- * blocks; splits past the context exit at once and are not merged.
+ * blocks; splits past the context exit at once and are not merged (in the
+ * cluster form they stay, with empty records, for the cluster's barriers).
  *
  * Layout of the work area: outputs [T][n_heads][ns][head_dim] floats, then
  * stats [T][n_heads][ns][2] (max, sum).
@@ -537,9 +538,16 @@ __device__ void att_finish_local(float *mo, const float *wm, const float *wl, fl
 /* The cluster's merge (see above): ns blocks, this one rank blockIdx.x. */
 __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, int nq, int ns, const float *qg,
                                   int t, int nh, int h0, float *o) {
+    unsigned rank, size;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    /* the launch's cluster is its ns splits (a graph updated in place to
+     * other splits must have taken the new cluster size too): anything else
+     * would merge part of the splits, so stop rather than answer wrong */
+    if (size != (unsigned)ns) __trap();
     cl_sync();   /* every block's record complete and visible */
-    const int rank = blockIdx.x, n = nq * hd;
-    for (int it = rank * blockDim.x + threadIdx.x; it < n; it += ns * blockDim.x) {
+    const int n = nq * hd;
+    for (int it = (int)rank * blockDim.x + threadIdx.x; it < n; it += ns * blockDim.x) {
         const int i = it / hd, d = it - i * hd;
         float ms[16], ls[16], os[16];
 #pragma unroll
@@ -785,6 +793,7 @@ template <int HD> static int tc_cluster_max(int n_kv) {
     size_t smem = tc_smem<HD>();
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    carveout_max((const void *)kern);   /* (as its launches will have it) */
     for (int cl = 16; cl >= 8 && !known; cl /= 2) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(cl, n_kv > 0 ? n_kv : 1, 1);
@@ -821,9 +830,9 @@ static int tc_cluster_max_hd(int hd, int n_kv) {
 static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
     static int on = -1;
     if (!switch_on(&on, "TERN_ATTN_CLUSTER") || T != 1) return 0;
-    int cl = tc_cluster_max_hd(d->head_dim, d->n_kv);
-    if (cl < 1 || (int64_t)n > (int64_t)cl * ATT_CL_LEN) return 0;
-    return ns < cl ? ns : cl;
+    int cl = tc_cluster_max_hd(d->head_dim, d->n_kv), ncl = ns < cl ? ns : cl;
+    if (ncl < 1 || (int64_t)n > (int64_t)ncl * ATT_CL_LEN) return 0;
+    return ncl;
 }
 
 /* ---- the merge of the splits ----------------------------------------------- */

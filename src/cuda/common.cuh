@@ -58,8 +58,11 @@ static inline int switch_opt_in(int *on, const char *name) {
  * writes (weights, the recurrent state of an earlier token), then
  * pdl_wait() blocks until the predecessor has finished and its writes are
  * visible. Rule for every kernel launched this way: no global write, and
- * no read of anything an earlier kernel of the stream writes, before
- * pdl_wait(). pdl_trigger() lets the successor launch early (once every
+ * no read of anything its predecessor writes, before pdl_wait(). What
+ * kernels before the predecessor wrote may be read before it: every kernel
+ * of the step waits before it triggers, so they have finished when this one
+ * starts (and the step's inputs, copied in before the step, too: the
+ * attention's position, the DeltaNet state of an earlier token). pdl_trigger() lets the successor launch early (once every
  * block of this grid has called it or exited). Both are no-ops in a kernel
  * launched the ordinary way. TERN_CUDA_PDL=0 turns the attribute off. */
 __device__ __forceinline__ void pdl_wait() {

@@ -1279,6 +1279,14 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
     int other_rule = g->key_rule.on != (rule != NULL) || (rule && memcmp(&g->key_rule.r, rule, sizeof *rule));
     if (!g->graph || moved || other_rule || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan ||
         g->key.one_launch != g->one_launch) {
+        /* a new plan changes the attention's splits, and with them the
+         * cluster size of its launch (tern_cuda_attention_at), a launch
+         * attribute an update in place is not relied on to carry: a graph of
+         * its own */
+        if (g->graph && g->key.n_plan != n_plan) {
+            tern_cuda_graph_destroy(g->graph);
+            g->graph = NULL;
+        }
         g->pos_dev = (const int *)(g->step_dev + STEP_POS);
         g->n_plan = n_plan;
         if (tern_cuda_capture_begin(g->stream, err)) return -1;
