@@ -5,7 +5,9 @@
  * Tolerances: 1e-5 of max |y| (fp32, a sum of squares over n <= 2048 in
  * another order, cosf/sinf within an ulp or two of glibc's); the cache
  * rows exactly: the GPU quantizes its own k (and the given v) and the CPU
- * quantizer fed the same floats must write the same bytes. */
+ * quantizer fed the same floats must write the same bytes. And attn_prep
+ * then the attention as the decode step chains them, bit for bit against
+ * the two with a synchronisation between (prep_chain_case). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +177,73 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
     free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(gq); free(gk); free(gkc); free(gvc);
 }
 
+/* attn_prep then the attention on one stream, as the decode step runs them
+ * (programmatic dependent launch: the attention's split kernel starts under
+ * attn_prep and requests the rows before the token's early), against the
+ * same two ops with a synchronisation between them: bit for bit. The
+ * token's row is poisoned before, so a split that read it before attn_prep
+ * wrote it shows. plan: the attention's planned context (1,024: the splits
+ * merged in a cluster; 4,096: the combine kernel). */
+static void prep_chain_case(checker *ck, int pos0, int plan) {
+    const int nh = 16, nkv = 2, hd = 256, rope = 64, bits = 16;
+    tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f};
+    tern_kvq L;
+    if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
+    size_t nq = (size_t)nh * 2 * hd, nk = (size_t)nkv * hd, no = (size_t)nh * hd;
+    size_t cache = (size_t)(pos0 + 1) * L.row_bytes;
+    float *qg = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4), *qn = xmalloc((size_t)hd * 4),
+          *kn = xmalloc((size_t)hd * 4), *inv = rope_freqs(rope, 1e7), *row = xmalloc((size_t)L.row_len * 4);
+    uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
+    for (int j = 0; j < pos0; j++) {
+        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
+        tern_kv_quantize_row(&L, row, K + (size_t)j * L.row_bytes);
+        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
+        tern_kv_quantize_row(&L, row, V + (size_t)j * L.row_bytes);
+    }
+    memset(K + (size_t)pos0 * L.row_bytes, 0x7b, L.row_bytes);   /* f16 0x7b7b: ~6.2e4 */
+    memset(V + (size_t)pos0 * L.row_bytes, 0x7b, L.row_bytes);
+    rnd_floats(ck, qg, nq, 1.0f);
+    rnd_floats(ck, k, nk, 1.0f);
+    rnd_floats(ck, v, nk, 1.0f);
+    rnd_floats(ck, qn, (size_t)hd, 0.1f);
+    rnd_floats(ck, kn, (size_t)hd, 0.1f);
+    float *dqn = dev_upload(qn, (size_t)hd * 4), *dkn = dev_upload(kn, (size_t)hd * 4);
+    float *dinv = dev_upload(inv, (size_t)rope / 2 * 4), *dv = dev_upload(v, nk * 4);
+    int *dpos = dev_upload(&pos0, sizeof pos0);
+    size_t wb = tern_cuda_attention_workspace(&d, 1, plan);
+    void *work = dev_alloc(wb);
+    float *got[2];
+    tern_error err;
+    for (int sep = 0; sep < 2; sep++) {   /* 0: chained, 1: synchronised between */
+        float *dqg = dev_upload(qg, nq * 4), *dk = dev_upload(k, nk * 4);
+        uint8_t *kc = dev_upload(K, cache), *vc = dev_upload(V, cache);
+        float *dout = dev_poison(no);
+        if (tern_cuda_attn_prep_at(&d, &L, dqg, dk, dv, dqn, dkn, dinv, 1, dpos, kc, vc, ck->stream, &err))
+            die_err("attn_prep", &err);
+        if (sep) dev_sync(ck, "attn_prep");
+        if (tern_cuda_attention_at(&d, &L, dqg, kc, vc, 1, dpos, plan, 1.0f / sqrtf((float)hd), work, wb, dout,
+                                   ck->stream, &err))
+            die_err("attention_at", &err);
+        dev_sync(ck, "attention_at");
+        got[sep] = xmalloc(no * 4);
+        dev_download(got[sep], dout, no * 4);
+        tern_cuda_free(dqg); tern_cuda_free(dk); tern_cuda_free(kc); tern_cuda_free(vc); tern_cuda_free(dout);
+    }
+    long bad = 0;
+    for (size_t i = 0; i < no; i++) bad += memcmp(&got[0][i], &got[1][i], 4) != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "%dq/%dkv x %d kv%d pos %d plan %d", nh, nkv, hd, bits, pos0, plan);
+    report_exact(ck, "attn_prep>attention", shape, bad, (long)no);
+    tern_cuda_free(dqn); tern_cuda_free(dkn); tern_cuda_free(dinv); tern_cuda_free(dv); tern_cuda_free(dpos);
+    tern_cuda_free(work);
+    free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(row); free(K); free(V); free(got[0]);
+    free(got[1]);
+}
+
 void check_attn_prep(checker *ck) {
+    prep_chain_case(ck, 639, 1024);
+    prep_chain_case(ck, 64, 1024);
+    prep_chain_case(ck, 3000, 4096);
     prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1, 0);
     prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 0, 1);
     prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0, 0);
