@@ -199,9 +199,12 @@ template <int H> __device__ __forceinline__ void rs_step(float (&v)[32]) {
 /* The end of a split block: the warps' records (mo [W][Q][hd] unnormalised
  * outputs, wm / wl [W][Q] maxima and exp-sums, in shared memory and
  * synchronised) merged in warp order and written as the split's record of
- * each of its nq queries. */
-template <int Q>
-__device__ void att_finish(const float *mo, const float *wm, const float *wl, float *wgt, float *tot, int hd, int nq,
+ * each of its nq queries; LOCAL (the cluster's merge, part unused): kept in
+ * shared memory instead, the outputs over warp 0's (each thread reads its
+ * (query, dims) of every warp before writing them: in place is safe) and the
+ * (max, sum) per query in tot. */
+template <int Q, bool LOCAL = false>
+__device__ void att_finish(float *mo, const float *wm, const float *wl, float *wgt, float *tot, int hd, int nq,
                            int t, int nh, int h0, int ns, int split, int T, float *part) {
     if (threadIdx.x < Q) {
         int i = threadIdx.x;
@@ -229,11 +232,15 @@ __device__ void att_finish(const float *mo, const float *wm, const float *wl, fl
             acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
             acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
         }
-        size_t rec = rec0 + (size_t)i * ns;
-        *(float4 *)(po + rec * hd + d) = acc;
-        if (d == 0) {
-            pml[2 * rec] = tot[2 * i];
-            pml[2 * rec + 1] = tot[2 * i + 1];
+        if constexpr (LOCAL) {
+            *(float4 *)(mo + (size_t)i * hd + d) = acc;
+        } else {
+            size_t rec = rec0 + (size_t)i * ns;
+            *(float4 *)(po + rec * hd + d) = acc;
+            if (d == 0) {
+                pml[2 * rec] = tot[2 * i];
+                pml[2 * rec + 1] = tot[2 * i + 1];
+            }
         }
     }
 }
@@ -488,51 +495,10 @@ __device__ __forceinline__ void tc_issue(uint8_t *st, int rowst, int vb, const k
  * combine kernel's result without its launch. A second barrier keeps every
  * record alive until its readers are done. Blocks past the context take
  * part with an empty record (max -inf, sum 0). */
-__device__ __forceinline__ unsigned cl_map(const void *p, unsigned rank) {
-    unsigned a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-    return a;
-}
 __device__ __forceinline__ float cl_ld(unsigned a) {
     float v;
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
     return v;
-}
-__device__ __forceinline__ void cl_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* The warps' records (as att_finish) merged into rec = mo's first Q x hd
- * floats (each thread reads its (query, dims) of every warp before writing
- * them: in place is safe) and tot's (max, sum) per query. */
-template <int Q>
-__device__ void att_finish_local(float *mo, const float *wm, const float *wl, float *wgt, float *tot, int hd, int nq) {
-    if (threadIdx.x < Q) {
-        int i = threadIdx.x;
-        float M = -INFINITY, l = 0.0f;
-        for (int w = 0; w < ATT_W; w++) M = fmaxf(M, wm[w * Q + i]);
-        for (int w = 0; w < ATT_W; w++) {
-            float mw = wm[w * Q + i], a = mw > -INFINITY ? expf(mw - M) : 0.0f;
-            wgt[w * Q + i] = a;
-            l = fmaf(a, wl[w * Q + i], l);
-        }
-        tot[2 * i] = M;
-        tot[2 * i + 1] = l;
-    }
-    __syncthreads();
-    int hd4 = hd / 4;
-    for (int it = threadIdx.x; it < nq * hd4; it += blockDim.x) {
-        int i = it / hd4, d = (it - i * hd4) * 4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int w = 0; w < ATT_W; w++) {
-            float a = wgt[w * Q + i];
-            float4 x = *(const float4 *)(mo + ((size_t)w * Q + i) * hd + d);
-            acc.x = fmaf(a, x.x, acc.x); acc.y = fmaf(a, x.y, acc.y);
-            acc.z = fmaf(a, x.z, acc.z); acc.w = fmaf(a, x.w, acc.w);
-        }
-        *(float4 *)(mo + (size_t)i * hd + d) = acc;
-    }
 }
 
 /* The cluster's merge (see above): ns blocks, this one rank blockIdx.x. */
@@ -545,7 +511,8 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
      * other splits must have taken the new cluster size too): anything else
      * would merge part of the splits, so stop rather than answer wrong */
     if (size != (unsigned)ns) __trap();
-    cl_sync();   /* every block's record complete and visible */
+    cluster_arrive();   /* every block's record complete and visible */
+    cluster_wait();
     const int n = nq * hd;
     for (int it = (int)rank * blockDim.x + threadIdx.x; it < n; it += ns * blockDim.x) {
         const int i = it / hd, d = it - i * hd;
@@ -553,9 +520,9 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
 #pragma unroll
         for (int r = 0; r < 16; r++)
             if (r < ns) {
-                ms[r] = cl_ld(cl_map(tot + 2 * i, r));
-                ls[r] = cl_ld(cl_map(tot + 2 * i + 1, r));
-                os[r] = cl_ld(cl_map(rec + (size_t)i * hd + d, r));
+                ms[r] = cl_ld(cluster_map(tot + 2 * i, r));
+                ls[r] = cl_ld(cluster_map(tot + 2 * i + 1, r));
+                os[r] = cl_ld(cluster_map(rec + (size_t)i * hd + d, r));
             }
         float M = -INFINITY;
 #pragma unroll
@@ -572,7 +539,8 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
         const float gate = qg[((size_t)t * nh + h0 + i) * 2 * hd + hd + d];
         o[((size_t)t * nh + h0 + i) * hd + d] = acc / L * sigmoid_f(gate);
     }
-    cl_sync();   /* the records are read: blocks may leave */
+    cluster_arrive();   /* the records are read: blocks may leave */
+    cluster_wait();
 }
 
 /* HD: the head dimension (a multiple of 32, at most 256), a template
@@ -601,7 +569,8 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
     int nchunks = (len + TC_R - 1) / TC_R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
     int kpre = 0;   /* chunks requested before the wait: a prefix (commit groups stay in chunk order) */
-    for (; pre && live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0; kpre++) {
+    for (; pre && live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0;
+         kpre++) {
         tc_issue(wst + kpre * STAGE, ROWST, VB, L, kc, vc, j0, warp + kpre * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
     }
@@ -714,12 +683,8 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
         wl[warp * TC_Q + g] = lsum;
     }
     __syncthreads();
-    if constexpr (CL) {
-        att_finish_local<TC_Q>(mo, wm, wl, wgt, tot, HD, nq);
-        att_cluster_merge(mo, tot, HD, nq, ns, qg, t, nh, h0, out);
-    } else {
-        att_finish<TC_Q>(mo, wm, wl, wgt, tot, HD, nq, t, nh, h0, ns, split, T, part);
-    }
+    att_finish<TC_Q, CL>(mo, wm, wl, wgt, tot, HD, nq, t, nh, h0, ns, split, T, part);
+    if constexpr (CL) att_cluster_merge(mo, tot, HD, nq, ns, qg, t, nh, h0, out);
 }
 
 /* 1 if the tensor-core split kernel takes these dims (TERN_ATTN_TC=0
@@ -736,49 +701,31 @@ template <int HD> static size_t tc_smem() {
     return (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
 }
 
-/* cl > 0: a cluster of cl = ns blocks along the splits (CL form) */
+/* CL: the ns splits of a KV head one cluster */
 template <int HD, bool CL>
-static cudaError_t launch_split_tc(int ns, int cl, int T, cudaStream_t s, const tern_cuda_attn_dims &d,
-                                   const kv_layout &L, const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
-                                   const int *pos_dev, float scale, float *part, float *o) {
+static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                                   const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev,
+                                   float scale, float *part, float *o) {
     size_t smem = tc_smem<HD>();
     int G = d.n_heads / d.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
-    void (*kern)(tern_cuda_attn_dims, kv_layout, const float *, const uint8_t *, const uint8_t *, int, const int *,
-                 int, int, float, float *, float *, int) = attn_split_tc_kernel<HD, CL>;
+    auto kern = attn_split_tc_kernel<HD, CL>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (CL && ns > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     static int pre_on = -1;   /* TERN_ATTN_PRE=0: every chunk requested after the wait */
     const int pre = switch_on(&pre_on, "TERN_ATTN_PRE");
-    if (!CL)
-        return launch_pdl(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, s, d, L, qg, kc, vc, pos0, pos_dev,
-                          T, ns, scale, part, o, pre);
-    if (cl > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ns, d.n_kv * ngq, T);
-    cfg.blockDim = dim3(ATT_W * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
-    cfg.attrs = at;
-    cfg.numAttrs = 2;
-    carveout_max((const void *)kern);
-    return cudaLaunchKernelEx(&cfg, kern, d, L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
+    return launch_pdl_cluster(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, CL ? (unsigned)ns : 0u, s, d,
+                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
 }
 
 template <bool CL>
-static cudaError_t launch_split_tc_hd(int ns, int cl, int T, cudaStream_t s, const tern_cuda_attn_dims &d,
-                                      const kv_layout &L, const float *qg, const uint8_t *kc, const uint8_t *vc,
-                                      int pos0, const int *pos_dev, float scale, float *part, float *o) {
+static cudaError_t launch_split_tc_hd(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
+                                      const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
+                                      const int *pos_dev, float scale, float *part, float *o) {
     switch (d.head_dim) {
-    case 32: return launch_split_tc<32, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
-    case 64: return launch_split_tc<64, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
-    case 128: return launch_split_tc<128, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
-    default: return launch_split_tc<256, CL>(ns, cl, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 32: return launch_split_tc<32, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 64: return launch_split_tc<64, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 128: return launch_split_tc<128, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    default: return launch_split_tc<256, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
     }
 }
 
@@ -788,8 +735,7 @@ template <int HD> static int tc_cluster_max(int n_kv) {
     static int known = -1;
     if (known >= 0) return known;
     known = 0;
-    void (*kern)(tern_cuda_attn_dims, kv_layout, const float *, const uint8_t *, const uint8_t *, int, const int *,
-                 int, int, float, float *, float *, int) = attn_split_tc_kernel<HD, true>;
+    auto kern = attn_split_tc_kernel<HD, true>;
     size_t smem = tc_smem<HD>();
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -977,7 +923,7 @@ static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const floa
     cudaError_t e;
     int ncl = att_tc_ok(*d, L, al) ? att_cluster_splits(d, T, n_plan, ns) : 0;
     if (ncl) {   /* the splits merged in their cluster: no combine */
-        e = launch_split_tc_hd<true>(ncl, ncl, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
+        e = launch_split_tc_hd<true>(ncl, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
         if (e != cudaSuccess) {
             cudaGetLastError();
             return tern_fail(err, "attention split (cluster): %s", cudaGetErrorString(e));
@@ -985,7 +931,7 @@ static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const floa
         return 0;
     }
     if (att_tc_ok(*d, L, al))
-        e = launch_split_tc_hd<false>(ns, 0, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
+        e = launch_split_tc_hd<false>(ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part, o);
     else if (L->bits == 16) e = launch_split_bits<16>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else if (L->bits == 8) e = launch_split_bits<8>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);
     else e = launch_split_bits<4>(al, cpl, ns, T, s, *d, kl, qg, kcache, vcache, pos0, pos_dev, scale, part);

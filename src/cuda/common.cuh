@@ -62,8 +62,9 @@ static inline int switch_opt_in(int *on, const char *name) {
  * kernels before the predecessor wrote may be read before it: every kernel
  * of the step waits before it triggers, so they have finished when this one
  * starts (and the step's inputs, copied in before the step, too: the
- * attention's position, the DeltaNet state of an earlier token). pdl_trigger() lets the successor launch early (once every
- * block of this grid has called it or exited). Both are no-ops in a kernel
+ * attention's position, the DeltaNet state of an earlier token).
+ * pdl_trigger() lets the successor launch early (once every block of this
+ * grid has called it or exited). Both are no-ops in a kernel
  * launched the ordinary way. TERN_CUDA_PDL=0 turns the attribute off. */
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -121,21 +122,33 @@ void tern_cuda_carveout_max(const void *kernel);   /* runtime.cu: once per kerne
  * weights bypass L1 anyway). TERN_CUDA_CARVEOUT=0 leaves the defaults. */
 static inline void carveout_max(const void *kernel) { tern_cuda_carveout_max(kernel); }
 
+/* cluster > 0: the grid in thread-block clusters of cluster x 1 x 1 blocks
+ * (launch_pdl: none). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                     Args... args) {
+static inline cudaError_t launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                             unsigned cluster, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = cluster;
+    at[1].val.clusterDim.y = 1;
+    at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = cluster ? 2 : 1;
     carveout_max((const void *)kernel);
     return cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     Args... args) {
+    return launch_pdl_cluster(kernel, grid, block, smem, 0u, s, args...);
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -421,6 +434,26 @@ __device__ __forceinline__ float4 dfx_load4(const long long *s, int i) {
  * the bytes it expects) has come and those bytes have been stored (by
  * st_async from any block of the cluster, or by bulk copies). */
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* ---- thread-block clusters --------------------------------------------------
+ * The cluster barrier, split: arrive (release: the thread's earlier writes,
+ * shared memory included, are visible to the cluster after the wait),
+ * arrive_relaxed (it orders nothing: e.g. only the mbarrier inits before
+ * it, fenced on their own), wait (acquire). Every thread of the cluster
+ * takes part. cluster_map: local's address in the shared memory of the
+ * cluster's block `rank`. */
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+__device__ __forceinline__ unsigned cluster_map(const void *local, unsigned rank) {
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(local)), "r"(rank));
+    return a;
+}
 __device__ __forceinline__ void mbar_init(uint64_t *bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
 }

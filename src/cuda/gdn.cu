@@ -38,20 +38,10 @@ typedef struct {
     int T, cw, nsl, ks, sk;
 } gdn_args;
 
-/* The cluster barrier, split: arrive (relaxed: it orders nothing but the
- * mbarrier inits before it) and wait (acquire). Every thread of the
- * cluster takes part. */
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-
 /* Store v at `local`'s place in the shared memory of cluster block `rank`
  * and count its 4 bytes on that block's `bar`. */
 __device__ __forceinline__ void st_async(float *local, uint64_t *bar, unsigned rank, float v) {
-    unsigned ra, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_u32(local)), "r"(rank));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+    const unsigned ra = cluster_map(local, rank), rb = cluster_map(bar, rank);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
                  "r"(__float_as_uint(v)), "r"(rb)
                  : "memory");
@@ -288,25 +278,10 @@ int tern_cuda_gdn_supported(const tern_cuda_gdn_w *w) {
     return plan_step(w, &p);
 }
 
-/* launch_pdl with the cluster dimension as well. */
 template <int KC, int KS, int SKT>
 static cudaError_t launch_step(const step_plan &p, int blocks, size_t smem, cudaStream_t s, gdn_args g) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(p.threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = p.csize;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = tern_cuda_pdl_enabled();
-    cfg.attrs = at;
-    cfg.numAttrs = 2;
-    carveout_max((const void *)gdn_step_kernel<KC, KS, SKT>);
-    return cudaLaunchKernelEx(&cfg, gdn_step_kernel<KC, KS, SKT>, g);
+    return launch_pdl_cluster(gdn_step_kernel<KC, KS, SKT>, dim3(blocks), dim3(p.threads), smem, (unsigned)p.csize,
+                              s, g);
 }
 
 int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b, const float *a,

@@ -30,6 +30,9 @@ uint64_t rnd_u64(checker *ck);
 float rnd_uniform(checker *ck, float lo, float hi);
 float rnd_normal(checker *ck);
 void rnd_floats(checker *ck, float *x, size_t n, float scale);   /* normal * scale */
+/* n rows of K and V (layout L), each the quantization of normal floats, a
+ * K row then its V row */
+void rnd_kv_rows(checker *ck, const tern_kvq *L, uint8_t *K, uint8_t *V, int n);
 
 /* ---- device helpers: any failure ends the run with the message --------- */
 void *dev_alloc(size_t bytes);

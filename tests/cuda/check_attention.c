@@ -115,13 +115,8 @@ static void att_case_plan(checker *ck, int nh, int nkv, int hd, int bits, int T,
     int n = pos0 + T, G = nh / nkv;
     size_t cache = (size_t)n * L.row_bytes, nq = (size_t)T * nh * 2 * hd, no = (size_t)T * nh * hd;
     uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
-    float *row = xmalloc((size_t)L.row_len * 4), *qg = xmalloc(nq * 4);
-    for (int j = 0; j < n; j++) {
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, K + (size_t)j * L.row_bytes);
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, V + (size_t)j * L.row_bytes);
-    }
+    float *qg = xmalloc(nq * 4);
+    rnd_kv_rows(ck, &L, K, V, n);
     rnd_floats(ck, qg, nq, 1.0f);
     float scale = 1.0f / sqrtf((float)hd);
     float *ref = xmalloc(no * 4), *got = xmalloc(no * 4), *scores = xmalloc((size_t)G * n * 4);
@@ -177,7 +172,7 @@ static void att_case_plan(checker *ck, int nh, int nkv, int hd, int bits, int T,
         time_attention(ck, &r, cache, shape);
     }
     tern_cuda_free(dK); tern_cuda_free(dV); tern_cuda_free(dq); tern_cuda_free(dout); tern_cuda_free(work);
-    free(K); free(V); free(row); free(qg); free(ref); free(ref64); free(got); free(scores);
+    free(K); free(V); free(qg); free(ref); free(ref64); free(got); free(scores);
 }
 
 static void att_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed) {
@@ -303,13 +298,10 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
     int n = pos0 + T;
     size_t cache = (size_t)n * L.row_bytes, nq = (size_t)T * nh * 2 * hd, no = (size_t)T * nh * hd;
     uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
-    float *row = xmalloc((size_t)L.row_len * 4), *qg = xmalloc(nq * 4);
+    float *qg = xmalloc(nq * 4);
     float *vabs = xmalloc((size_t)n * L.row_len * 4);
+    rnd_kv_rows(ck, &L, K, V, n);
     for (int j = 0; j < n; j++) {
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, K + (size_t)j * L.row_bytes);
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, V + (size_t)j * L.row_bytes);
         float *va = vabs + (size_t)j * L.row_len;
         tern_kv_dequantize_row(&L, V + (size_t)j * L.row_bytes, va);
         for (int i = 0; i < L.row_len; i++) va[i] = fabsf(va[i]);
@@ -347,7 +339,7 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
         tern_cuda_free(sp.work);
     }
     tern_cuda_free(dK); tern_cuda_free(dV); tern_cuda_free(dq); tern_cuda_free(dout);
-    free(K); free(V); free(row); free(qg); free(vabs); free(ref); free(sc); free(got); free(sub);
+    free(K); free(V); free(qg); free(vabs); free(ref); free(sc); free(got); free(sub);
 }
 
 void check_attention_prefill(checker *ck) {

@@ -192,14 +192,9 @@ static void prep_chain_case(checker *ck, int pos0, int plan) {
     size_t nq = (size_t)nh * 2 * hd, nk = (size_t)nkv * hd, no = (size_t)nh * hd;
     size_t cache = (size_t)(pos0 + 1) * L.row_bytes;
     float *qg = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4), *qn = xmalloc((size_t)hd * 4),
-          *kn = xmalloc((size_t)hd * 4), *inv = rope_freqs(rope, 1e7), *row = xmalloc((size_t)L.row_len * 4);
+          *kn = xmalloc((size_t)hd * 4), *inv = rope_freqs(rope, 1e7);
     uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
-    for (int j = 0; j < pos0; j++) {
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, K + (size_t)j * L.row_bytes);
-        rnd_floats(ck, row, (size_t)L.row_len, 1.0f);
-        tern_kv_quantize_row(&L, row, V + (size_t)j * L.row_bytes);
-    }
+    rnd_kv_rows(ck, &L, K, V, pos0);
     memset(K + (size_t)pos0 * L.row_bytes, 0x7b, L.row_bytes);   /* f16 0x7b7b: ~6.2e4 */
     memset(V + (size_t)pos0 * L.row_bytes, 0x7b, L.row_bytes);
     rnd_floats(ck, qg, nq, 1.0f);
@@ -236,7 +231,7 @@ static void prep_chain_case(checker *ck, int pos0, int plan) {
     report_exact(ck, "attn_prep>attention", shape, bad, (long)no);
     tern_cuda_free(dqn); tern_cuda_free(dkn); tern_cuda_free(dinv); tern_cuda_free(dv); tern_cuda_free(dpos);
     tern_cuda_free(work);
-    free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(row); free(K); free(V); free(got[0]);
+    free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(K); free(V); free(got[0]);
     free(got[1]);
 }
 

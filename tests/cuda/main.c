@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu/kvquant.h"
 #include "util/half.h"
 
 /* ---- random numbers ------------------------------------------------------ */
@@ -28,6 +29,17 @@ float rnd_normal(checker *ck) {
 
 void rnd_floats(checker *ck, float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = rnd_normal(ck) * scale;
+}
+
+void rnd_kv_rows(checker *ck, const tern_kvq *L, uint8_t *K, uint8_t *V, int n) {
+    float *row = xmalloc((size_t)L->row_len * sizeof(float));
+    for (int j = 0; j < n; j++) {
+        rnd_floats(ck, row, (size_t)L->row_len, 1.0f);
+        tern_kv_quantize_row(L, row, K + (size_t)j * L->row_bytes);
+        rnd_floats(ck, row, (size_t)L->row_len, 1.0f);
+        tern_kv_quantize_row(L, row, V + (size_t)j * L->row_bytes);
+    }
+    free(row);
 }
 
 /* ---- device helpers -------------------------------------------------------- */
