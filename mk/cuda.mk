@@ -64,7 +64,8 @@ endif
 # launch, with the router beside the output projection instead of its
 # own launch (its linear part [M | N], and its products accumulated), and
 # with the experts' one launch summing its chunks as floats (the default:
-# fixed-point sums).
+# fixed-point sums), and with the DeltaNet step and its output projection
+# in one launch (the default: two).
 test-cuda:
 	$(MAKE) CUDA=1 B=build-cuda build-cuda/tern-cuda-tests build-cuda/tern-cuda-engine-tests build-cuda/tern
 	build-cuda/tern-cuda-tests $(TEST_CUDA_ARGS)
@@ -85,4 +86,5 @@ test-cuda:
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=2"; TERN_MOE_LIN=2 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_FX=0"; TERN_MOE_FX=0 build-cuda/tern-cuda-engine-tests
+	echo "TERN_GDN_PROJ=1"; TERN_GDN_PROJ=1 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

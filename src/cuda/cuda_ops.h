@@ -430,6 +430,30 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
                        const float *a, int T, float *conv_state, float *S, float *out, tern_stream s,
                        tern_error *err);
 
+/* The one-token step with the layer's output projection in the same
+ * launch (docs/CUDA.md, "the DeltaNet step with its output projection"):
+ * tern_cuda_gdn_step at T = 1, then y = W out, W [H, nv dv] q4. The
+ * blocks of a key head's cluster exchange their gated outputs, block r of
+ * the cluster takes rows r * hb .. of W over the cluster's r dv columns
+ * (requested before the step's wait) and adds its sums into y_fx as the
+ * experts' fixed-point sums do (each value * 2^TERN_CUDA_DFX_SHIFT, integer
+ * atomics: the order the clusters finish in does not change the sums).
+ * y_fx must be zero on entry; the launch also zeroes zero (zero_bytes, a
+ * multiple of 16; NULL: none), the slot of an earlier layer whose sums
+ * have been read. out is written as tern_cuda_gdn_step writes it. */
+typedef struct tern_cuda_gdn_proj {
+    const tern_mat *W;
+    long long *y_fx;              /* [W.rows] */
+    void *zero;
+    size_t zero_bytes;
+} tern_cuda_gdn_proj;
+/* 1 if tern_cuda_gdn_step_proj takes w with this W (q4, groups within a
+ * cluster's columns, the weights' share of a block within 48 KB). */
+int tern_cuda_gdn_proj_supported(const tern_cuda_gdn_w *w, const tern_mat *W);
+int tern_cuda_gdn_step_proj(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b,
+                            const float *a, float *conv_state, float *S, float *out, const tern_cuda_gdn_proj *p,
+                            tern_stream s, tern_error *err);
+
 /* The same block for a prefill of T tokens in chunks of 64 (the twin of
  * cpu/gdn.c's tern_gdn_chunked with forward.c's steps around it): the same
  * arguments and state updates as tern_cuda_gdn_step, so a step may follow

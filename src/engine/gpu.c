@@ -97,6 +97,11 @@ typedef struct gpu_model {
      * among those that route themselves, cyclically (-1: floats; fewer
      * than two such layers, since a launch cannot zero its own slot) */
     int *fx_prev;
+    /* per layer: a DeltaNet layer whose one-token step takes its output
+     * projection in the same launch (tern_cuda_gdn_step_proj; TERN_GDN_PROJ=1,
+     * off by default), the layer whose fixed-point slot its launch zeroes, as
+     * fx_prev; -1: the step and the projection apart */
+    int *go_prev;
     /* per layer: the router's linear part [n_e, D + H] beside the output
      * projection (tern_cuda_gemv1_lin; NULL: the router's own launch) and
      * that projection's block count (its sums of squares) */
@@ -203,6 +208,7 @@ static void gpu_model_free(gpu_model *g) {
     free(g->w.layers);
     free(g->moe_self);
     free(g->fx_prev);
+    free(g->go_prev);
     for (int l = 0; g->ru && l < g->ru_layers; l++) tern_cuda_free(g->ru[l]);
     free(g->ru);
     free(g->ru_blocks);
@@ -340,6 +346,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
 static int plan_moe_self(tern_model *m, tern_error *err);
 static int plan_router_lin(tern_model *m, tern_error *err);
 static int plan_moe_fx(tern_model *m, tern_error *err);
+static int plan_gdn_proj(tern_model *m, tern_error *err);
 
 int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
@@ -350,7 +357,8 @@ int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
         return -1;
     }
     m->gpu = g;
-    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0 || plan_moe_fx(m, err) != 0) {
+    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0 || plan_moe_fx(m, err) != 0 ||
+        plan_gdn_proj(m, err) != 0) {
         tern_gpu_model_free(m);
         return -1;
     }
@@ -422,6 +430,10 @@ typedef struct gpu_session {
      * fx_bytes each: zero but for the slots of the last layers run */
     uint8_t *fx;
     size_t fx_bytes;
+    /* the DeltaNet output projections' fixed-point slots (gpu_model.go_prev),
+     * one a layer, go_bytes each (hidden sums): zero as the fx slots are */
+    uint8_t *go;
+    size_t go_bytes;
     /* A piece's input, [u (double), position, tokens...]: written on the
      * host into page-locked memory, copied up in the stream (the embedding,
      * the captured step and the sampler read it on the device). */
@@ -505,8 +517,11 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     size_t moe_bytes = tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter, (int64_t)c->hidden);
     g->fx_bytes = tern_cuda_moe_fx_bytes((int64_t)c->hidden);
     size_t fx_all = g->fx_bytes * (size_t)c->n_layers;
+    g->go_bytes = ((size_t)c->hidden * sizeof(long long) + 255) & ~(size_t)255;
+    size_t go_all = g->go_bytes * (size_t)c->n_layers;
     if (!(g->moe_work = tern_cuda_alloc(moe_bytes, err)) || tern_cuda_fill(g->moe_work, 0, moe_bytes, NULL, err) ||
         !(g->fx = tern_cuda_alloc(fx_all, err)) || tern_cuda_fill(g->fx, 0, fx_all, NULL, err) ||
+        !(g->go = tern_cuda_alloc(go_all, err)) || tern_cuda_fill(g->go, 0, go_all, NULL, err) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
         !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
         !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))
@@ -600,6 +615,7 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->u_fx);
     tern_cuda_free(g->moe_work);
     tern_cuda_free(g->fx);
+    tern_cuda_free(g->go);
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->d_id);
@@ -846,6 +862,29 @@ static int plan_moe_self(tern_model *m, tern_error *err) {
     return 0;
 }
 
+/* prev[l] for the layers with on[l]: the one before it among them,
+ * cyclically (the first takes the last one's, of the step before); -1 for
+ * the others, and for a layer alone (a launch cannot zero its own slot). */
+static void chain_prev(int *prev, const unsigned char *on, int n) {
+    int first = -1, last = -1;
+    for (int l = 0; l < n; l++) {
+        prev[l] = -1;
+        if (!on[l]) continue;
+        if (first < 0) first = l;
+        else prev[l] = last;
+        last = l;
+    }
+    if (last != first) prev[first] = last;
+}
+
+/* A switch that is 0 or 1 (unset: dflt), into *on. */
+static int switch01(const char *name, int dflt, int *on, tern_error *err) {
+    const char *sw = getenv(name);
+    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1")) return tern_fail(err, "%s must be 0 or 1 (got '%s')", name, sw);
+    *on = sw && *sw ? sw[0] == '1' : dflt;
+    return 0;
+}
+
 /* gpu_model.fx_prev: the layers whose experts route themselves with the
  * router's own launch (the accumulated router form's launch zeroes its u
  * at the end instead) take the fixed-point sums, each zeroing the slot of
@@ -855,22 +894,43 @@ static int plan_moe_self(tern_model *m, tern_error *err) {
 static int plan_moe_fx(tern_model *m, tern_error *err) {
     gpu_model *gm = m->gpu;
     const tern_config *c = &m->cfg;
-    const char *sw = getenv("TERN_MOE_FX");
-    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1")) return tern_fail(err, "TERN_MOE_FX must be 0 or 1 (got '%s')", sw);
-    if (!(gm->fx_prev = malloc((size_t)c->n_layers * sizeof *gm->fx_prev))) return tern_fail(err, "out of memory");
-    const int on = !(sw && !strcmp(sw, "0"));
-    int first = -1, last = -1;
-    for (int l = 0; l < c->n_layers; l++) {
-        gm->fx_prev[l] = -1;
-        if (on && gm->moe_self[l] && !(gm->ru && gm->ru[l])) {
-            if (first < 0) first = l;
-            else gm->fx_prev[l] = last;
-            last = l;
-        }
+    int on;
+    if (switch01("TERN_MOE_FX", 1, &on, err)) return -1;
+    unsigned char *take = calloc((size_t)c->n_layers, 1);
+    if (!take || !(gm->fx_prev = malloc((size_t)c->n_layers * sizeof *gm->fx_prev))) {
+        free(take);
+        return tern_fail(err, "out of memory");
     }
-    /* the first zeroes the last one's (of the step before); a layer alone
-     * keeps -1 (floats) */
-    if (last != first) gm->fx_prev[first] = last;
+    for (int l = 0; l < c->n_layers; l++) take[l] = on && gm->moe_self[l] && !(gm->ru && gm->ru[l]);
+    chain_prev(gm->fx_prev, take, c->n_layers);
+    free(take);
+    return 0;
+}
+
+/* gpu_model.go_prev: with TERN_GDN_PROJ=1 (measured slower than the two
+ * launches, docs/PERFORMANCE.md step 74), the DeltaNet layers of the
+ * one-token path whose output projection tern_cuda_gdn_step_proj takes
+ * (not those whose router rides beside the projection), chained as
+ * plan_moe_fx chains the experts': the one-token step runs every layer, so
+ * every slot is zeroed again before its layer adds into it. */
+static int plan_gdn_proj(tern_model *m, tern_error *err) {
+    gpu_model *gm = m->gpu;
+    const tern_config *c = &m->cfg;
+    int on;
+    if (switch01("TERN_GDN_PROJ", 0, &on, err)) return -1;
+    unsigned char *take = calloc((size_t)c->n_layers, 1);
+    if (!take || !(gm->go_prev = malloc((size_t)c->n_layers * sizeof *gm->go_prev))) {
+        free(take);
+        return tern_fail(err, "out of memory");
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const tern_layer_w *L = &gm->w.layers[l];
+        if (!on || !gm->one_token || L->kind == TERN_LAYER_ATTN || (gm->ru && gm->ru[l])) continue;
+        tern_cuda_gdn_w gw = gdn_w_of(c, &L->gdn);
+        take[l] = (unsigned char)tern_cuda_gdn_proj_supported(&gw, &L->gdn.out);
+    }
+    chain_prev(gm->go_prev, take, c->n_layers);
+    free(take);
     return 0;
 }
 
@@ -1116,6 +1176,15 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     tern_cuda_gdn_w gw = gdn_w_of(c, w);
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_GDN_PROJ, r, err)) return -1;
     float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
+    if (gm->go_prev[l] >= 0) {   /* the step and its output projection in one launch */
+        tern_cuda_gdn_proj pj = {&w->out, (long long *)(g->go + (size_t)l * g->go_bytes),
+                                 g->go + (size_t)gm->go_prev[l] * g->go_bytes, g->go_bytes};
+        stage(g, R_GDN, 0);
+        int rc = tern_cuda_gdn_step_proj(&gw, qkv, z, b, a, s->gdn[l].conv, s->gdn[l].S, g->g_out, &pj, g->stream, err);
+        stage(g, R_GDN, 1);
+        r->delta_fx = pj.y_fx;
+        return rc;
+    }
     stage(g, R_GDN, 0);
     if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
     stage(g, R_GDN, 1);
@@ -1356,6 +1425,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
         /* a step cut short leaves sums in the slots of the layers it ran
          * that the next ones did not zero */
         tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
+        tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
         return -1;
     }
     const float *last = g->xn + (size_t)(T - 1) * H;

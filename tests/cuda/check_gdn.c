@@ -352,3 +352,148 @@ void check_gdn_chunked(checker *ck) {
     gdnc_case(ck, (gdn_dims){4, 4, 64, 32, 2, 97}, 0);    /* one value head per key head, kernel 2 */
     gdnc_case(ck, (gdn_dims){2, 4, 32, 64, 4, 2}, 0);     /* T below the conv window: the state shifts */
 }
+
+/* ---- the step with its output projection -------------------------------------
+ * tern_cuda_gdn_step_proj against the CPU's step (gdn_ref) then tern_matmul
+ * of the output projection W (q4) on its output: y within 1e-5 of max
+ * |ref| (fp32 products in another order, plus one rounding to 2^-32 per
+ * cluster's share in the fixed-point sums); out, S and the conv state
+ * bit for bit as tern_cuda_gdn_step leaves them from the same inputs (the
+ * same code computes them); the slot the launch zeroes poisoned before and
+ * all zero after. Timed beside the plain step and the projection's GEMV,
+ * the two launches it replaces. */
+
+typedef struct {
+    const tern_cuda_gdn_w *w;
+    const float *qkv, *z, *b, *a;
+    float *conv_state, **S, *out;
+    int n;
+    tern_cuda_gdn_proj pj;
+    tern_stream s;
+} gdnp_run;
+
+static void run_gdnp(void *arg, int rep) {
+    gdnp_run *r = arg;
+    tern_error err;
+    if (tern_cuda_gdn_step_proj(r->w, r->qkv, r->z, r->b, r->a, r->conv_state, r->S[rep % r->n], r->out, &r->pj, r->s,
+                                &err))
+        die_err("gdn_step_proj", &err);
+}
+
+typedef struct {
+    gdnp_run p;
+    const tern_mat *W;
+    float *y;
+} gdn2_run;
+
+static void run_gdn2(void *arg, int rep) {
+    gdn2_run *r = arg;
+    tern_error err;
+    tern_cuda_vec_in in = {r->p.out, NULL, NULL, NULL, 0, 0.0f, NULL, NULL};
+    if (tern_cuda_gdn_step(r->p.w, r->p.qkv, r->p.z, r->p.b, r->p.a, 1, r->p.conv_state, r->p.S[rep % r->p.n],
+                           r->p.out, r->p.s, &err) ||
+        tern_cuda_gemv1(r->W, &in, r->y, r->p.s, &err))
+        die_err("gdn_step + gemv1", &err);
+}
+
+static void fx_to_float(float *y, const long long *fx, int n) {
+    for (int i = 0; i < n; i++) y[i] = (float)((double)fx[i] * 0x1p-32);
+}
+
+static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int timed) {
+    int kd = g.nk * g.dk, vd = g.nv * g.dv, C = 2 * kd + vd;
+    size_t nS = (size_t)g.nv * g.dk * g.dv, nst = (size_t)(g.K - 1) * C;
+    gdn_host h;
+    fill_host(ck, &g, 1, &h);
+    test_mat W;
+    make_mat(ck, &W, H, vd, 4, 0, group);
+    tern_cuda_gdn_w w0 = {g.nk, g.nv, g.dk, g.dv, g.K, NULL, NULL, NULL, NULL, 1e-6f};
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d/%d heads x %d/%d, q4 %dx%d g%d", g.nk, g.nv, g.dk, g.dv, H, vd, group);
+    if (!tern_cuda_gdn_proj_supported(&w0, &W.d)) {   /* refused: an error, nothing launched */
+        tern_error err;
+        long long *fx = dev_alloc((size_t)H * 8);
+        tern_cuda_gdn_proj pj = {&W.d, fx, NULL, 0};
+        int rc = tern_cuda_gdn_step_proj(&w0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &pj, ck->stream, &err);
+        report_exact(ck, "gdn_proj refused", shape, rc == 0, 1);
+        tern_cuda_free(fx);
+        free_mat(&W);
+        free_host(&h);
+        return;
+    }
+    float *dqkv = up(h.qkv, (size_t)C), *dz = up(h.z, (size_t)vd), *da = up(h.a, (size_t)g.nv);
+    float *db = up(h.b, (size_t)g.nv), *dconv = up(h.conv, (size_t)C * g.K), *dA = up(h.A_log, (size_t)g.nv);
+    float *ddt = up(h.dt_bias, (size_t)g.nv), *dn = up(h.norm, (size_t)g.dv);
+    float *dst = up(h.state, nst + 1), *dS = up(h.S, nS), *dst2 = up(h.state, nst + 1), *dS2 = up(h.S, nS);
+    float *dout = dev_poison((size_t)vd), *dout2 = dev_poison((size_t)vd);
+    size_t slot = ((size_t)H * 8 + 255) & ~(size_t)255;
+    long long *fx = dev_alloc(slot);
+    void *zero = dev_poison(slot / 4);
+    dev_zero(fx, slot);
+    tern_cuda_gdn_w w = {g.nk, g.nv, g.dk, g.dv, g.K, dconv, dA, ddt, dn, 1e-6f};
+    tern_error err;
+    float *Sp[1] = {dS};
+    gdnp_run run = {&w, dqkv, dz, db, da, dst, Sp, dout, 1, {&W.d, fx, zero, slot}, ck->stream};
+    run_gdnp(&run, 0);
+    if (tern_cuda_gdn_step(&w, dqkv, dz, db, da, 1, dst2, dS2, dout2, ck->stream, &err)) die_err("gdn_step", &err);
+    dev_sync(ck, "gdn_step_proj");
+    /* CPU: the step, then the projection */
+    float *ref = xmalloc((size_t)vd * 4), *yref = xmalloc((size_t)H * 4), *y = xmalloc((size_t)H * 4);
+    gdn_ref(ck, &g, &h, ref);
+    tern_matmul(ck->pool, yref, ref, 1, &W.h);
+    long long *hfx = xmalloc(slot);
+    unsigned char *hz = xmalloc(slot);
+    dev_download(hfx, fx, slot);
+    dev_download(hz, zero, slot);
+    fx_to_float(y, hfx, H);
+    report(ck, "gdn_proj y", shape, y, yref, (size_t)H, 1e-5);
+    float *o1 = xmalloc((size_t)vd * 4), *o2 = xmalloc((size_t)vd * 4);
+    float *s1 = xmalloc(nS * 4), *s2 = xmalloc(nS * 4), *c1 = xmalloc(nst * 4 + 4), *c2 = xmalloc(nst * 4 + 4);
+    dev_download(o1, dout, (size_t)vd * 4);
+    dev_download(o2, dout2, (size_t)vd * 4);
+    dev_download(s1, dS, nS * 4);
+    dev_download(s2, dS2, nS * 4);
+    dev_download(c1, dst, nst * 4);
+    dev_download(c2, dst2, nst * 4);
+    long bad = 0, nz = 0;
+    for (int i = 0; i < vd; i++) bad += memcmp(o1 + i, o2 + i, 4) != 0;
+    for (size_t i = 0; i < nS; i++) bad += memcmp(s1 + i, s2 + i, 4) != 0;
+    for (size_t i = 0; i < nst; i++) bad += memcmp(c1 + i, c2 + i, 4) != 0;
+    for (size_t i = 0; i < slot; i++) nz += hz[i] != 0;
+    report(ck, "gdn_proj out", shape, o1, ref, (size_t)vd, 1e-5);
+    report_exact(ck, "gdn_proj out, S, conv = gdn_step's", shape, bad, (long)(vd + nS + nst));
+    report_exact(ck, "gdn_proj slot zeroed", shape, nz, (long)slot);
+    if (timed && ck->time) {
+        int n = n_copies(nS * 4);
+        float **Ss = xmalloc((size_t)n * sizeof(float *));
+        Ss[0] = dS;
+        for (int i = 1; i < n; i++) Ss[i] = up(h.S, nS);
+        run.S = Ss;
+        run.n = n;
+        double bytes = 2.0 * nS * 4 + (double)mat_bytes(&W.d);
+        report_time(ck, "gdn_step_proj", shape, time_op(ck, run_gdnp, &run), bytes);
+        float *yd = dev_alloc((size_t)H * 4);
+        gdn2_run two = {run, &W.d, yd};
+        report_time(ck, "gdn_step + gemv1", shape, time_op(ck, run_gdn2, &two), bytes);
+        tern_cuda_free(yd);
+        for (int i = 1; i < n; i++) tern_cuda_free(Ss[i]);
+        free(Ss);
+    }
+    float *bufs[] = {dqkv, dz, da, db, dconv, dA, ddt, dn, dst, dS, dst2, dS2, dout, dout2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tern_cuda_free(bufs[i]);
+    tern_cuda_free(fx);
+    tern_cuda_free(zero);
+    free_mat(&W);
+    free_host(&h);
+    free(ref); free(yref); free(y); free(hfx); free(hz); free(o1); free(o2); free(s1); free(s2); free(c1); free(c2);
+}
+
+void check_gdn_proj(checker *ck) {
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 64, 1);   /* Qwen3.6 */
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 128, 0);
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2050, 32, 0);   /* rows not a multiple of the cluster's blocks */
+    gdnp_case(ck, (gdn_dims){4, 8, 64, 64, 4, 1}, 256, 64, 0);        /* tern-tiny: 2 slices, the generic kernel */
+    gdnp_case(ck, (gdn_dims){2, 4, 64, 64, 2, 1}, 198, 64, 0);        /* kernel 2, rows past the last block's */
+    gdnp_case(ck, (gdn_dims){4, 4, 64, 32, 2, 1}, 200, 32, 0);        /* one group a cluster (odd): refused */
+    gdnp_case(ck, (gdn_dims){4, 8, 64, 96, 4, 1}, 256, 32, 0);        /* 6 chunks a cluster: refused */
+}

@@ -49,7 +49,8 @@ KERNELS = {
                                         "h written", "segment done", "down rows written", "routed (warp 0)", "top k done",
                                         "segment's h in", "down rows in shared memory", "end"), 1),
     7: ("DeltaNet step", _marks("start", "S requested", "wait released", "conv in", "conv outputs shared",
-                                "head's norm sums in", "end"), 2),
+                                "head's norm sums in", "outputs exchanged (with the projection)",
+                                "W landed (with the projection)", "end"), 2),
 }
 GAP_NS = 8000   # blocks of one call start within this of the previous block
 
