@@ -36,7 +36,9 @@
  * sums of a row meet by shuffles, and the row's sum over the cluster goes
  * into y as a fixed-point atomic (common.cuh's dfx_*): the clusters add in
  * any order and the sums are the same. The kernel boundary and the
- * projection's prologue of the two-launch form are gone. */
+ * projection's prologue of the two-launch form are gone, but the row loop
+ * on 4 warps an SM costs more than they did (docs/PERFORMANCE.md step 74:
+ * the engine takes this form only with TERN_GDN_PROJ=1). */
 #include "cuda/common.cuh"
 #include "cuda/trace.cuh"
 
@@ -323,15 +325,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) gdn_step_kernel(gdn_args g) {
                 for (int q = 0; q < csize; q++) st_async(ob + cr * cw + vl, bars + 2, (unsigned)q, y);
         }
     }
-    auto proj = [&]() {
-        if (tid == 0) mbar_expect(bars + 2, (unsigned)ocw * 4);
-        cp_async_wait_all();
-        __syncthreads();                            /* every thread's copies of W have landed */
-        TRACE_MARK(7);
-        mbar_wait<true>(bars + 2, 0);               /* the cluster's outputs have */
-        TRACE_MARK(6);
-        outp_rows(g.o, ob, wq, ws, wb, hb, ocp, ongc, orow0);
-    };
 #pragma unroll
     for (int i = 0; i < SK; i++)
         if (active && (SKT > 0 ? i < SKT : i < sk)) Sj[(size_t)(kp + ks * i) * dv] = s[i];
@@ -358,7 +351,15 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) gdn_step_kernel(gdn_args g) {
             }
         }
     }
-    if (OUTP) proj();
+    if (OUTP) {
+        if (tid == 0) mbar_expect(bars + 2, (unsigned)ocw * 4);
+        cp_async_wait_all();
+        __syncthreads();                            /* every thread's copies of W have landed */
+        TRACE_MARK(7);
+        mbar_wait<true>(bars + 2, 0);               /* the cluster's outputs have */
+        TRACE_MARK(6);
+        outp_rows(g.o, ob, wq, ws, wb, hb, ocp, ongc, orow0);
+    }
     TRACE_END(TRACE_GDN_STEP, (unsigned)g.T);
 }
 
@@ -396,11 +397,11 @@ int tern_cuda_gdn_supported(const tern_cuda_gdn_w *w) {
 
 /* OUTP: the projection's plan for W, or 0 where it does not apply: q4
  * with W [H, nv dv], its rows 16-byte aligned and its scales and biases
- * 4-byte aligned (the copies' sizes); a cluster's r dv columns whole 32-column chunks (a
- * power of two of them, at most 32, dividing the block's threads) and
- * whole groups, an even number of them and of a row's (the scales are
- * copied in pairs); rows spread evenly over the cluster's blocks; the
- * block's shared memory within the default 48 KB. */
+ * 4-byte aligned (the copies' sizes); a cluster's r dv columns whole
+ * 32-column chunks (a power of two of them, at most 32, dividing the
+ * block's threads) and whole groups, an even number of them and of a
+ * row's (the scales are copied in pairs); rows spread evenly over the
+ * cluster's blocks; the block's shared memory within the default 48 KB. */
 static int plan_outp(const tern_cuda_gdn_w *w, const step_plan &p, const tern_mat *W, gdn_outp *o, size_t *smem) {
     const int ocw = p.csize * p.cw, ocp = ocw / 32;
     if (!W || W->bits != 4 || W->cols != (int64_t)w->nv * w->dv || W->rows < 1 || W->rows > (1 << 20)) return 0;
