@@ -885,53 +885,56 @@ static int switch01(const char *name, int dflt, int *on, tern_error *err) {
     return 0;
 }
 
+/* *prev (n_layers entries, allocated here) chained by chain_prev over the
+ * layers that take(m, l), all of them off when the switch `name` (0 or 1,
+ * unset: dflt) is 0. */
+static int plan_chain(tern_model *m, const char *name, int dflt, int (*take)(const tern_model *m, int l), int **prev,
+                      tern_error *err) {
+    const int n = m->cfg.n_layers;
+    int on = dflt;
+    if (switch01(name, dflt, &on, err)) return -1;
+    unsigned char *t = calloc((size_t)n, 1);
+    if (!t || !(*prev = malloc((size_t)n * sizeof **prev))) {
+        free(t);
+        return tern_fail(err, "out of memory");
+    }
+    for (int l = 0; l < n; l++) t[l] = (unsigned char)(on && take(m, l));
+    chain_prev(*prev, t, n);
+    free(t);
+    return 0;
+}
+
 /* gpu_model.fx_prev: the layers whose experts route themselves with the
  * router's own launch (the accumulated router form's launch zeroes its u
  * at the end instead) take the fixed-point sums, each zeroing the slot of
  * the one before it. A step runs them all in order or none (whether the
  * one launch is taken is decided per step), so the slot a launch adds into
  * was zeroed by the next one in the step before. */
+static int takes_moe_fx(const tern_model *m, int l) {
+    const gpu_model *gm = m->gpu;
+    return gm->moe_self[l] && !(gm->ru && gm->ru[l]);
+}
+
 static int plan_moe_fx(tern_model *m, tern_error *err) {
-    gpu_model *gm = m->gpu;
-    const tern_config *c = &m->cfg;
-    int on;
-    if (switch01("TERN_MOE_FX", 1, &on, err)) return -1;
-    unsigned char *take = calloc((size_t)c->n_layers, 1);
-    if (!take || !(gm->fx_prev = malloc((size_t)c->n_layers * sizeof *gm->fx_prev))) {
-        free(take);
-        return tern_fail(err, "out of memory");
-    }
-    for (int l = 0; l < c->n_layers; l++) take[l] = on && gm->moe_self[l] && !(gm->ru && gm->ru[l]);
-    chain_prev(gm->fx_prev, take, c->n_layers);
-    free(take);
-    return 0;
+    return plan_chain(m, "TERN_MOE_FX", 1, takes_moe_fx, &((gpu_model *)m->gpu)->fx_prev, err);
 }
 
 /* gpu_model.go_prev: with TERN_GDN_PROJ=1 (measured slower than the two
  * launches, docs/PERFORMANCE.md step 74), the DeltaNet layers of the
  * one-token path whose output projection tern_cuda_gdn_step_proj takes
- * (not those whose router rides beside the projection), chained as
- * plan_moe_fx chains the experts': the one-token step runs every layer, so
- * every slot is zeroed again before its layer adds into it. */
+ * (not those whose router rides beside the projection), chained as the
+ * experts' slots are: the one-token step runs every layer, so every slot
+ * is zeroed again before its layer adds into it. */
+static int takes_gdn_proj(const tern_model *m, int l) {
+    const gpu_model *gm = m->gpu;
+    const tern_layer_w *L = &gm->w.layers[l];
+    if (!gm->one_token || L->kind == TERN_LAYER_ATTN || (gm->ru && gm->ru[l])) return 0;
+    tern_cuda_gdn_w gw = gdn_w_of(&m->cfg, &L->gdn);
+    return tern_cuda_gdn_proj_supported(&gw, &L->gdn.out);
+}
+
 static int plan_gdn_proj(tern_model *m, tern_error *err) {
-    gpu_model *gm = m->gpu;
-    const tern_config *c = &m->cfg;
-    int on;
-    if (switch01("TERN_GDN_PROJ", 0, &on, err)) return -1;
-    unsigned char *take = calloc((size_t)c->n_layers, 1);
-    if (!take || !(gm->go_prev = malloc((size_t)c->n_layers * sizeof *gm->go_prev))) {
-        free(take);
-        return tern_fail(err, "out of memory");
-    }
-    for (int l = 0; l < c->n_layers; l++) {
-        const tern_layer_w *L = &gm->w.layers[l];
-        if (!on || !gm->one_token || L->kind == TERN_LAYER_ATTN || (gm->ru && gm->ru[l])) continue;
-        tern_cuda_gdn_w gw = gdn_w_of(c, &L->gdn);
-        take[l] = (unsigned char)tern_cuda_gdn_proj_supported(&gw, &L->gdn.out);
-    }
-    chain_prev(gm->go_prev, take, c->n_layers);
-    free(take);
-    return 0;
+    return plan_chain(m, "TERN_GDN_PROJ", 0, takes_gdn_proj, &((gpu_model *)m->gpu)->go_prev, err);
 }
 
 /* The output projection of layer l (the attention's or the DeltaNet's). */
