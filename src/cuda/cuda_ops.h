@@ -447,6 +447,9 @@ typedef struct tern_cuda_gdn_proj {
     void *zero;
     size_t zero_bytes;
 } tern_cuda_gdn_proj;
+/* Bytes of a y_fx slot for W.rows = H sums (whole 256-byte units, so
+ * slots laid end to end stay 16-byte aligned for the zeroing). */
+size_t tern_cuda_gdn_proj_slot_bytes(int64_t H);
 /* 1 if tern_cuda_gdn_step_proj takes w with this W (q4, groups within a
  * cluster's columns, the weights' share of a block within 48 KB). */
 int tern_cuda_gdn_proj_supported(const tern_cuda_gdn_w *w, const tern_mat *W);

@@ -453,6 +453,8 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
     return launch_any(w, p, step_smem(w, p), s, g, err);
 }
 
+size_t tern_cuda_gdn_proj_slot_bytes(int64_t H) { return ((size_t)H * sizeof(long long) + 255) & ~(size_t)255; }
+
 int tern_cuda_gdn_proj_supported(const tern_cuda_gdn_w *w, const tern_mat *W) {
     step_plan p;
     gdn_outp o;

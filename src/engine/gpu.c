@@ -431,7 +431,8 @@ typedef struct gpu_session {
     uint8_t *fx;
     size_t fx_bytes;
     /* the DeltaNet output projections' fixed-point slots (gpu_model.go_prev),
-     * one a layer, go_bytes each (hidden sums): zero as the fx slots are */
+     * one a layer, go_bytes each (hidden sums): zero as the fx slots are;
+     * NULL when no layer takes that form */
     uint8_t *go;
     size_t go_bytes;
     /* A piece's input, [u (double), position, tokens...]: written on the
@@ -517,11 +518,8 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     size_t moe_bytes = tern_cuda_moe_workspace(SUB, c->top_k, (int64_t)inter, (int64_t)c->hidden);
     g->fx_bytes = tern_cuda_moe_fx_bytes((int64_t)c->hidden);
     size_t fx_all = g->fx_bytes * (size_t)c->n_layers;
-    g->go_bytes = ((size_t)c->hidden * sizeof(long long) + 255) & ~(size_t)255;
-    size_t go_all = g->go_bytes * (size_t)c->n_layers;
     if (!(g->moe_work = tern_cuda_alloc(moe_bytes, err)) || tern_cuda_fill(g->moe_work, 0, moe_bytes, NULL, err) ||
         !(g->fx = tern_cuda_alloc(fx_all, err)) || tern_cuda_fill(g->fx, 0, fx_all, NULL, err) ||
-        !(g->go = tern_cuda_alloc(go_all, err)) || tern_cuda_fill(g->go, 0, go_all, NULL, err) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
         !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
         !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))
@@ -571,6 +569,20 @@ static int alloc_gdn_state(tern_session *s, tern_error *err) {
     return ok ? tern_cuda_sync(NULL, err) : -1;
 }
 
+/* gpu_session.go: only when some layer takes the step with its output
+ * projection (gpu_model.go_prev). */
+static int alloc_gdn_proj_slots(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_model *gm = s->m->gpu;
+    gpu_session *g = s->gpu;
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++) any |= gm->go_prev[l] >= 0;
+    if (!any) return 0;
+    g->go_bytes = tern_cuda_gdn_proj_slot_bytes((int64_t)c->hidden);
+    size_t all = g->go_bytes * (size_t)c->n_layers;
+    return !(g->go = tern_cuda_alloc(all, err)) || tern_cuda_fill(g->go, 0, all, NULL, err) ? -1 : 0;
+}
+
 int tern_gpu_session_init(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     if (s->kvf.bits == 32)
@@ -579,7 +591,7 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     if (!g) return tern_fail(err, "out of memory");
     s->gpu = g;   /* tern_gpu_session_free releases whatever was allocated */
     if (read_switches(g, s->max_ctx, err) || alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) ||
-        !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
+        alloc_gdn_proj_slots(s, err) || !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
         return -1;
     atomic_fetch_add(sessions_of(s->m), 1);
     g->counted = 1;
@@ -1182,7 +1194,7 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     if (gm->go_prev[l] >= 0) {   /* the step and its output projection in one launch */
         tern_cuda_gdn_proj pj = {&w->out, (long long *)(g->go + (size_t)l * g->go_bytes),
                                  g->go + (size_t)gm->go_prev[l] * g->go_bytes, g->go_bytes};
-        stage(g, R_GDN, 0);
+        stage(g, R_GDN, 0);   /* (the kernel statistics count the projection in the step's role) */
         int rc = tern_cuda_gdn_step_proj(&gw, qkv, z, b, a, s->gdn[l].conv, s->gdn[l].S, g->g_out, &pj, g->stream, err);
         stage(g, R_GDN, 1);
         r->delta_fx = pj.y_fx;
@@ -1428,7 +1440,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
         /* a step cut short leaves sums in the slots of the layers it ran
          * that the next ones did not zero */
         tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
-        tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
+        if (g->go) tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
         return -1;
     }
     const float *last = g->xn + (size_t)(T - 1) * H;

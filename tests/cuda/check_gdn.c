@@ -397,10 +397,12 @@ static void run_gdn2(void *arg, int rep) {
 }
 
 static void fx_to_float(float *y, const long long *fx, int n) {
-    for (int i = 0; i < n; i++) y[i] = (float)((double)fx[i] * 0x1p-32);
+    for (int i = 0; i < n; i++) y[i] = (float)ldexp((double)fx[i], -TERN_CUDA_DFX_SHIFT);
 }
 
-static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int timed) {
+/* refused: the shape is one the op must turn down (with an error, nothing
+ * launched); a shape refused or taken against that expectation fails. */
+static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int refused, int timed) {
     int kd = g.nk * g.dk, vd = g.nv * g.dv, C = 2 * kd + vd;
     size_t nS = (size_t)g.nv * g.dk * g.dv, nst = (size_t)(g.K - 1) * C;
     gdn_host h;
@@ -410,7 +412,14 @@ static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int timed) {
     tern_cuda_gdn_w w0 = {g.nk, g.nv, g.dk, g.dv, g.K, NULL, NULL, NULL, NULL, 1e-6f};
     char shape[112];
     snprintf(shape, sizeof shape, "%d/%d heads x %d/%d, q4 %dx%d g%d", g.nk, g.nv, g.dk, g.dv, H, vd, group);
-    if (!tern_cuda_gdn_proj_supported(&w0, &W.d)) {   /* refused: an error, nothing launched */
+    const int supported = tern_cuda_gdn_proj_supported(&w0, &W.d);
+    if (supported == refused) {
+        report_exact(ck, refused ? "gdn_proj refused (taken)" : "gdn_proj taken (refused)", shape, 1, 1);
+        free_mat(&W);
+        free_host(&h);
+        return;
+    }
+    if (refused) {
         tern_error err;
         long long *fx = dev_alloc((size_t)H * 8);
         tern_cuda_gdn_proj pj = {&W.d, fx, NULL, 0};
@@ -426,7 +435,7 @@ static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int timed) {
     float *ddt = up(h.dt_bias, (size_t)g.nv), *dn = up(h.norm, (size_t)g.dv);
     float *dst = up(h.state, nst + 1), *dS = up(h.S, nS), *dst2 = up(h.state, nst + 1), *dS2 = up(h.S, nS);
     float *dout = dev_poison((size_t)vd), *dout2 = dev_poison((size_t)vd);
-    size_t slot = ((size_t)H * 8 + 255) & ~(size_t)255;
+    size_t slot = tern_cuda_gdn_proj_slot_bytes(H);
     long long *fx = dev_alloc(slot);
     void *zero = dev_poison(slot / 4);
     dev_zero(fx, slot);
@@ -489,11 +498,11 @@ static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int timed) {
 }
 
 void check_gdn_proj(checker *ck) {
-    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 64, 1);   /* Qwen3.6 */
-    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 128, 0);
-    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2050, 32, 0);   /* rows not a multiple of the cluster's blocks */
-    gdnp_case(ck, (gdn_dims){4, 8, 64, 64, 4, 1}, 256, 64, 0);        /* tern-tiny: 2 slices, the generic kernel */
-    gdnp_case(ck, (gdn_dims){2, 4, 64, 64, 2, 1}, 198, 64, 0);        /* kernel 2, rows past the last block's */
-    gdnp_case(ck, (gdn_dims){4, 4, 64, 32, 2, 1}, 200, 32, 0);        /* one group a cluster (odd): refused */
-    gdnp_case(ck, (gdn_dims){4, 8, 64, 96, 4, 1}, 256, 32, 0);        /* 6 chunks a cluster: refused */
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 64, 0, 1);   /* Qwen3.6 */
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 128, 0, 0);
+    gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2050, 32, 0, 0);   /* rows not a multiple of the cluster's blocks */
+    gdnp_case(ck, (gdn_dims){4, 8, 64, 64, 4, 1}, 256, 64, 0, 0);        /* tern-tiny: 2 slices, the generic kernel */
+    gdnp_case(ck, (gdn_dims){2, 4, 64, 64, 2, 1}, 198, 64, 0, 0);        /* kernel 2, rows past the last block's */
+    gdnp_case(ck, (gdn_dims){4, 4, 64, 32, 2, 1}, 200, 32, 1, 0);        /* one group a cluster (odd) */
+    gdnp_case(ck, (gdn_dims){4, 8, 64, 96, 4, 1}, 256, 32, 1, 0);        /* 6 chunks a cluster */
 }
