@@ -430,6 +430,23 @@ __device__ __forceinline__ float4 dfx_load4(const long long *s, int i) {
     return make_float4(dfx_val(a.x), dfx_val(a.y), dfx_val(b.x), dfx_val(b.y));
 }
 
+/* Counters between the blocks of a grid (gpu scope): a release add, an
+ * acquire load, and an add that is both (the count of the block that
+ * finishes last acquires what every earlier one released). */
+__device__ __forceinline__ void red_release(unsigned *p) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+
 /* mbarriers in shared memory: a phase completes when its one arrival (with
  * the bytes it expects) has come and those bytes have been stored (by
  * st_async from any block of the cluster, or by bulk copies). */

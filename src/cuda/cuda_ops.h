@@ -473,7 +473,10 @@ int tern_cuda_gdn_chunked(const tern_cuda_gdn_w *w, const float *qkv, const floa
 /* ---- sampling ---------------------------------------------------------- */
 
 /* The id of the largest of logits[0 .. n_valid) (lowest id on ties; NaN
- * counts as -inf), written to *id (device). work: tern_cuda_sample_workspace. */
+ * counts as -inf), written to *id (device). work: tern_cuda_sample_workspace
+ * bytes, zero before their first use (a count the call leaves zero). One
+ * launch that may start before the logits' kernel ends (programmatic
+ * dependent launch; TERN_SAMPLE_ONE=0: two ordinary launches). */
 size_t tern_cuda_sample_workspace(int n_valid);
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s,
                      tern_error *err);

@@ -868,20 +868,6 @@ __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, boo
     stage_sb(sm + L.sb_off + L.sbb, D.b + (int64_t)d0 * L.ng, nr * L.ng * 2, threadIdx.x, blockDim.x);
 }
 
-__device__ __forceinline__ void red_release(unsigned *p) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-    return old;
-}
-
 /* A row's share: its partial, which the chunk's reducer sums over the
  * segments, or (fx, the fixed-point sums) added into the sums. */
 __device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float v) {

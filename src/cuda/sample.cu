@@ -9,13 +9,24 @@
  * same way, ranks those few, and one thread walks them: weights exp(l -
  * max), top-p over what top-k kept, min-p against the best, then the draw
  * at u. Order: larger logit first, lower id first among equals; NaN counts
- * as -inf. */
+ * as -inf.
+ *
+ * One launch (TERN_SAMPLE_ONE=0: two): stage 2 runs in the stage-1 block
+ * that finishes last (an acquire-release count in the workspace, left zero
+ * for the next call), and the launch is a programmatic dependent one that
+ * waits for the logits' kernel before reading them, so neither stage pays a
+ * launch after the lm_head ends. */
 #include <float.h>
 
 #include "cuda/common.cuh"
 
 #define SLICE 4096            /* ids per stage-1 block: 1024 threads x 4 */
 #define MERGE 8192            /* stage-2 capacity: ceil(248320 / 4096) x 64 = 3904 fits */
+
+static int one_launch(void) {
+    static int on = -1;
+    return switch_on(&on, "TERN_SAMPLE_ONE");
+}
 
 typedef struct {
     float v;
@@ -25,6 +36,38 @@ typedef struct {
 __device__ __forceinline__ bool before(cand a, cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
 
 __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x; }
+
+/* The workspace: stage 1's candidates (TERN_CUDA_SAMPLE_MAX_K a slice),
+ * their thresholds, then the one launch's count of finished slices (zero
+ * between calls). */
+typedef struct {
+    cand *cands;
+    unsigned *thr, *done;
+} sample_work;
+
+static sample_work work_of(void *w, int nb) {
+    sample_work t;
+    t.cands = (cand *)w;
+    t.thr = (unsigned *)(t.cands + (size_t)nb * TERN_CUDA_SAMPLE_MAX_K);
+    t.done = t.thr + nb;
+    return t;
+}
+
+/* (every thread) whether this block is the last of the grid to get here,
+ * its writes before the call published to that block: thread 0 counts the
+ * block with one acquire-release add after a barrier, and the last block
+ * leaves the count zero for the next call (the pattern of the router's
+ * epilogue in gemv_fused.cu) */
+__device__ __forceinline__ bool last_block(unsigned *done) {
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atom_acq_rel(done) == gridDim.x - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    return last;
+}
 
 /* ---- argmax ------------------------------------------------------------ */
 
@@ -42,20 +85,8 @@ __device__ cand block_best(cand m, cand *red) {
     return b;
 }
 
-__global__ void argmax_slices(const float *l, int n, cand *out) {
-    __shared__ cand red[32];
-    cand m = {-INFINITY, 0x7fffffff};
-    int end = min(n, (blockIdx.x + 1) * SLICE);
-    for (int i = blockIdx.x * SLICE + threadIdx.x; i < end; i += blockDim.x) {
-        cand c = {clean(l[i]), i};
-        if (before(c, m)) m = c;
-    }
-    cand b = block_best(m, red);
-    if (threadIdx.x == 0) out[blockIdx.x] = b;
-}
-
-__global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
-    __shared__ cand red[32];
+/* Stage 2 of argmax: the best of nb slices' best (any block size). */
+__device__ void argmax_pick(const cand *in, int nb, int32_t *id, cand *red) {
     cand m = {-INFINITY, 0x7fffffff};
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
         if (before(in[i], m)) m = in[i];
@@ -64,17 +95,44 @@ __global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
     if (threadIdx.x == 0) *id = b.id == 0x7fffffff ? 0 : b.id;
 }
 
+template <bool ONE>
+__global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, int32_t *id) {
+    __shared__ cand red[32];
+    pdl_wait();   /* the logits (a no-op in an ordinary launch) */
+    pdl_trigger();
+    cand m = {-INFINITY, 0x7fffffff};
+    int end = min(n, (blockIdx.x + 1) * SLICE);
+    for (int i = blockIdx.x * SLICE + threadIdx.x; i < end; i += blockDim.x) {
+        cand c = {clean(l[i]), i};
+        if (before(c, m)) m = c;
+    }
+    cand b = block_best(m, red);
+    if (threadIdx.x == 0) out[blockIdx.x] = b;
+    if (ONE && last_block(done)) argmax_pick(out, gridDim.x, id, red);
+}
+
+__global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
+    __shared__ cand red[32];
+    argmax_pick(in, nb, id, red);
+}
+
 size_t tern_cuda_sample_workspace(int n_valid) {
-    /* stage 1's candidates, then its thresholds */
-    return (size_t)ceil_div(n_valid, SLICE) * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
+    int nb = ceil_div(n_valid, SLICE);
+    return (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned)) + sizeof(unsigned);
 }
 
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s, tern_error *err) {
     if (n_valid < 1) return tern_fail(err, "argmax: no logits");
     int nb = ceil_div(n_valid, SLICE);
-    argmax_slices<<<nb, 256, 0, s>>>(logits, n_valid, (cand *)work);
+    sample_work t = work_of(work, nb);
+    if (one_launch()) {
+        cudaError_t e = launch_pdl(argmax_slices<true>, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id);
+        if (e != cudaSuccess) return tern_fail(err, "argmax: %s", cudaGetErrorString(e));
+        return launch_check("argmax", err);
+    }
+    argmax_slices<false><<<nb, 256, 0, s>>>(logits, n_valid, t.cands, t.done, id);
     if (launch_check("argmax", err)) return -1;
-    argmax_merge<<<1, 1024, 0, s>>>((const cand *)work, nb, id);
+    argmax_merge<<<1, 1024, 0, s>>>((const cand *)t.cands, nb, id);
     return launch_check("argmax merge", err);
 }
 
@@ -189,12 +247,20 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 
 /* Stage 1: each block's k best of its SLICE ids, in no order (padding past
  * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. */
+__device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
+                          const double *u, int32_t *id);
+
+/* ONE: the block that finishes last then runs stage 2 (topk_pick). */
+template <bool ONE>
 __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
-                                                    unsigned *thr) {
+                                                    unsigned *thr, unsigned *done, float top_p, float min_p,
+                                                    const double *u, int32_t *pick) {
     __shared__ select_smem sm;
     unsigned key[SLICE_PER];
     int id[SLICE_PER];
     float v[SLICE_PER];
+    pdl_wait();   /* the logits (a no-op in an ordinary launch) */
+    pdl_trigger();
     if (threadIdx.x == 0) sm.taken = 0;
 #pragma unroll
     for (int j = 0; j < SLICE_PER; j++) {
@@ -213,6 +279,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
             if (key[j]) { c.v = v[j]; c.id = id[j]; }
             out[(size_t)blockIdx.x * k + slot] = c;
         }
+    if (ONE && last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick);
 }
 
 /* Stage 2: the k best of the m candidates, sorted best first. The k-th
@@ -223,8 +290,8 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
  * many equal logits). Each of the k counts the others before it: its rank.
  * Then one thread walks them: weights exp(l - max), top-p, min-p, the draw
  * at *u. */
-__global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
-                                                   float min_p, const double *u, int32_t *id) {
+__device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
+                          const double *u, int32_t *id) {
     __shared__ select_smem sm;
     __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
     __shared__ unsigned warp_max[32], n_sel;
@@ -319,6 +386,11 @@ __global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigne
     *id = pick;
 }
 
+__global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
+                                                   float min_p, const double *u, int32_t *id) {
+    topk_pick(in, thr, nb, k, top_p, min_p, u, id);
+}
+
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
                      const double *u, void *work, int32_t *id, tern_stream s, tern_error *err) {
     if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || !u)
@@ -326,10 +398,16 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
                          temperature, u ? "" : ", no u");
     int nb = ceil_div(n_valid, SLICE), k = top_k < n_valid ? top_k : n_valid;
     if ((int64_t)nb * k > MERGE) return tern_fail(err, "sample: %d ids x top_k %d exceed the merge", n_valid, top_k);
-    cand *cands = (cand *)work;
-    unsigned *thr = (unsigned *)(cands + (size_t)nb * TERN_CUDA_SAMPLE_MAX_K);
-    topk_slices<<<nb, 1024, 0, s>>>(logits, n_valid, 1.0f / temperature, k, cands, thr);
+    sample_work t = work_of(work, nb);
+    const float inv_t = 1.0f / temperature;
+    if (one_launch()) {
+        cudaError_t e = launch_pdl(topk_slices<true>, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands,
+                                   t.thr, t.done, top_p, min_p, u, id);
+        if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
+        return launch_check("sample", err);
+    }
+    topk_slices<false><<<nb, 1024, 0, s>>>(logits, n_valid, inv_t, k, t.cands, t.thr, t.done, top_p, min_p, u, id);
     if (launch_check("sample top-k", err)) return -1;
-    topk_merge<<<1, 1024, 0, s>>>(cands, thr, nb, k, top_p, min_p, u, id);
+    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id);
     return launch_check("sample merge", err);
 }

@@ -522,7 +522,8 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
         !(g->fx = tern_cuda_alloc(fx_all, err)) || tern_cuda_fill(g->fx, 0, fx_all, NULL, err) ||
         !(g->att_work = tern_cuda_alloc(g->att_bytes, err)) || !(g->gdn_work = tern_cuda_alloc(g->gdn_bytes, err)) ||
         !(g->grouped_work = tern_cuda_alloc(g->grouped_bytes, err)) ||
-        !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)))
+        !(g->sample_work = tern_cuda_alloc(tern_cuda_sample_workspace(c->vocab), err)) ||
+        tern_cuda_fill(g->sample_work, 0, tern_cuda_sample_workspace(c->vocab), NULL, err))   /* (its count) */
         return -1;
     return 0;
 }

@@ -141,6 +141,7 @@ void check_sample(checker *ck) {
     float *l = xmalloc(VOCAB * sizeof(float));
     float *dl = dev_alloc(VOCAB * sizeof(float));
     void *work = dev_alloc(tern_cuda_sample_workspace(VALID));
+    dev_zero(work, tern_cuda_sample_workspace(VALID));   /* (the one launch's count: zero, then left zero) */
     int32_t *did = dev_alloc(sizeof(int32_t));
     double *du = dev_alloc(sizeof(double));
     check_argmax(ck, l, dl, work, did);
