@@ -37,9 +37,10 @@ __device__ __forceinline__ bool before(cand a, cand b) { return a.v > b.v || (a.
 
 __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x; }
 
-/* The workspace: stage 1's candidates (TERN_CUDA_SAMPLE_MAX_K a slice),
- * their thresholds, then the one launch's count of finished slices (zero
- * between calls). */
+/* The workspace: the one launch's count of finished slices (zero between
+ * calls; first, so that calls over different n_valid find it in one
+ * place), then stage 1's candidates (TERN_CUDA_SAMPLE_MAX_K a slice) and
+ * their thresholds. */
 typedef struct {
     cand *cands;
     unsigned *thr, *done;
@@ -47,9 +48,9 @@ typedef struct {
 
 static sample_work work_of(void *w, int nb) {
     sample_work t;
-    t.cands = (cand *)w;
+    t.done = (unsigned *)w;
+    t.cands = (cand *)((uint8_t *)w + 16);
     t.thr = (unsigned *)(t.cands + (size_t)nb * TERN_CUDA_SAMPLE_MAX_K);
-    t.done = t.thr + nb;
     return t;
 }
 
@@ -118,7 +119,7 @@ __global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
 
 size_t tern_cuda_sample_workspace(int n_valid) {
     int nb = ceil_div(n_valid, SLICE);
-    return (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned)) + sizeof(unsigned);
+    return 16 + (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
 }
 
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s, tern_error *err) {
@@ -245,12 +246,12 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 #define SLICE_PER (SLICE / 1024)
 #define MERGE_PER (MERGE / 1024)
 
-/* Stage 1: each block's k best of its SLICE ids, in no order (padding past
- * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. */
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
                           const double *u, int32_t *id);
 
-/* ONE: the block that finishes last then runs stage 2 (topk_pick). */
+/* Stage 1: each block's k best of its SLICE ids, in no order (padding past
+ * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. ONE: the
+ * block that finishes last then runs stage 2 (topk_pick). */
 template <bool ONE>
 __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
                                                     unsigned *thr, unsigned *done, float top_p, float min_p,

@@ -82,19 +82,21 @@ static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *
     long bad = 0, total = 0;
     tern_error err;
     for (int trial = 0; trial < 6; trial++) {
+        /* trial 4: fewer valid ids on the same workspace (its layout moves; the count does not) */
+        const int n = trial == 4 ? 100000 : VALID;
         logits_fill(ck, l);
         if (trial == 1) { l[100] = 50.0f; l[5000] = 50.0f; }           /* a tie: the lower id */
         if (trial == 2) { l[7] = NAN; l[VALID + 3] = 1e9f; }           /* NaN, and the padding rows */
         if (trial == 3) for (int i = 0; i < VOCAB; i++) l[i] = -INFINITY;
         tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
-        if (tern_cuda_argmax(dl, VALID, work, did, ck->stream, &err)) die_err("argmax", &err);
+        if (tern_cuda_argmax(dl, n, work, did, ck->stream, &err)) die_err("argmax", &err);
         int32_t got;
         dev_sync(ck, "argmax");
         dev_download(&got, did, sizeof got);
-        bad += got != argmax_ref(l, VALID);
+        bad += got != argmax_ref(l, n);
         total++;
     }
-    report_exact(ck, "argmax", "vocab 248320 (248077 valid), 6 cases", bad, total);
+    report_exact(ck, "argmax", "vocab 248320 (248077 valid; 100000 once), 6 cases", bad, total);
 }
 
 static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t *did, double *du, float temp, int k,
