@@ -447,6 +447,24 @@ __device__ __forceinline__ unsigned atom_acq_rel(unsigned *p) {
     return old;
 }
 
+/* (every thread of the block) whether this block is the last of the grid
+ * to get here. The block's writes before the call are ordered by a barrier
+ * before thread 0 counts the block with one acquire-release add, so the last
+ * block sees every block's writes after the second barrier (the arrive /
+ * wait pattern of CUTLASS's GenericBarrier; a fence in every thread before
+ * the count cost more); the last block leaves the count zero for the next
+ * launch. */
+__device__ __forceinline__ bool grid_last_block(unsigned *count) {
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atom_acq_rel(count) == gridDim.x - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    return last;
+}
+
 /* mbarriers in shared memory: a phase completes when its one arrival (with
  * the bytes it expects) has come and those bytes have been stored (by
  * st_async from any block of the cluster, or by bulk copies). */

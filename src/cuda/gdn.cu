@@ -474,8 +474,9 @@ int tern_cuda_gdn_step_proj(const tern_cuda_gdn_w *w, const float *qkv, const fl
     if (!pj || !plan_outp(w, p, pj->W, &o, &smem))
         return tern_fail(err, "gdn_step_proj: the output projection is not q4 [H, %d] in whole groups of a cluster's "
                               "columns", w->nv * w->dv);
-    if (!pj->y_fx || ((uintptr_t)pj->zero & 15) || pj->zero_bytes % 16 || (!pj->zero && pj->zero_bytes) ||
-        pj->zero == (void *)pj->y_fx)
+    const uintptr_t z0 = (uintptr_t)pj->zero, y0 = (uintptr_t)pj->y_fx;
+    const bool overlap = pj->zero && z0 < y0 + (size_t)o.rows * sizeof(long long) && y0 < z0 + pj->zero_bytes;
+    if (!pj->y_fx || (z0 & 15) || pj->zero_bytes % 16 || (!pj->zero && pj->zero_bytes) || overlap)
         return tern_fail(err, "gdn_step_proj: no sums, or a slot to zero that is not 16-byte units apart from them");
     o.fx = pj->y_fx;
     o.zero = (uint4 *)pj->zero;

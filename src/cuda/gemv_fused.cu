@@ -60,31 +60,11 @@ typedef struct {
 } g1_args;
 
 /* The router's epilogue (one-token path): the block that finishes last
- * (a counter, reset by that block for the next call) routes the logits
- * y[0..E) with tern_cuda_route's code (route.cuh), E <= 256 (8 logits a
- * lane: more would cost every GEMV variant registers). */
-__device__ __forceinline__ bool g1_route_last(const g1_args &a) {
-    __shared__ int last;
-    /* the block's rows are written (by its warps' lane 0); thread 0 counts
-     * the block with one acquire-release atomic: release publishes the
-     * rows the barrier ordered before it, acquire (in the last block) makes
-     * every block's rows visible to the warp that routes after the second
-     * barrier (the arrive/wait pattern of CUTLASS's GenericBarrier; a
-     * fence in every thread before the count, and another in the last
-     * block, did the same at more cost) */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(a.route.counter) : "memory");
-        last = old == gridDim.x - 1;
-    }
-    __syncthreads();
-    return last;
-}
-
+ * (common.cuh's grid_last_block on a counter it leaves zero) routes the
+ * logits y[0..E) with tern_cuda_route's code (route.cuh), E <= 256 (8
+ * logits a lane: more would cost every GEMV variant registers). */
 __device__ __forceinline__ void g1_route(const g1_args &a) {
     route_row<8>(a.y, a.route.n_experts, a.route.top_k, a.route.renorm, a.route.ids, a.route.wts);
-    if (threadIdx.x == 0) *a.route.counter = 0;
 }
 
 template <int R, int U> struct g1_tile {
@@ -509,7 +489,7 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     }
     TRACE_MARK(4);
     if (a.route.counter) {
-        const bool last = g1_route_last(a);
+        const bool last = grid_last_block(a.route.counter);
         TRACE_MARK(5);
         if (last && threadIdx.x < 32) g1_route(a);
         TRACE_MARK(6);

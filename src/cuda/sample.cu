@@ -54,22 +54,6 @@ static sample_work work_of(void *w, int nb) {
     return t;
 }
 
-/* (every thread) whether this block is the last of the grid to get here,
- * its writes before the call published to that block: thread 0 counts the
- * block with one acquire-release add after a barrier, and the last block
- * leaves the count zero for the next call (the pattern of the router's
- * epilogue in gemv_fused.cu) */
-__device__ __forceinline__ bool last_block(unsigned *done) {
-    __shared__ int last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atom_acq_rel(done) == gridDim.x - 1;
-        if (last) *done = 0;
-    }
-    __syncthreads();
-    return last;
-}
-
 /* ---- argmax ------------------------------------------------------------ */
 
 __device__ cand block_best(cand m, cand *red) {
@@ -109,7 +93,7 @@ __global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, 
     }
     cand b = block_best(m, red);
     if (threadIdx.x == 0) out[blockIdx.x] = b;
-    if (ONE && last_block(done)) argmax_pick(out, gridDim.x, id, red);
+    if (ONE && grid_last_block(done)) argmax_pick(out, gridDim.x, id, red);
 }
 
 __global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
@@ -280,7 +264,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
             if (key[j]) { c.v = v[j]; c.id = id[j]; }
             out[(size_t)blockIdx.x * k + slot] = c;
         }
-    if (ONE && last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick);
+    if (ONE && grid_last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick);
 }
 
 /* Stage 2: the k best of the m candidates, sorted best first. The k-th

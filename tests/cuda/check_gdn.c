@@ -497,6 +497,22 @@ static void gdnp_case(checker *ck, gdn_dims g, int H, int group, int refused, in
     free(ref); free(yref); free(y); free(hfx); free(hz); free(o1); free(o2); free(s1); free(s2); free(c1); free(c2);
 }
 
+/* A slot to zero that overlaps the sums (not equal to them): an error,
+ * nothing launched. */
+static void gdnp_overlap(checker *ck) {
+    test_mat W;
+    make_mat(ck, &W, 2048, 4096, 4, 0, 64);
+    tern_cuda_gdn_w w0 = {16, 32, 128, 128, 4, NULL, NULL, NULL, NULL, 1e-6f};
+    size_t slot = tern_cuda_gdn_proj_slot_bytes(2048);
+    uint8_t *fx = dev_alloc(2 * slot);
+    tern_cuda_gdn_proj pj = {&W.d, (long long *)fx, fx + 256, slot};
+    tern_error err;
+    int rc = tern_cuda_gdn_step_proj(&w0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &pj, ck->stream, &err);
+    report_exact(ck, "gdn_proj refused", "a slot to zero overlapping the sums", rc == 0, 1);
+    tern_cuda_free(fx);
+    free_mat(&W);
+}
+
 void check_gdn_proj(checker *ck) {
     gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 64, 0, 1);   /* Qwen3.6 */
     gdnp_case(ck, (gdn_dims){16, 32, 128, 128, 4, 1}, 2048, 128, 0, 0);
@@ -505,4 +521,5 @@ void check_gdn_proj(checker *ck) {
     gdnp_case(ck, (gdn_dims){2, 4, 64, 64, 2, 1}, 198, 64, 0, 0);        /* kernel 2, rows past the last block's */
     gdnp_case(ck, (gdn_dims){4, 4, 64, 32, 2, 1}, 200, 32, 1, 0);        /* one group a cluster (odd) */
     gdnp_case(ck, (gdn_dims){4, 8, 64, 96, 4, 1}, 256, 32, 1, 0);        /* 6 chunks a cluster */
+    gdnp_overlap(ck);
 }
