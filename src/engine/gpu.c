@@ -423,6 +423,7 @@ typedef struct gpu_session {
     int32_t *d_id;                /* the sampled id */
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
     int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
+    int id_direct;                /* the sampler stores the id in id_host itself (TERN_ID_DIRECT=0: a copy node after it) */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -534,6 +535,8 @@ static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
     const char *pc = getenv("TERN_GPU_PIECE");
     g->use_graph = !(gr && !strcmp(gr, "0"));
+    const char *idd = getenv("TERN_ID_DIRECT");
+    g->id_direct = !(idd && !strcmp(idd, "0"));
     g->sampling = !(gs && !strcmp(gs, "0"));
     g->piece = PIECE_DEFAULT;
     if (pc) {
@@ -1304,17 +1307,24 @@ static int embed(tern_session *s, int T, tern_error *err) {
     return tern_cuda_embed(&gm->w.embed, g->tok_dev, T, g->x, g->stream, err);
 }
 
-/* The drawn id comes back into id_host (in a captured step, its last node). */
+/* The drawn id comes back into id_host (in a captured step, its last
+ * node), unless the sampler stored it there itself (id_direct). */
 static int id_back(gpu_session *g, tern_error *err) {
+    if (g->id_direct) return 0;
     return tern_cuda_copy_host(g->id_host, g->d_id, sizeof *g->id_host, 1, g->stream, err);
 }
 
-/* The rule over g->logits (row 0) at the u in step_dev, into d_id. */
+/* The rule over g->logits (row 0) at the u in step_dev, into d_id or,
+ * id_direct, straight into id_host: page-locked memory the device writes
+ * over the bus (mapped by unified addressing), read by the host after the
+ * step's synchronisation. One copy node less at the step's end, whose
+ * start and bus round trip cost ~5 us a token (docs/PERFORMANCE.md). */
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
-    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, g->d_id, g->stream, err);
+    int32_t *id = g->id_direct ? g->id_host : g->d_id;
+    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, id, g->stream, err);
     return tern_cuda_sample(g->logits, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u, g->sample_work,
-                            g->d_id, g->stream, err);
+                            id, g->stream, err);
 }
 
 /* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows,
