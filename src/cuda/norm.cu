@@ -4,9 +4,8 @@
  * their cost is the launch. */
 #include <float.h>
 
+#include "cuda/attn_rows.cuh"
 #include "cuda/common.cuh"
-
-#define F16_MAX 65504.0f
 
 /* Block-wide sum (blockDim a multiple of 32, <= 1024). */
 __device__ float block_sum(float v, float *red) {
@@ -61,7 +60,6 @@ int tern_cuda_dfx_float(float *y, const long long *fx, int n, tern_stream s, ter
 
 /* ---- f16 rounding, as cpu/kvquant.c rounds ------------------------------- */
 
-__device__ __forceinline__ uint16_t f16_rne(float f) { return __half_as_ushort(__float2half_rn(f)); }
 __device__ __forceinline__ float f16f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t f16_step_up(uint16_t h) {
     return (uint16_t)(h == 0x8000u ? 1u : (h & 0x8000u) ? h - 1u : h + 1u);
@@ -78,7 +76,6 @@ __device__ __forceinline__ uint16_t f16_up(double x) {
     uint16_t h = f16_rne((float)x);
     return (double)f16f(h) < x ? f16_step_up(h) : h;
 }
-__device__ __forceinline__ float clamp16(float x) { return x > F16_MAX ? F16_MAX : x < -F16_MAX ? -F16_MAX : x; }
 
 /* One group of a row (8/4 bits) by one warp: bias = min rounded down to
  * f16, scale = (max - bias) / levels rounded up, q = rint((x - bias) /
@@ -135,27 +132,6 @@ __device__ void quantize_row(const kv_layout &L, const float *x, uint8_t *row) {
     if (threadIdx.x == 0 && used < L.q_bytes) row[used] = 0;
 }
 
-/* One head vector by one warp: RMSNorm(1 + w) into the warp's scratch,
- * then rotate-half RoPE on the first rope_dim dims, written back to v. */
-__device__ void norm_rope_head(float *v, const float *w, const float *inv_freq, int hd, int rope_dim, int pos,
-                               float eps, float *scratch) {
-    int lane = threadIdx.x & 31, half = rope_dim / 2;
-    float ss = 0.0f;
-    for (int d = lane; d < hd; d += 32) ss += v[d] * v[d];
-    ss = warp_sum(ss);
-    float r = 1.0f / sqrtf(ss / (float)hd + eps);
-    for (int d = lane; d < hd; d += 32) scratch[d] = v[d] * r * (1.0f + w[d]);
-    __syncwarp();
-    for (int d = lane; d < half; d += 32) {
-        float ang = (float)pos * inv_freq[d];   /* formed in fp32, as the reference forms it */
-        float c = cosf(ang), s = sinf(ang), a = scratch[d], b = scratch[d + half];
-        v[d] = a * c - b * s;
-        v[d + half] = b * c + a * s;
-    }
-    for (int d = rope_dim + lane; d < hd; d += 32) v[d] = scratch[d];
-    __syncwarp();
-}
-
 /* Block (token, 0) takes the KV heads (K's norm and RoPE) and then
  * quantizes the token's K and V rows; blocks (token, 1..) take ATTP_QH query
  * heads each, a warp per head, so the heads' norms run side by side instead
@@ -176,11 +152,13 @@ __global__ void __launch_bounds__(ATTP_THREADS)
     if (blockIdx.y > 0) {
         int h0 = (blockIdx.y - 1) * ATTP_QH, h1 = min(h0 + ATTP_QH, d.n_heads);
         for (int i = h0 + warp; i < h1; i += nw)
-            norm_rope_head(qg + ((size_t)t * d.n_heads + i) * 2 * hd, q_norm, inv_freq, hd, d.rope_dim, pos, d.eps, mine);
+            norm_rope(qg + ((size_t)t * d.n_heads + i) * 2 * hd, qg + ((size_t)t * d.n_heads + i) * 2 * hd, q_norm,
+                      inv_freq, hd, d.rope_dim, pos, d.eps, mine);
         return;
     }
     for (int i = warp; i < d.n_kv; i += nw)
-        norm_rope_head(k + ((size_t)t * d.n_kv + i) * hd, k_norm, inv_freq, hd, d.rope_dim, pos, d.eps, mine);
+        norm_rope(k + ((size_t)t * d.n_kv + i) * hd, k + ((size_t)t * d.n_kv + i) * hd, k_norm, inv_freq, hd,
+                  d.rope_dim, pos, d.eps, mine);
     __syncthreads();
     size_t row = (size_t)L.row_len;
     quantize_row(L, k + t * row, kcache + (size_t)pos * L.row_bytes);
