@@ -1027,13 +1027,17 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
 
 /* The cluster form's splits for the fused launch at plan n_plan; 0 where
  * it does not apply (the tensor-core kernel's layouts, the splits of a KV
- * head one cluster). */
+ * head one cluster, a KV head's query heads one block). */
 static int fused_splits(const tern_cuda_attn_dims *d, const tern_kvq *L, int n_plan, const uint8_t *kcache,
                         const uint8_t *vcache) {
     const int hd = d->head_dim;
     if (n_plan < 1 || hd % 8 || hd > 512 || L->head_dim != hd || L->n_heads != d->n_kv || d->n_heads % d->n_kv ||
         d->rope_dim % 2 || d->rope_dim > hd)
         return 0;
+    /* more query heads a KV head than a block takes: the KV head's other
+     * query groups, in other clusters, would read the token's row with
+     * nothing ordering it after its writer's stores */
+    if (d->n_heads / d->n_kv > TC_Q) return 0;
     const bool al = L->row_bytes % 16 == 0 && (uintptr_t)kcache % 16 == 0 && (uintptr_t)vcache % 16 == 0;
     if (!att_tc_ok(*d, L, al)) return 0;
     return att_cluster_splits<true>(d, 1, n_plan, att_splits(d, 1, n_plan));
