@@ -119,11 +119,15 @@ __device__ __forceinline__ void xd_build_wide(const float *xf, int cols, uint4 *
         const int sp = base + (lane >> 3);
         const bool on = sp < nsp;
         float x[8];
-        {
-            const float4 a = on ? *(const float4 *)(xf + sp * XD_SPAN + 8 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
-            const float4 b = on ? *(const float4 *)(xf + sp * XD_SPAN + 8 * k + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-            x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+        {   /* lanes 4-7 of each 8 load their second half first: a quarter warp's 16-byte loads then cover
+             * the 32 banks once (32-byte strides alone hit each bank group twice) */
+            const int sw = 4 * ((k >> 2) & 1);
+            const float *p = xf + sp * XD_SPAN + 8 * k;
+            const float4 a = on ? *(const float4 *)(p + sw) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 b = on ? *(const float4 *)(p + 4 - sw) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 lo = sw ? b : a, hi = sw ? a : b;
+            x[0] = lo.x; x[1] = lo.y; x[2] = lo.z; x[3] = lo.w;
+            x[4] = hi.x; x[5] = hi.y; x[6] = hi.z; x[7] = hi.w;
         }
         float m = fmaxf(fabsf(x[0]), fabsf(x[1]));
 #pragma unroll
