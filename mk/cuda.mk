@@ -14,11 +14,6 @@ NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra -Iinclude -Is
 ifeq ($(TRACE),1)
 NVCCFLAGS  += -DTERN_PHASE_TRACE
 endif
-# XD_WIDE=1: the staged GEMV builds its input's digits as whole words (idot.cuh), an
-# experiment not yet measured on the GPU.
-ifeq ($(XD_WIDE),1)
-NVCCFLAGS  += -DTERN_XD_WIDE
-endif
 
 CUDA_SRC      := $(sort $(wildcard src/cuda/*.cu))
 CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/*.c))

@@ -966,25 +966,34 @@ static cudaError_t launch_split_bits(bool al, int cpl, int ns, int T, cudaStream
               : launch_split<BITS, false, 2>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
 }
 
+/* The attention's dims against the KV layout (both launch forms). */
+static bool att_dims_ok(const tern_cuda_attn_dims *d, const tern_kvq *L) {
+    const int hd = d->head_dim;
+    return hd % 8 == 0 && hd <= 512 && L->head_dim == hd && L->n_heads == d->n_kv && d->n_heads % d->n_kv == 0 &&
+           (L->bits == 16 || L->group % 8 == 0);
+}
+
+/* cp.async of the pieces: 16/8/4 bytes at 16/8/4 bits need rows and bases
+ * aligned to as much (and 8/4 bits then keep the scale regions 4-aligned). */
+static bool att_aligned(const tern_kvq *L, const uint8_t *kcache, const uint8_t *vcache) {
+    const size_t need = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4;
+    return L->row_bytes % need == 0 && (uintptr_t)kcache % need == 0 && (uintptr_t)vcache % need == 0;
+}
+
 /* n_plan >= pos0 + T plans the splits (the kernels read pos0 from pos_dev
  * when given, so one plan serves every position up to n_plan). */
 static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                      const uint8_t *vcache, int T, int pos0, const int *pos_dev, int n_plan, float scale, void *work,
                      size_t work_bytes, float *o, tern_stream s, tern_error *err) {
     int hd = d->head_dim;
-    if (T < 1 || pos0 < 0 || hd % 8 || hd > 512 || L->head_dim != hd || L->n_heads != d->n_kv ||
-        d->n_heads % d->n_kv || (L->bits != 16 && L->group % 8))
+    if (T < 1 || pos0 < 0 || !att_dims_ok(d, L))
         return tern_fail(err, "attention: dims do not match the KV layout (head_dim %d)", hd);
     if ((uintptr_t)qg % 16 || (uintptr_t)o % 16 || (uintptr_t)work % 16)
         return tern_fail(err, "attention: q, output and workspace must be 16-byte aligned");
     int ns = att_splits(d, T, n_plan), cpl = att_cpl(hd);
     size_t need = (size_t)T * d->n_heads * ns * (hd + 2) * sizeof(float);
     if (need > work_bytes) return tern_fail(err, "attention: workspace %zu bytes, %zu needed", work_bytes, need);
-    /* cp.async of the pieces: 16/8/4 bytes at 16/8/4 bits need rows and
-     * bases aligned to as much (and 8/4 bits then keep the scale regions
-     * 4-aligned) */
-    size_t need_al = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4;
-    bool al = L->row_bytes % need_al == 0 && ((uintptr_t)kcache % need_al) == 0 && ((uintptr_t)vcache % need_al) == 0;
+    bool al = att_aligned(L, kcache, vcache);
     kv_layout kl = kv_of(L);
     float *part = (float *)work;
     cudaError_t e;
@@ -1030,16 +1039,12 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
  * head one cluster, a KV head's query heads one block). */
 static int fused_splits(const tern_cuda_attn_dims *d, const tern_kvq *L, int n_plan, const uint8_t *kcache,
                         const uint8_t *vcache) {
-    const int hd = d->head_dim;
-    if (n_plan < 1 || hd % 8 || hd > 512 || L->head_dim != hd || L->n_heads != d->n_kv || d->n_heads % d->n_kv ||
-        d->rope_dim % 2 || d->rope_dim > hd)
-        return 0;
+    if (n_plan < 1 || !att_dims_ok(d, L) || d->rope_dim % 2 || d->rope_dim > d->head_dim) return 0;
     /* more query heads a KV head than a block takes: the KV head's other
      * query groups, in other clusters, would read the token's row with
      * nothing ordering it after its writer's stores */
     if (d->n_heads / d->n_kv > TC_Q) return 0;
-    const bool al = L->row_bytes % 16 == 0 && (uintptr_t)kcache % 16 == 0 && (uintptr_t)vcache % 16 == 0;
-    if (!att_tc_ok(*d, L, al)) return 0;
+    if (!att_tc_ok(*d, L, att_aligned(L, kcache, vcache))) return 0;
     return att_cluster_splits<true>(d, 1, n_plan, att_splits(d, 1, n_plan));
 }
 

@@ -41,6 +41,8 @@ __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x;
  * calls; first, so that calls over different n_valid find it in one
  * place), then stage 1's candidates (TERN_CUDA_SAMPLE_MAX_K a slice) and
  * their thresholds. */
+#define WORK_HEAD 16   /* bytes before the candidates: the count, padded to their alignment */
+
 typedef struct {
     cand *cands;
     unsigned *thr, *done;
@@ -49,7 +51,7 @@ typedef struct {
 static sample_work work_of(void *w, int nb) {
     sample_work t;
     t.done = (unsigned *)w;
-    t.cands = (cand *)((uint8_t *)w + 16);
+    t.cands = (cand *)((uint8_t *)w + WORK_HEAD);
     t.thr = (unsigned *)(t.cands + (size_t)nb * TERN_CUDA_SAMPLE_MAX_K);
     return t;
 }
@@ -103,7 +105,7 @@ __global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
 
 size_t tern_cuda_sample_workspace(int n_valid) {
     int nb = ceil_div(n_valid, SLICE);
-    return 16 + (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
+    return WORK_HEAD + (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
 }
 
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s, tern_error *err) {

@@ -1324,8 +1324,8 @@ static int id_back(gpu_session *g, tern_error *err) {
 /* The rule over g->logits (row 0) at the u in step_dev, into d_id or,
  * id_direct, straight into id_host: page-locked memory the device writes
  * over the bus (mapped by unified addressing), read by the host after the
- * step's synchronisation. One copy node less at the step's end, whose
- * start and bus round trip cost ~5 us a token (docs/PERFORMANCE.md). */
+ * step's synchronisation: one copy node less at the step's end (decode
+ * +0.3-0.8 %, docs/PERFORMANCE.md step 79). */
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
     int32_t *id = g->id_direct ? g->id_host : g->d_id;
