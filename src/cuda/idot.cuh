@@ -90,6 +90,94 @@ __device__ __forceinline__ void xd_span(const float *xf, int sp, int nch, uint8_
  * spans of a 2,048 input took ~1,600 cycles); lane l holds values 2l and
  * 2l + 1 of a span. The caller synchronises before (xf complete) and after. */
 #define XD_ILP 4
+/* The same digits and chunks as whole words (the staged GEMV's; decode
+ * +1.7 %, docs/PERFORMANCE.md step 82): lane l of a warp takes the 8 consecutive
+ * values 8 (l % 8) .. of span 4 i + l / 8, so every byte of a digit word is
+ * the lane's own (q4: a word's 8 elements; q8: two words' 4 each) and it
+ * stores 6 words instead of 24 bytes, with the span's max in 3 shuffles.
+ * The chunk's sum keeps the byte form's order exactly (each pair x[2j] +
+ * x[2j + 1], then the butterfly over the pairs: its partners at pair
+ * distance 8 and 4 are lanes k ^ 2 and k ^ 1, at 2 and 1 in the lane), so
+ * the digits and chunks are the same bits as the byte form's. */
+__device__ __forceinline__ uint32_t xd_pack(const int (&xi)[8], int i0, int step, int d) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        const int v = xi[i0 + step * b];
+        const int dg = d == 0 ? v & 127 : d == 1 ? (v >> 7) & 127 : v >> 14;
+        w |= ((uint32_t)dg & 0xffu) << (8 * b);
+    }
+    return w;
+}
+
+template <int KIND>
+__device__ __forceinline__ void xd_build_wide(const float *xf, int cols, uint4 *xd, xd_chunk *cx, int nwarps,
+                                              int w0 = 0) {
+    const int nsp = cols / XD_SPAN, nch = cols / xd_traits<KIND>::E, lane = threadIdx.x & 31, k = lane & 7;
+    uint32_t *xw = (uint32_t *)xd;
+    for (int base = 4 * ((int)(threadIdx.x >> 5) - w0); base < nsp; base += 4 * nwarps) {
+        const int sp = base + (lane >> 3);
+        const bool on = sp < nsp;
+        float x[8];
+        {   /* lanes 4-7 of each 8 load their second half first: a quarter warp's 16-byte loads then cover
+             * the 32 banks once (32-byte strides alone hit each bank group twice) */
+            const int sw = 4 * ((k >> 2) & 1);
+            const float *p = xf + sp * XD_SPAN + 8 * k;
+            const float4 a = on ? *(const float4 *)(p + sw) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 b = on ? *(const float4 *)(p + 4 - sw) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 lo = sw ? b : a, hi = sw ? a : b;
+            x[0] = lo.x; x[1] = lo.y; x[2] = lo.z; x[3] = lo.w;
+            x[4] = hi.x; x[5] = hi.y; x[6] = hi.z; x[7] = hi.w;
+        }
+        float m = fmaxf(fabsf(x[0]), fabsf(x[1]));
+#pragma unroll
+        for (int i = 2; i < 8; i++) m = fmaxf(m, fabsf(x[i]));
+#pragma unroll
+        for (int o = 4; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float inv = m > 0.0f ? 1048576.0f / m : 0.0f, dx = m > 0.0f ? m * (1.0f / 1048576.0f) : 0.0f;
+        float p[4];   /* the byte form's lane sums: pair j of this lane is pair 4 (k % LPC/4) + j of its chunk */
+#pragma unroll
+        for (int j = 0; j < 4; j++) p[j] = x[2 * j] + x[2 * j + 1];
+        float sum;
+        if (KIND == KIND_Q4) {   /* 16 pairs: partners at 8 (lane k ^ 2), 4 (k ^ 1), then 2 and 1 in the lane */
+#pragma unroll
+            for (int j = 0; j < 4; j++) p[j] += __shfl_xor_sync(0xffffffffu, p[j], 2);
+#pragma unroll
+            for (int j = 0; j < 4; j++) p[j] += __shfl_xor_sync(0xffffffffu, p[j], 1);
+            sum = (p[0] + p[2]) + (p[1] + p[3]);
+        } else {                 /* 8 pairs: partner at 4 (lane k ^ 1), then 2 and 1 in the lane */
+#pragma unroll
+            for (int j = 0; j < 4; j++) p[j] += __shfl_xor_sync(0xffffffffu, p[j], 1);
+            sum = (p[0] + p[2]) + (p[1] + p[3]);
+        }
+        int xi[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) xi[i] = __float2int_rn(x[i] * inv);
+        if (!on) continue;
+        if (KIND == KIND_Q4) {   /* word k % 4 of chunk sp * 2 + k / 4: byte b of half h is element 2 b + h */
+            const int ci = sp * 2 + (k >> 2), w = k & 3;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int d = 0; d < 3; d++) {
+                    const int f = (w * 2 + h) * 3 + d;
+                    xw[((size_t)(f >> 2) * nch + ci) * 4 + (f & 3)] = xd_pack(xi, h, 2, d);
+                }
+            if ((k & 3) == 0) cx[ci] = xd_chunk{dx, sum};
+        } else {                 /* words 2 (k % 2), + 1 of chunk sp * 4 + k / 2: byte b is element 4 w + b */
+            const int ci = sp * 4 + (k >> 1);
+#pragma unroll
+            for (int wl = 0; wl < 2; wl++)
+#pragma unroll
+                for (int d = 0; d < 3; d++) {
+                    const int f = (2 * (k & 1) + wl) * 3 + d;
+                    xw[((size_t)(f >> 2) * nch + ci) * 4 + (f & 3)] = xd_pack(xi, 4 * wl, 1, d);
+                }
+            if ((k & 1) == 0) cx[ci] = xd_chunk{dx, sum};
+        }
+    }
+}
+
 template <int KIND>
 __device__ __forceinline__ void xd_build(const float *xf, int cols, uint4 *xd, xd_chunk *cx, int nwarps,
                                          int w0 = 0) {   /* the warps taking part: w0 .. w0 + nwarps - 1 */
