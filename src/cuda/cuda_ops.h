@@ -79,6 +79,14 @@ void tern_cuda_capture_abort(tern_stream s);
 int tern_cuda_graph_launch(tern_graph g, tern_stream s, tern_error *err);
 void tern_cuda_graph_destroy(tern_graph g);
 
+/* An event to wait for one point of a stream (no timing): a decode step
+ * launched ahead of the host's reading of the one before waits on its own. */
+typedef struct CUevent_st *tern_event;
+tern_event tern_cuda_event_create(tern_error *err);
+void tern_cuda_event_destroy(tern_event e);
+int tern_cuda_event_record(tern_event e, tern_stream s, tern_error *err);
+int tern_cuda_event_sync(tern_event e, tern_error *err);   /* waits; reports kernel faults */
+
 /* Marks: n events recorded on a stream without waiting, read after the
  * stream is synchronised (per-op GPU time for TERN_KERNEL_STATS, the op
  * checker's timings). */
@@ -104,6 +112,11 @@ void tern_cuda_ctx_destroy(tern_cuda_ctx *c);
  * so the rows equal the CPU's bit for bit. Any encoding
  * tern_cuda_gemv_supported takes, and F32. */
 int tern_cuda_embed(const tern_mat *W, const int32_t *ids, int T, float *x, tern_stream s, tern_error *err);
+/* The same, where an id of -1 stands for *prev (device memory, read when
+ * the kernel runs): a decode step launched before the host has read the
+ * step before's draw takes its token from the sampler's device copy. */
+int tern_cuda_embed_prev(const tern_mat *W, const int32_t *ids, const int32_t *prev, int T, float *x, tern_stream s,
+                         tern_error *err);
 
 /* ---- decode: matrix-vector products ------------------------------------ */
 
@@ -489,23 +502,24 @@ int tern_cuda_gdn_chunked(const tern_cuda_gdn_w *w, const float *qkv, const floa
 /* ---- sampling ---------------------------------------------------------- */
 
 /* The id of the largest of logits[0 .. n_valid) (lowest id on ties; NaN
- * counts as -inf), written to *id (device). work: tern_cuda_sample_workspace
+ * counts as -inf), written to *id (device or mapped host memory) and, when
+ * id2 is not NULL, to *id2 too. work: tern_cuda_sample_workspace
  * bytes, zero before their first use (a count the call leaves zero). One
  * launch that may start before the logits' kernel ends (programmatic
  * dependent launch; TERN_SAMPLE_ONE=0: two ordinary launches). */
 size_t tern_cuda_sample_workspace(int n_valid);
-int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s,
+int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, int32_t *id2, tern_stream s,
                      tern_error *err);
 
 /* Temperature, top-k (1 <= top_k <= TERN_CUDA_SAMPLE_MAX_K), top-p over what
  * top-k kept, min-p, then the draw at *u in [0, 1) (the caller's random
  * number, read on the device when the kernel runs, so a captured step
  * takes a new one each replay): the order and rules of engine/sampler.h,
- * on the GPU; only the id comes back. Penalties are the caller's (applied
+ * on the GPU; only the id comes back (into *id and *id2 as argmax's). Penalties are the caller's (applied
  * to the logits). */
 #define TERN_CUDA_SAMPLE_MAX_K TERN_GPU_SAMPLE_MAX_K
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
-                     const double *u, void *work, int32_t *id, tern_stream s, tern_error *err);
+                     const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s, tern_error *err);
 
 /* ---- prefill ----------------------------------------------------------- */
 

@@ -237,6 +237,33 @@ void tern_cuda_graph_destroy(tern_graph g) {
     if (g) cudaGraphExecDestroy(g);
 }
 
+/* ---- events ------------------------------------------------------------- */
+
+tern_event tern_cuda_event_create(tern_error *err) {
+    cudaEvent_t e = NULL;
+    cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (r != cudaSuccess) {
+        cuda_fail(err, "cudaEventCreate", r);
+        return NULL;
+    }
+    return e;
+}
+
+void tern_cuda_event_destroy(tern_event e) {
+    if (e) cudaEventDestroy(e);
+}
+
+int tern_cuda_event_record(tern_event e, tern_stream s, tern_error *err) {
+    cudaError_t r = cudaEventRecord(e, s);
+    return r == cudaSuccess ? 0 : cuda_fail(err, "cudaEventRecord", r);
+}
+
+int tern_cuda_event_sync(tern_event e, tern_error *err) {
+    cudaError_t r = cudaEventSynchronize(e);
+    if (r == cudaSuccess) r = cudaGetLastError();
+    return r == cudaSuccess ? 0 : cuda_fail(err, "event sync", r);
+}
+
 /* ---- marks -------------------------------------------------------------- */
 
 struct tern_cuda_marks {

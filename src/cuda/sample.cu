@@ -72,18 +72,25 @@ __device__ cand block_best(cand m, cand *red) {
     return b;
 }
 
+/* The drawn id into *id and, when given, *id2 (a device copy beside a
+ * host-mapped *id: the next step's embedding reads it, tern_cuda_embed_prev). */
+__device__ __forceinline__ void put_id(int32_t v, int32_t *id, int32_t *id2) {
+    *id = v;
+    if (id2) *id2 = v;
+}
+
 /* Stage 2 of argmax: the best of nb slices' best (any block size). */
-__device__ void argmax_pick(const cand *in, int nb, int32_t *id, cand *red) {
+__device__ void argmax_pick(const cand *in, int nb, int32_t *id, int32_t *id2, cand *red) {
     cand m = {-INFINITY, 0x7fffffff};
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
         if (before(in[i], m)) m = in[i];
     cand b = block_best(m, red);
     /* all -inf: id 0, as the CPU's argmax */
-    if (threadIdx.x == 0) *id = b.id == 0x7fffffff ? 0 : b.id;
+    if (threadIdx.x == 0) put_id(b.id == 0x7fffffff ? 0 : b.id, id, id2);
 }
 
 template <bool ONE>
-__global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, int32_t *id) {
+__global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, int32_t *id, int32_t *id2) {
     __shared__ cand red[32];
     pdl_wait();   /* the logits (a no-op in an ordinary launch) */
     pdl_trigger();
@@ -95,12 +102,12 @@ __global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, 
     }
     cand b = block_best(m, red);
     if (threadIdx.x == 0) out[blockIdx.x] = b;
-    if (ONE && grid_last_block(done)) argmax_pick(out, gridDim.x, id, red);
+    if (ONE && grid_last_block(done)) argmax_pick(out, gridDim.x, id, id2, red);
 }
 
-__global__ void argmax_merge(const cand *in, int nb, int32_t *id) {
+__global__ void argmax_merge(const cand *in, int nb, int32_t *id, int32_t *id2) {
     __shared__ cand red[32];
-    argmax_pick(in, nb, id, red);
+    argmax_pick(in, nb, id, id2, red);
 }
 
 size_t tern_cuda_sample_workspace(int n_valid) {
@@ -108,18 +115,19 @@ size_t tern_cuda_sample_workspace(int n_valid) {
     return WORK_HEAD + (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
 }
 
-int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, tern_stream s, tern_error *err) {
+int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, int32_t *id2, tern_stream s,
+                     tern_error *err) {
     if (n_valid < 1) return tern_fail(err, "argmax: no logits");
     int nb = ceil_div(n_valid, SLICE);
     sample_work t = work_of(work, nb);
     if (one_launch()) {
-        cudaError_t e = launch_pdl(argmax_slices<true>, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id);
+        cudaError_t e = launch_pdl(argmax_slices<true>, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id, id2);
         if (e != cudaSuccess) return tern_fail(err, "argmax: %s", cudaGetErrorString(e));
         return launch_check("argmax", err);
     }
-    argmax_slices<false><<<nb, 256, 0, s>>>(logits, n_valid, t.cands, t.done, id);
+    argmax_slices<false><<<nb, 256, 0, s>>>(logits, n_valid, t.cands, t.done, id, NULL);
     if (launch_check("argmax", err)) return -1;
-    argmax_merge<<<1, 1024, 0, s>>>((const cand *)t.cands, nb, id);
+    argmax_merge<<<1, 1024, 0, s>>>((const cand *)t.cands, nb, id, id2);
     return launch_check("argmax merge", err);
 }
 
@@ -233,7 +241,7 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 #define MERGE_PER (MERGE / 1024)
 
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id);
+                          const double *u, int32_t *id, int32_t *id2);
 
 /* Stage 1: each block's k best of its SLICE ids, in no order (padding past
  * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. ONE: the
@@ -241,7 +249,7 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
 template <bool ONE>
 __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
                                                     unsigned *thr, unsigned *done, float top_p, float min_p,
-                                                    const double *u, int32_t *pick) {
+                                                    const double *u, int32_t *pick, int32_t *pick2) {
     __shared__ select_smem sm;
     unsigned key[SLICE_PER];
     int id[SLICE_PER];
@@ -266,7 +274,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
             if (key[j]) { c.v = v[j]; c.id = id[j]; }
             out[(size_t)blockIdx.x * k + slot] = c;
         }
-    if (ONE && grid_last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick);
+    if (ONE && grid_last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick, pick2);
 }
 
 /* Stage 2: the k best of the m candidates, sorted best first. The k-th
@@ -278,7 +286,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
  * Then one thread walks them: weights exp(l - max), top-p, min-p, the draw
  * at *u. */
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id) {
+                          const double *u, int32_t *id, int32_t *id2) {
     __shared__ select_smem sm;
     __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
     __shared__ unsigned warp_max[32], n_sel;
@@ -370,16 +378,16 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
         pick = c[i].id;
         if (target < run) break;
     }
-    *id = pick;
+    put_id(pick, id, id2);
 }
 
 __global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
-                                                   float min_p, const double *u, int32_t *id) {
-    topk_pick(in, thr, nb, k, top_p, min_p, u, id);
+                                                   float min_p, const double *u, int32_t *id, int32_t *id2) {
+    topk_pick(in, thr, nb, k, top_p, min_p, u, id, id2);
 }
 
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
-                     const double *u, void *work, int32_t *id, tern_stream s, tern_error *err) {
+                     const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s, tern_error *err) {
     if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || !u)
         return tern_fail(err, "sample: top_k %d (1..%d), temperature %g%s", top_k, TERN_CUDA_SAMPLE_MAX_K,
                          temperature, u ? "" : ", no u");
@@ -389,12 +397,13 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
     const float inv_t = 1.0f / temperature;
     if (one_launch()) {
         cudaError_t e = launch_pdl(topk_slices<true>, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands,
-                                   t.thr, t.done, top_p, min_p, u, id);
+                                   t.thr, t.done, top_p, min_p, u, id, id2);
         if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
         return launch_check("sample", err);
     }
-    topk_slices<false><<<nb, 1024, 0, s>>>(logits, n_valid, inv_t, k, t.cands, t.thr, t.done, top_p, min_p, u, id);
+    topk_slices<false><<<nb, 1024, 0, s>>>(logits, n_valid, inv_t, k, t.cands, t.thr, t.done, top_p, min_p, u, id,
+                                           NULL);
     if (launch_check("sample top-k", err)) return -1;
-    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id);
+    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id, id2);
     return launch_check("sample merge", err);
 }

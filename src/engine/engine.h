@@ -104,8 +104,18 @@ typedef struct tern_gpu_rule {
  * only bytes that come back). tern_session_eval's checks first. */
 int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                         tern_error *err);
+int tern_forward_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err);
 int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                              tern_error *err);
+/* The same step in two halves, so that the next one can be enqueued before
+ * the host has read this one's draw: _launch enqueues the step (s->pos
+ * counts it at once; token -1 evaluates the draw of the step launched
+ * before it, read on the device), _wait waits for the oldest step in
+ * flight and gives its draw. At most two steps are in flight; other
+ * evaluations and snapshots need none (wait for them first). */
+int tern_session_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err);
+int tern_session_sample_wait(tern_session *s, int32_t *next, tern_error *err);
+int tern_session_sample_in_flight(const tern_session *s);
 
 /* The MTP head over n (hidden state, next token) pairs at its next n
  * positions; logits [n, vocab]. */

@@ -574,6 +574,12 @@ int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rul
     return tern_gpu_forward_sample(s, token, rule, u, next, err);
 }
 
+int tern_forward_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
+    if (token != -1 && check_tokens(&s->m->cfg, &token, 1, err)) return -1;   /* (the KV caches: tern_gpu_sample_launch) */
+    return tern_gpu_sample_launch(s, token, rule, u, err);
+}
+
 /* ---- MTP head ----------------------------------------------------------- */
 
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,

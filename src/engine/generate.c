@@ -28,6 +28,7 @@ typedef struct {
     float *logits;
     int32_t *history;         /* prompt + generated: the penalties' window */
     int n_history;
+    int ahead;                /* GPU: a step launched before the one before's draw is read (gen_wait) */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -85,6 +86,8 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     g->gpu.on = s->gpu && tern_gpu_sampling_enabled(s) &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p);
+    const char *ah = getenv("TERN_DECODE_AHEAD");
+    g->ahead = g->gpu.on && !(ah && !strcmp(ah, "0"));
     if (!tok) return 0;
     g->detok = tern_detok_create(tok, 1, err);
     if (!g->detok) return -1;
@@ -104,23 +107,58 @@ static int32_t next_id(gen_state *g, int32_t drawn, tern_error *err) {
     return drawn >= 0 ? drawn : tern_fail(err, "GPU sampling: no id was drawn");
 }
 
-/* Evaluates one token. On the GPU the step always draws the next id too
- * (*next): one launch and one synchronisation per token, and always the
- * same captured graph (a step without the draw would be another graph,
- * captured anew whenever the loop switched between them); a draw the loop
- * does not take is dropped. On the CPU the logits come to the host when
- * another token may follow. */
-static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, int32_t *next, tern_error *err) {
-    if (g->gpu.on) return tern_session_eval_sample(s, id, &g->gpu.r, next_u(g), next, err);
+/* Evaluates one token. On the GPU the step always draws the next id too:
+ * one launch per token, and always the same captured graphs (a step
+ * without the draw would be another graph, captured anew whenever the loop
+ * switched between them); a draw the loop does not take is dropped. There
+ * the step is only launched: the loop waits for its draw (gen_wait). On
+ * the CPU the logits come to the host when another token may follow. */
+static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, tern_error *err) {
+    if (g->gpu.on) return tern_session_sample_launch(s, id, &g->gpu.r, next_u(g), err);
     return tern_session_eval(s, &id, 1, need_logits ? g->logits : NULL, 0, err);
 }
 
-/* The prompt; on the GPU its last token goes through eval_id's step, which
- * draws the first id (*first). */
-static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int n, int32_t *first, tern_error *err) {
+/* The prompt; on the GPU its last token goes through eval_id's step, whose
+ * draw is the first id. */
+static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int n, tern_error *err) {
     if (!g->gpu.on) return tern_session_eval(s, prompt, n, g->logits, 0, err);
     if (n > 1 && tern_session_eval(s, prompt, n - 1, NULL, 0, err)) return -1;
-    return eval_id(g, s, prompt[n - 1], 1, first, err);
+    return eval_id(g, s, prompt[n - 1], 1, err);
+}
+
+/* Whether the loop may not take another id (n generated, the session at
+ * pos), and why (*reason). */
+static int limit_reached(const tern_gen_params *p, const tern_session *s, int n, int pos, int *reason) {
+    if (p->n_predict >= 0 && n >= p->n_predict) *reason = TERN_STOP_LENGTH;
+    else if (pos >= s->max_ctx) *reason = TERN_STOP_CONTEXT;
+    else return 0;
+    return 1;
+}
+
+/* The GPU's next id: the draw of the oldest step in flight. Before waiting
+ * for it, the step that evaluates it is launched (its token the device's
+ * copy of the draw) when the loop is sure to take and evaluate it: every
+ * taken id is evaluated, EOS and stop included, unless a limit ends the
+ * loop first, and both limits are known a step ahead. The host's turn
+ * between steps (its wake-up, the stop checks, the launch) then overlaps
+ * the GPU's next step (TERN_DECODE_AHEAD=0: one step at a time).
+ * *ahead: launched. */
+static int gen_wait(gen_state *g, tern_session *s, const tern_gen_params *p, int n_generated, int32_t *drawn,
+                    int *ahead, tern_error *err) {
+    int why;
+    *ahead = 0;
+    if (g->ahead && !limit_reached(p, s, n_generated, tern_session_pos(s), &why)) {
+        if (eval_id(g, s, -1, 1, err)) return -1;
+        *ahead = 1;
+    }
+    return tern_session_sample_wait(s, drawn, err);
+}
+
+/* The steps still in flight when the loop ends: their draws are dropped. */
+static void gen_drain(tern_session *s) {
+    int32_t id;
+    tern_error e;
+    while (tern_session_sample_in_flight(s) > 0 && tern_session_sample_wait(s, &id, &e) == 0) {}
 }
 
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -131,16 +169,17 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
-    int32_t drawn = -1;   /* on the GPU: the next id, drawn with the last step */
     double t0 = tern_now_s();
-    if (rc == 0) rc = eval_prompt(&g, s, prompt, (int)n_prompt, &drawn, err);
+    if (rc == 0) rc = eval_prompt(&g, s, prompt, (int)n_prompt, err);
     double t1 = tern_now_s();
     stats->n_prompt = (int)n_prompt;
     stats->prefill_s = t1 - t0;
     int reason = TERN_STOP_LENGTH;
     while (rc == 0) {
-        if (p->n_predict >= 0 && stats->n_generated >= p->n_predict) { reason = TERN_STOP_LENGTH; break; }
-        if (s->pos >= s->max_ctx) { reason = TERN_STOP_CONTEXT; break; }
+        int32_t drawn = -1;   /* on the GPU: the next id, drawn by the step in flight */
+        int ahead = 0;        /* and the step evaluating it launched already */
+        if (g.gpu.on && gen_wait(&g, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
+        if (limit_reached(p, s, stats->n_generated, tern_session_pos(s) - ahead, &reason)) break;
         int32_t id = next_id(&g, drawn, err);
         if (id < 0) { rc = -1; break; }
         g.history[g.n_history++] = id;
@@ -154,11 +193,12 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         if (stop < 0) { rc = -1; break; }
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
-        rc = eval_id(&g, s, id, !eos && !stop, &drawn, err);
+        if (!ahead) rc = eval_id(&g, s, id, !eos && !stop, err);
         if (rc != 0) break;
         if (eos) { reason = TERN_STOP_EOS; break; }
         if (stop) break;
     }
+    gen_drain(s);
     if (rc == 0 && reason != TERN_STOP_STRING && reason != TERN_STOP_CALLER) flush(&g, on_text, ctx);
     stats->decode_s = tern_now_s() - t1;
     stats->stop_reason = reason;

@@ -32,6 +32,15 @@ int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule 
     (void)s; (void)token; (void)rule; (void)u; (void)next;
     return no_cuda(err);
 }
+int tern_gpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    (void)s; (void)token; (void)rule; (void)u;
+    return no_cuda(err);
+}
+int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err) {
+    (void)s; (void)next;
+    return no_cuda(err);
+}
+int tern_gpu_sample_in_flight(const tern_session *s) { (void)s; return 0; }
 
 #else
 
@@ -405,10 +414,14 @@ enum { NO_GEMM = 1, NO_ATTN = 2, NO_GDN = 4, NO_MOE = 8 };
 typedef struct gpu_session {
     tern_stream stream;
     int decode_ops;               /* NO_* bits */
-    tern_graph graph;             /* the decode step, re-captured and updated each token */
+    /* The decode step's graphs, one per input block (blk): a step launched
+     * while the one before is in flight writes the other block, so each
+     * graph's copy node and id word are its own. */
+    tern_graph graph[2];
     int use_graph;
     int piece;                    /* tokens per forward piece */
-    struct { int T, rows, n_plan, one_launch; } key;   /* what g->graph was captured for */
+    struct { int T, rows, n_plan, one_launch, kv_gen; } key[2];   /* what graph[b] was captured for */
+    int kv_gen;                   /* counts the KV caches' moves (kv_key) */
     int counted;                  /* in the model's sessions */
     int one_launch;               /* this step may take the experts' one launch (the only session) */
     const uint8_t **kv_key;       /* and the KV caches it points at: [layer][k, v] */
@@ -439,11 +452,18 @@ typedef struct gpu_session {
     size_t go_bytes;
     /* A piece's input, [u (double), position, tokens...]: written on the
      * host into page-locked memory, copied up in the stream (the embedding,
-     * the captured step and the sampler read it on the device). */
-    uint8_t *step_host, *step_dev;
+     * the captured step and the sampler read it on the device). Two blocks:
+     * blk is the one the step being enqueued reads. */
+    uint8_t *step_host[2], *step_dev;
     const int32_t *tok_dev;       /* the tokens in step_dev */
-    int32_t *id_host;             /* the drawn id, copied back (page-locked, behind step_host's block) */
-    struct { int on; tern_gpu_rule r; } key_rule;   /* the sampler captured in g->graph, if any */
+    int32_t *id_host[2];          /* the drawn ids, one a block (page-locked, behind the blocks) */
+    int blk;
+    /* Sampled decode steps launched and not yet waited for (at most two,
+     * oldest first): their blocks, and an event after each. */
+    int n_flight, flight[2];
+    tern_event done[2];
+    int drawn;                    /* a sampled step was launched: d_id holds its draw */
+    struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any */
     int32_t *host_ids;            /* routing observer */
 } gpu_session;
 
@@ -497,8 +517,13 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->d_id = (int32_t *)dalloc(1, &ok, err);
     g->route_counters = (unsigned *)dalloc((size_t)c->n_layers, &ok, err);
     if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
-    if (ok && !(g->step_host = tern_cuda_host_alloc(STEP_BYTES(P) + sizeof(int32_t), err))) ok = 0;
-    g->id_host = ok ? (int32_t *)(g->step_host + STEP_BYTES(P)) : NULL;
+    size_t blk_bytes = (STEP_BYTES(P) + 63) & ~(size_t)63;
+    if (ok && !(g->step_host[0] = tern_cuda_host_alloc(2 * blk_bytes + 2 * sizeof(int32_t), err))) ok = 0;
+    for (int b = 0; ok && b < 2; b++) {
+        g->step_host[b] = g->step_host[0] + b * blk_bytes;
+        g->id_host[b] = (int32_t *)(g->step_host[0] + 2 * blk_bytes) + b;
+        if (!(g->done[b] = tern_cuda_event_create(err))) ok = 0;
+    }
     if (ok && !(g->step_dev = tern_cuda_alloc(STEP_BYTES(P), err))) ok = 0;
     g->tok_dev = ok ? (const int32_t *)(g->step_dev + STEP_TOK) : NULL;
     g->host_ids = malloc(P * (size_t)c->top_k * sizeof(int32_t));
@@ -641,14 +666,17 @@ void tern_gpu_session_free(tern_session *s) {
     tern_cuda_free(g->route_counters);
     tern_cuda_free(g->gdn_work);
     tern_cuda_free(g->grouped_work);
-    tern_cuda_graph_destroy(g->graph);
+    for (int b = 0; b < 2; b++) {
+        tern_cuda_graph_destroy(g->graph[b]);
+        tern_cuda_event_destroy(g->done[b]);
+    }
     if (g->st) {
         print_stats(g->st);
         tern_cuda_marks_destroy(g->st->marks);
         free(g->st);
     }
     tern_cuda_stream_destroy(g->stream);
-    tern_cuda_host_free(g->step_host);
+    tern_cuda_host_free(g->step_host[0]);
     tern_cuda_free(g->step_dev);
     free(g->host_ids);
     free(g->kv_key);
@@ -1305,33 +1333,36 @@ static int step1(tern_session *s, int rows, tern_error *err) {
 }
 
 /* The piece's input block goes up (in a captured step, as the graph's
- * first node: the host writes step_host and launches), then the embedding
- * rows into g->x from the token ids in it. */
+ * first node: the host writes step_host[blk] and launches), then the
+ * embedding rows into g->x from the token ids in it; an id of -1 (a step
+ * launched before the host read the draw it evaluates) is the step
+ * before's draw, which the sampler also left in d_id. */
 static int embed(tern_session *s, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
-    if (tern_cuda_copy_host(g->step_dev, g->step_host, STEP_BYTES(T), 0, g->stream, err)) return -1;
-    return tern_cuda_embed(&gm->w.embed, g->tok_dev, T, g->x, g->stream, err);
+    if (tern_cuda_copy_host(g->step_dev, g->step_host[g->blk], STEP_BYTES(T), 0, g->stream, err)) return -1;
+    return tern_cuda_embed_prev(&gm->w.embed, g->tok_dev, g->d_id, T, g->x, g->stream, err);
 }
 
-/* The drawn id comes back into id_host (in a captured step, its last
+/* The drawn id comes back into id_host[blk] (in a captured step, its last
  * node), unless the sampler stored it there itself (id_direct). */
 static int id_back(gpu_session *g, tern_error *err) {
     if (g->id_direct) return 0;
-    return tern_cuda_copy_host(g->id_host, g->d_id, sizeof *g->id_host, 1, g->stream, err);
+    return tern_cuda_copy_host(g->id_host[g->blk], g->d_id, sizeof *g->id_host[0], 1, g->stream, err);
 }
 
 /* The rule over g->logits (row 0) at the u in step_dev, into d_id or,
- * id_direct, straight into id_host: page-locked memory the device writes
- * over the bus (mapped by unified addressing), read by the host after the
- * step's synchronisation: one copy node less at the step's end (decode
- * +0.3-0.8 %, docs/PERFORMANCE.md step 79). */
+ * id_direct, straight into id_host[blk] (and d_id, for a next step
+ * launched before the host reads this one's): page-locked memory the
+ * device writes over the bus (mapped by unified addressing), read by the
+ * host after the step's event: one copy node less at the step's end
+ * (decode +0.3-0.8 %, docs/PERFORMANCE.md step 79). */
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
-    int32_t *id = g->id_direct ? g->id_host : g->d_id;
-    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, id, g->stream, err);
+    int32_t *id = g->id_direct ? g->id_host[g->blk] : g->d_id, *id2 = g->id_direct ? g->d_id : NULL;
+    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, id, id2, g->stream, err);
     return tern_cuda_sample(g->logits, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u, g->sample_work,
-                            id, g->stream, err);
+                            id, id2, g->stream, err);
 }
 
 /* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows,
@@ -1359,35 +1390,52 @@ static int enqueue_step(tern_session *s, int T, int rows, const tern_gpu_rule *r
     return rc == 0 && rule && (sample_ops(g, rule, err) || id_back(g, err)) ? -1 : rc;
 }
 
-/* The graph of a decode step is captured once and replayed for the
- * following tokens: the token ids, the position and the sampler's u are
- * read on the device (piece() copies them up before the launch) and the
- * attention's splits are planned for the next power of two of the
- * context, so only a new token count, another sampling rule, a longer plan
- * or a moved KV cache (it grows by reallocation) captures again, updating
- * the executable graph in place. */
-static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, tern_error *err) {
-    gpu_session *g = s->gpu;
-    const tern_config *c = &s->m->cfg;
+/* The attention's plan for a step of T tokens at s->pos: the next power of
+ * two of the context from 256, at most the session's. */
+static int plan_of(const tern_session *s, int T) {
     int n = s->pos + T, n_plan = 256;
     while (n_plan < n) n_plan *= 2;
     if (n_plan > s->max_ctx) n_plan = s->max_ctx > n ? s->max_ctx : n;
-    int moved = 0;   /* a KV cache reallocated since the capture (they grow that way) */
+    return n_plan;
+}
+
+/* Whether graph[blk] was captured for this step: token count, rows, plan,
+ * sampling rule, the experts' launch form and the KV caches it points at
+ * (they grow by reallocation; kv_gen counts the moves). */
+static int graph_current(tern_session *s, int T, int rows, const tern_gpu_rule *rule) {
+    gpu_session *g = s->gpu;
+    const tern_config *c = &s->m->cfg;
+    int moved = 0;
     for (int l = 0; l < c->n_layers; l++) {
         moved |= g->kv_key[2 * l] != s->kv[l].k || g->kv_key[2 * l + 1] != s->kv[l].v;
         g->kv_key[2 * l] = s->kv[l].k;
         g->kv_key[2 * l + 1] = s->kv[l].v;
     }
-    int other_rule = g->key_rule.on != (rule != NULL) || (rule && memcmp(&g->key_rule.r, rule, sizeof *rule));
-    if (!g->graph || moved || other_rule || g->key.T != T || g->key.rows != rows || g->key.n_plan != n_plan ||
-        g->key.one_launch != g->one_launch) {
+    g->kv_gen += moved;
+    int b = g->blk;
+    int other_rule = g->key_rule[b].on != (rule != NULL) || (rule && memcmp(&g->key_rule[b].r, rule, sizeof *rule));
+    return g->graph[b] && !other_rule && g->key[b].T == T && g->key[b].rows == rows &&
+           g->key[b].n_plan == plan_of(s, T) && g->key[b].one_launch == g->one_launch && g->key[b].kv_gen == g->kv_gen;
+}
+
+/* The graph of a decode step is captured once per input block and
+ * replayed for the following tokens: the token ids, the position and the
+ * sampler's u are read on the device (the block's copy node) and the
+ * attention's splits are planned for the next power of two of the
+ * context, so only a new token count, another sampling rule, a longer plan
+ * or a moved KV cache captures again, updating the executable graph in
+ * place. The caller has checked graph_current (which records a move). */
+static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, int current, tern_error *err) {
+    gpu_session *g = s->gpu;
+    int b = g->blk, n_plan = plan_of(s, T);
+    if (!current) {
         /* a new plan changes the attention's splits, and with them the
          * cluster size of its launch (tern_cuda_attention_at), a launch
          * attribute an update in place is not relied on to carry: a graph of
          * its own */
-        if (g->graph && g->key.n_plan != n_plan) {
-            tern_cuda_graph_destroy(g->graph);
-            g->graph = NULL;
+        if (g->graph[b] && g->key[b].n_plan != n_plan) {
+            tern_cuda_graph_destroy(g->graph[b]);
+            g->graph[b] = NULL;
         }
         g->pos_dev = (const int *)(g->step_dev + STEP_POS);
         g->n_plan = n_plan;
@@ -1396,88 +1444,94 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
         g->pos_dev = NULL;
         if (rc != 0) {
             tern_cuda_capture_abort(g->stream);
-            g->key.T = 0;
+            g->key[b].T = 0;
             return -1;
         }
-        if (tern_cuda_capture_end_into(g->stream, &g->graph, err)) {
-            g->key.T = 0;
+        if (tern_cuda_capture_end_into(g->stream, &g->graph[b], err)) {
+            g->key[b].T = 0;
             return -1;
         }
-        g->key.T = T;
-        g->key.rows = rows;
-        g->key.n_plan = n_plan;
-        g->key.one_launch = g->one_launch;
-        g->key_rule.on = rule != NULL;
-        if (rule) g->key_rule.r = *rule;
+        g->key[b].T = T;
+        g->key[b].rows = rows;
+        g->key[b].n_plan = n_plan;
+        g->key[b].one_launch = g->one_launch;
+        g->key[b].kv_gen = g->kv_gen;
+        g->key_rule[b].on = rule != NULL;
+        if (rule) g->key_rule[b].r = *rule;
     }
     stats *st = g->st && g->st->graph && T == 1 ? g->st : NULL;
     if (st) tern_cuda_mark(st->marks, 0, g->stream);
-    int rc = tern_cuda_graph_launch(g->graph, g->stream, err);
+    int rc = tern_cuda_graph_launch(g->graph[b], g->stream, err);
     if (st) tern_cuda_mark(st->marks, 1, g->stream);
     return rc;
 }
 
-/* The piece's input (u, position, tokens) into step_host; embed() copies
- * it up. The previous piece's copy from it has run: each piece ends
- * synchronised. */
+/* The piece's input (u, position, tokens) into step_host[blk]; embed()
+ * copies it up. No step in flight reads that block: a piece runs with
+ * none in flight, and a sampled step takes the block the step before it
+ * did not. */
 static void put_step(tern_session *s, const int32_t *tokens, int T, double u) {
     gpu_session *g = s->gpu;
     int32_t pos = (int32_t)s->pos;
-    memcpy(g->step_host + STEP_U, &u, sizeof u);
-    memcpy(g->step_host + STEP_POS, &pos, sizeof pos);
-    memcpy(g->step_host + STEP_TOK, tokens, (size_t)T * sizeof *tokens);
+    memcpy(g->step_host[g->blk] + STEP_U, &u, sizeof u);
+    memcpy(g->step_host[g->blk] + STEP_POS, &pos, sizeof pos);
+    memcpy(g->step_host[g->blk] + STEP_TOK, tokens, (size_t)T * sizeof *tokens);
 }
 
-/* One piece of T tokens; logits as tern_forward's. rule (a decode step,
- * T = 1, logits NULL): the last token's logits stay in the device buffer
- * and the next id is drawn from them at u into *next. The hidden state
- * stays on the device (s->hidden_dev); the piece ends with the stream
+/* After a step that failed to enqueue: the layers it ran left sums in
+ * their slots that the next ones did not zero. */
+static void clear_slots(tern_session *s) {
+    gpu_session *g = s->gpu;
+    const tern_config *c = &s->m->cfg;
+    tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
+    if (g->go) tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
+}
+
+/* Whether this session's steps may be captured and replayed: per-role
+ * marks on decode steps (TERN_KERNEL_STATS=1) and the route observer need
+ * them uncaptured. */
+static int graphs_allowed(const tern_session *s) {
+    const gpu_session *g = s->gpu;
+    int decode_marks = g->st && !g->st->graph && !g->st->prefill;
+    return g->use_graph && !decode_marks && !s->route_fn;
+}
+
+/* One piece of T tokens; logits as tern_forward's. The hidden state stays
+ * on the device (s->hidden_dev); the piece ends with the stream
  * synchronised. */
-static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, const tern_gpu_rule *rule,
-                 double u, int32_t *next, tern_error *err) {
+static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const gpu_model *gm = m->gpu;
     gpu_session *g = s->gpu;
     int H = c->hidden, V = c->vocab;
     double t0 = tern_now_s() * 1e3;
-    put_step(s, tokens, T, u);
-    /* per-role marks on decode steps (TERN_KERNEL_STATS=1) need them uncaptured */
+    if (g->n_flight) return tern_fail(err, "GPU: a piece while %d sampled steps are in flight", g->n_flight);
+    g->blk = 0;
+    put_step(s, tokens, T, 0.0);
     int decode_marks = g->st && !g->st->graph && !g->st->prefill;
     if (g->st) g->st->n_marks = (g->st->prefill ? T > SUB : decode_marks && T == 1) ? 0 : -1;
-    int rows = rule ? 1 : !logits ? 0 : all ? T : 1;
+    int rows = !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
-    if (rule && !small) return tern_fail(err, "GPU: a step with a draw takes at most %d tokens", SUB);
-    int graph = small && g->use_graph && !decode_marks && !s->route_fn;
+    int graph = small && graphs_allowed(s);
     g->one_launch = atomic_load(sessions_of(m)) == 1;   /* read once: the whole step (and its graph) agree */
     int rc;
-    if (graph) rc = replay_step(s, T, rows, rule, err);
-    else if (small) rc = enqueue_step(s, T, rows, rule, err);
+    if (graph) rc = replay_step(s, T, rows, NULL, graph_current(s, T, rows, NULL), err);
+    else if (small) rc = enqueue_step(s, T, rows, NULL, err);
     else rc = embed(s, T, err) || layers(s, T, err) ? -1 : 0;
     if (rc != 0) {
-        /* a step cut short leaves sums in the slots of the layers it ran
-         * that the next ones did not zero */
-        tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
-        if (g->go) tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
+        clear_slots(s);
         return -1;
     }
     const float *last = g->xn + (size_t)(T - 1) * H;
-    if (rule) {
-        /* the logits in g->logits, the drawn id on its way to id_host */
-    } else if (small && rows) {
+    if (small && rows) {
         if (tern_cuda_sync(g->stream, err) || tern_cuda_download(logits, g->logits, (size_t)rows * V * sizeof(float), err))
             return -1;
     } else if (rows && head(g, gm, all ? g->xn : last, rows, H, V, logits, err)) {
         return -1;
     }
     if (tern_cuda_sync(g->stream, err)) return -1;
-    if (rule) *next = *g->id_host;
     if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0, T);
-    if (g->st && g->st->graph && graph && T == 1) {
-        g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
-        g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;
-        g->st->graph_steps++;
-    }
     s->hidden_dev = last;
     s->has_hidden = 1;
     s->pos += T;
@@ -1493,7 +1547,7 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, NULL, 0.0, NULL, err) != 0) {
+        if (piece(s, tokens + done, n, out, all_logits, err) != 0) {
             s->broken = 1;
             return -1;
         }
@@ -1513,14 +1567,87 @@ static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern
     return 0;
 }
 
-int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
-                            tern_error *err) {
+/* Waits for the steps in flight (their ids stay in their words for
+ * tern_gpu_sample_wait). */
+static int drain(gpu_session *g, tern_error *err) {
+    return g->n_flight ? tern_cuda_sync(g->stream, err) : 0;
+}
+
+/* One sampled decode step at s->pos, enqueued (s->pos then counts it):
+ * the captured graph of its block, then an event. Whatever must not
+ * happen under a step in flight waits for the stream first: the KV
+ * caches' growth (a reallocation), a capture, and the uncaptured forms
+ * (measurement modes, the route observer), which also end synchronised. */
+static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    gpu_session *g = s->gpu;
+    if (g->n_flight == 2) return tern_fail(err, "GPU sampling: two steps are in flight already");
+    if (token < 0 && !g->n_flight && !g->drawn)
+        return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
+    if (s->pos + 1 > s->cap && (drain(g, err) || tern_session_reserve(s, s->pos + 1, err))) return -1;
+    g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
+    put_step(s, &token, 1, u);
+    int graph = graphs_allowed(s);
+    g->one_launch = atomic_load(sessions_of(s->m)) == 1;
+    int current = graph && graph_current(s, 1, 1, rule);
+    if ((!graph || !current) && drain(g, err)) return -1;
+    double t0 = tern_now_s() * 1e3;
+    int decode_marks = g->st && !g->st->graph && !g->st->prefill;
+    if (g->st) g->st->n_marks = decode_marks ? 0 : -1;
+    int rc = graph ? replay_step(s, 1, 1, rule, current, err) : enqueue_step(s, 1, 1, rule, err);
+    if (rc != 0) {
+        clear_slots(s);
+        return -1;
+    }
+    if (tern_cuda_event_record(g->done[g->blk], g->stream, err)) return -1;
+    g->flight[g->n_flight++] = g->blk;
+    g->drawn = 1;
+    if (!graph || (g->st && g->st->graph)) {   /* measured per step: synchronised here */
+        if (tern_cuda_sync(g->stream, err)) return -1;
+        if (g->st && g->st->n_marks > 0) collect(g->st, tern_now_s() * 1e3 - t0, 1);
+        if (g->st && g->st->graph) {
+            g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
+            g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;
+            g->st->graph_steps++;
+        }
+    }
+    s->hidden_dev = g->xn;
+    s->has_hidden = 1;
+    s->pos += 1;
+    return 0;
+}
+
+int tern_gpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
     if (rule_ok(s, rule, u, err)) return -1;
-    if (piece(s, &token, 1, NULL, 0, rule, u, next, err) != 0) {
+    if (sample_launch(s, token, rule, u, err) != 0) {
         s->broken = 1;
         return -1;
     }
     return 0;
+}
+
+int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err) {
+    gpu_session *g = s->gpu;
+    if (!g->n_flight) return tern_fail(err, "GPU sampling: no step in flight");
+    int b = g->flight[0];
+    g->flight[0] = g->flight[1];
+    g->n_flight--;
+    if (tern_cuda_event_sync(g->done[b], err)) {
+        s->broken = 1;
+        return -1;
+    }
+    *next = *(volatile int32_t *)g->id_host[b];
+    return 0;
+}
+
+int tern_gpu_sample_in_flight(const tern_session *s) {
+    const gpu_session *g = s->gpu;
+    return g ? g->n_flight : 0;
+}
+
+int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                            tern_error *err) {
+    if (((gpu_session *)s->gpu)->n_flight) return tern_fail(err, "GPU sampling: a step is in flight");
+    return tern_gpu_sample_launch(s, token, rule, u, err) || tern_gpu_sample_wait(s, next, err) ? -1 : 0;
 }
 
 #endif

@@ -42,5 +42,13 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 int tern_gpu_sampling_enabled(const tern_session *s);
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err);
+/* The same step in two halves (tern_session_sample_launch): the launch
+ * enqueues it, its input in the block the step in flight does not read
+ * and its id into that block's word, and grows the KV caches first when
+ * they must (after waiting for the steps in flight); the wait gives the
+ * oldest step's draw. */
+int tern_gpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err);
+int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err);
+int tern_gpu_sample_in_flight(const tern_session *s);
 
 #endif

@@ -144,6 +144,17 @@ int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule
     return can_eval(s, 1, err) ? -1 : tern_forward_sample(s, token, rule, u, next, err);
 }
 
+int tern_session_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    return can_eval(s, 1, err) ? -1 : tern_forward_sample_launch(s, token, rule, u, err);
+}
+
+int tern_session_sample_wait(tern_session *s, int32_t *next, tern_error *err) {
+    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
+    return tern_gpu_sample_wait(s, next, err);
+}
+
+int tern_session_sample_in_flight(const tern_session *s) { return s->gpu ? tern_gpu_sample_in_flight(s) : 0; }
+
 int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
                       tern_error *err) {
     if (can_eval(s, n, err)) return -1;

@@ -60,7 +60,39 @@ static void embed_f32(checker *ck, int64_t rows, int64_t cols) {
     tern_cuda_free(dx);
 }
 
+/* tern_cuda_embed_prev: an id of -1 takes the row of *prev (device
+ * memory); without prev it is a bad id and yields zeros, as any other. */
+static void embed_prev_case(checker *ck) {
+    test_mat m;
+    enum { ROWS = 1000, COLS = 2048, T = 4 };
+    make_mat(ck, &m, ROWS, COLS, 4, 0, 64);
+    int32_t ids[T] = {-1, 7, -1, ROWS - 1}, prev = 123;
+    int32_t *did = dev_upload(ids, sizeof ids), *dprev = dev_upload(&prev, sizeof prev);
+    float *dx = dev_poison((size_t)T * COLS);
+    float *got = xmalloc((size_t)T * COLS * sizeof(float)), *ref = xmalloc((size_t)COLS * sizeof(float));
+    tern_error err;
+    long bad = 0;
+    for (int with = 1; with >= 0; with--) {
+        if (tern_cuda_embed_prev(&m.d, did, with ? dprev : NULL, T, dx, ck->stream, &err)) die_err("embed_prev", &err);
+        dev_sync(ck, "embed_prev");
+        dev_download(got, dx, (size_t)T * COLS * sizeof(float));
+        for (int t = 0; t < T; t++) {
+            if (ids[t] >= 0 || with) tern_mat_row(&m.h, ids[t] >= 0 ? ids[t] : prev, ref);
+            else memset(ref, 0, (size_t)COLS * sizeof(float));
+            bad += memcmp(got + (size_t)t * COLS, ref, (size_t)COLS * sizeof(float)) != 0;
+        }
+    }
+    report_exact(ck, "embed", "q4 g64 1000 x 2048, -1 ids: *prev, then zeros without it", bad, 2 * T);
+    free(got);
+    free(ref);
+    tern_cuda_free(did);
+    tern_cuda_free(dprev);
+    tern_cuda_free(dx);
+    free_mat(&m);
+}
+
 void check_embed(checker *ck) {
+    embed_prev_case(ck);
     embed_case(ck, 4096, 2048, 4, 0, 64, "q4 g64");
     embed_case(ck, 1000, 2048, 4, 0, 32, "q4 g32");
     embed_case(ck, 1000, 1536, 8, 0, 128, "q8 g128");

@@ -64,8 +64,8 @@ static void run_sample(void *arg, int rep) {
     sample_run *r = arg;
     tern_error err;
     (void)rep;
-    int rc = r->sample ? tern_cuda_sample(r->l, VALID, 0.7f, 20, 0.95f, 0.0f, r->u, r->work, r->id, r->s, &err)
-                       : tern_cuda_argmax(r->l, VALID, r->work, r->id, r->s, &err);
+    int rc = r->sample ? tern_cuda_sample(r->l, VALID, 0.7f, 20, 0.95f, 0.0f, r->u, r->work, r->id, NULL, r->s, &err)
+                       : tern_cuda_argmax(r->l, VALID, r->work, r->id, NULL, r->s, &err);
     if (rc) die_err("sample", &err);
 }
 
@@ -76,6 +76,22 @@ static void logits_fill(checker *ck, float *l) { rnd_floats(ck, l, VOCAB, 3.0f);
 static void logits_ties(checker *ck, float *l) {
     logits_fill(ck, l);
     for (int i = 0; i < VOCAB; i++) l[i] = floorf(l[i] * 0.5f);
+}
+
+/* The draw's two outputs (did[0], and did[1] on odd trials): before each
+ * call both hold -7; after it did[0] is the id, did[1] the id again when it
+ * was given and still -7 when not. */
+static void ids_reset(int32_t *did) {
+    const int32_t m7[2] = {-7, -7};
+    tern_error err;
+    if (tern_cuda_upload(did, m7, sizeof m7, &err)) die_err("upload", &err);
+}
+
+static int ids_bad(checker *ck, const int32_t *did, int two, int32_t want, const char *what) {
+    int32_t got[2];
+    dev_sync(ck, what);
+    dev_download(got, did, sizeof got);
+    return got[0] != want || got[1] != (two ? want : -7);
 }
 
 static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *did) {
@@ -89,11 +105,9 @@ static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *
         if (trial == 2) { l[7] = NAN; l[VALID + 3] = 1e9f; }           /* NaN, and the padding rows */
         if (trial == 3) for (int i = 0; i < VOCAB; i++) l[i] = -INFINITY;
         tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
-        if (tern_cuda_argmax(dl, n, work, did, ck->stream, &err)) die_err("argmax", &err);
-        int32_t got;
-        dev_sync(ck, "argmax");
-        dev_download(&got, did, sizeof got);
-        bad += got != argmax_ref(l, n);
+        ids_reset(did);
+        if (tern_cuda_argmax(dl, n, work, did, trial & 1 ? did + 1 : NULL, ck->stream, &err)) die_err("argmax", &err);
+        bad += ids_bad(ck, did, trial & 1, argmax_ref(l, n), "argmax");
         total++;
     }
     report_exact(ck, "argmax", "vocab 248320 (248077 valid; 100000 once), 6 cases", bad, total);
@@ -123,11 +137,10 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
         }
         double u = (double)(rnd_u64(ck) >> 11) * 0x1.0p-53;
         tern_cuda_upload(du, &u, sizeof u, &err);
-        if (tern_cuda_sample(dl, VALID, temp, k, p, minp, du, work, did, ck->stream, &err)) die_err("sample", &err);
-        int32_t got;
-        dev_sync(ck, "sample");
-        dev_download(&got, did, sizeof got);
-        bad += got != draw_ref(probs, VOCAB, u, buf);
+        ids_reset(did);
+        if (tern_cuda_sample(dl, VALID, temp, k, p, minp, du, work, did, trial & 1 ? did + 1 : NULL, ck->stream, &err))
+            die_err("sample", &err);
+        bad += ids_bad(ck, did, trial & 1, draw_ref(probs, VOCAB, u, buf), "sample");
         total++;
     }
     char shape[96];
@@ -144,7 +157,7 @@ void check_sample(checker *ck) {
     float *dl = dev_alloc(VOCAB * sizeof(float));
     void *work = dev_alloc(tern_cuda_sample_workspace(VALID));
     dev_zero(work, tern_cuda_sample_workspace(VALID));   /* (the one launch's count: zero, then left zero) */
-    int32_t *did = dev_alloc(sizeof(int32_t));
+    int32_t *did = dev_alloc(2 * sizeof(int32_t));   /* the id and its second copy */
     double *du = dev_alloc(sizeof(double));
     check_argmax(ck, l, dl, work, did);
     sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, 0);

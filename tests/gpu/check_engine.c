@@ -274,6 +274,54 @@ static void gpu_sampling(const char *dir) {
     tern_model_free(gpu);
 }
 
+/* Two turns on one session, the first ended by an EOS id (eos >= 0), the
+ * length or the context (max_ctx); the second continues it. On the GPU a
+ * step is launched before the host reads the draw it evaluates
+ * (TERN_DECODE_AHEAD): a stop must leave the session exactly where the
+ * CPU's is, so the second turn's ids and both positions must match. */
+static void two_turns(tern_model *m, int32_t eos, int max_ctx, id_list *out, int *pos) {
+    tern_session_params p = {.kv_bits = 16, .max_context = max_ctx};
+    tern_error err;
+    tern_session *s = tern_session_create(m, &p, &err);
+    if (!s) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    tern_sampler_params sp;
+    tern_sampler_params_default(&sp);
+    sp.n_eos = eos >= 0;
+    sp.eos_ids[0] = eos;
+    int32_t p1[5] = {11, 400, 23, 999, 5}, p2[2] = {7, 8};
+    tern_gen_params g1 = {.sampling = sp, .n_predict = 20, .on_token = collect_id};
+    tern_gen_params g2 = {.sampling = sp, .n_predict = 6, .ignore_eos = 1, .on_token = collect_id};
+    tern_gen_stats st;
+    out->n = 0;
+    if (tern_generate(s, NULL, p1, 5, &g1, NULL, out, &st, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    pos[0] = tern_session_pos(s);
+    if (max_ctx) g2.n_predict = 0;   /* (a full context: the second turn's prompt would not fit) */
+    else if (tern_generate(s, NULL, p2, 2, &g2, NULL, out, &st, &err) != 0) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    pos[1] = tern_session_pos(s);
+    tern_session_destroy(s);
+}
+
+static void gpu_stops(const char *dir) {
+    tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
+    tern_sampler_params sp;
+    tern_sampler_params_default(&sp);
+    id_list first;
+    generate(cpu, &sp, 8, &first);   /* greedy: the fourth id becomes the EOS of the first case */
+    static const char *const what[3] = {"an EOS", "the length", "the context"};
+    for (int c = 0; c < 3; c++) {
+        id_list a, b;
+        int pa[2], pb[2];
+        two_turns(gpu, c == 0 ? first.ids[3] : -1, c == 2 ? 16 : 0, &a, pa);
+        two_turns(cpu, c == 0 ? first.ids[3] : -1, c == 2 ? 16 : 0, &b, pb);
+        char name[128];
+        snprintf(name, sizeof name, "GPU sampling: a turn ended by %s, then another: ids equal of %d, positions", what[c],
+                 b.n);
+        report(name, (b.n - same_prefix(&a, &b)) + (a.n != b.n) + (pa[0] != pb[0]) + (pa[1] != pb[1]), 0);
+    }
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
 /* TERN_GPU_FUSED=0: the unfused decode path (separate projections, RMSNorm
  * kernels; the path T > 1 steps take) still gives the CPU's numbers; the
  * default, checked above, is the one-token path (stacked projections, norms
@@ -373,6 +421,7 @@ int main(void) {
     no_logits_step(t8);
     gpu_fused("tern-tiny q8 unfused (TERN_GPU_FUSED=0)", t8);
     gpu_sampling(t8);
+    gpu_stops(t8);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
