@@ -90,5 +90,4 @@ test-cuda:
 	echo "TERN_GDN_PROJ=1"; TERN_GDN_PROJ=1 build-cuda/tern-cuda-engine-tests
 	echo "TERN_ID_DIRECT=0"; TERN_ID_DIRECT=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_DECODE_AHEAD=0"; TERN_DECODE_AHEAD=0 build-cuda/tern-cuda-engine-tests
-	echo "TERN_ATTN_FUSED=1"; TERN_ATTN_FUSED=1 build-cuda/tern-cuda-engine-tests
 	build-cuda/tern-cuda-engine-tests

@@ -53,7 +53,6 @@
  * att_cluster_merge; TERN_ATTN_CLUSTER=0: the combine kernel). */
 #include <float.h>
 
-#include "cuda/attn_rows.cuh"
 #include "cuda/common.cuh"
 
 #define ATT_W 4           /* warps per split block */
@@ -544,73 +543,14 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
     cluster_wait();
 }
 
-/* The token's own rows when the split kernel makes them (PREP, one
- * token: attn_prep's work in the attention's launch): the projections' raw
- * k and v, the norms' weights, RoPE's frequencies, and the caches to write
- * the token's K/V row into. */
-typedef struct {
-    const float *k, *v, *q_norm, *k_norm, *inv_freq;
-    uint8_t *kc, *vc;
-} att_prep_in;
-
-/* The tensor-core kernel's shared memory: the stages (later the warps'
- * records), the merge's statistics; PREP: then the block's normed queries
- * [TC_Q][hd], the warps' scratch [ATT_W][hd] and the token's K [hd]. */
-template <int HD> __host__ __device__ static inline size_t tc_smem() {
-    size_t stage_all = (size_t)ATT_W * TC_S * TC_R * (4 * HD + 16), merge_all = (size_t)ATT_W * TC_Q * HD * sizeof(float);
-    return (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
-}
-template <int HD> __host__ __device__ static inline size_t tc_smem_prep() {
-    return tc_smem<HD>() + (size_t)(TC_Q + ATT_W + 1) * HD * sizeof(float);
-}
-
-/* PREP, the block whose split holds the token (one per KV head, its first
- * query group): the token's K (norm and RoPE by warp 0, attn_prep's code)
- * and V slices of its KV head, rounded to f16, into the caches' row pos.
- * The block's own chunk of that row is requested after this (and a
- * barrier), and no other block reads the row in this launch. */
-template <int HD>
-__device__ __forceinline__ void tc_prep_row(const tern_cuda_attn_dims &dm, const kv_layout &L, const att_prep_in &pp,
-                                            int kvh, int pos, float *scr, float *kb) {
-    if ((threadIdx.x >> 5) == 0)
-        norm_rope(pp.k + (size_t)kvh * HD, kb, pp.k_norm, pp.inv_freq, HD, dm.rope_dim, pos, dm.eps, scr);
-    __syncthreads();
-    uint16_t *kr = (uint16_t *)(pp.kc + (size_t)pos * L.row_bytes) + (size_t)kvh * HD,
-             *vr = (uint16_t *)(pp.vc + (size_t)pos * L.row_bytes) + (size_t)kvh * HD;
-    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
-        kr[i] = f16_rne(clamp16(kb[i]));
-        vr[i] = f16_rne(clamp16(pp.v[(size_t)kvh * HD + i]));
-    }
-    __syncthreads();
-}
-
-/* PREP: the block's nq query heads, raw from qg, normed and rotated into
- * qs [TC_Q][hd] (a warp a head at a time, attn_prep's code). */
-template <int HD>
-__device__ __forceinline__ void tc_prep_queries(const tern_cuda_attn_dims &dm, const att_prep_in &pp,
-                                                const float *qg, int h0, int nq, int pos, float *qs, float *scr) {
-    for (int i = threadIdx.x; i < nq * (HD / 4); i += blockDim.x) {
-        const int h = i / (HD / 4), e = i - h * (HD / 4);
-        ((float4 *)qs)[i] = ((const float4 *)(qg + (size_t)(h0 + h) * 2 * HD))[e];
-    }
-    __syncthreads();
-    for (int h = threadIdx.x >> 5; h < nq; h += ATT_W)
-        norm_rope(qs + (size_t)h * HD, qs + (size_t)h * HD, pp.q_norm, pp.inv_freq, HD, dm.rope_dim, pos, dm.eps, scr);
-    __syncthreads();
-}
-
 /* HD: the head dimension (a multiple of 32, at most 256), a template
  * argument so the queries' and outputs' fragments stay in registers. CL:
  * the splits merged in the cluster (att_cluster_merge; o the output, part
- * unused), else records into part for the combine kernel. PREP (with CL,
- * one token): attn_prep's work too, from pp (tern_cuda_attention_fused_at):
- * the queries normed and rotated in each block, the token's K/V row written
- * by the block whose split holds it. */
-template <int HD, bool CL, bool PREP = false>
+ * unused), else records into part for the combine kernel. */
+template <int HD, bool CL>
 __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     attn_split_tc_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg, const uint8_t *kc, const uint8_t *vc,
-                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out, int pre,
-                         att_prep_in pp) {
+                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out, int pre) {
     constexpr int KS = HD / 16, VB = HD * 2, ROWST = 2 * VB + 16, STAGE = TC_R * ROWST;
     extern __shared__ __align__(16) uint8_t smem[];
     /* the position is the step's (copied in before the step's kernels
@@ -634,27 +574,18 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
         tc_issue(wst + kpre * STAGE, ROWST, VB, L, kc, vc, j0, warp + kpre * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
     }
-    pdl_wait();      /* q and the current rows come from attn_prep (PREP: q, k and v from the projections) */
+    pdl_wait();      /* q and the current rows come from attn_prep */
     pdl_trigger();
     if (!live && !CL) return;
-    float *qs = NULL, *scr = NULL;   /* PREP: the normed queries, this warp's scratch */
-    if constexpr (PREP) {
-        qs = (float *)(smem + tc_smem<HD>());
-        scr = qs + (size_t)(TC_Q + warp) * HD;
-        const int G = nh / dm.n_kv;
-        if (live && len > 0 && j0 + len - 1 == pos0 && h0 == kvh * G)   /* (a uniform branch: the whole block) */
-            tc_prep_row<HD>(dm, L, pp, kvh, pos0, scr, qs + (size_t)(TC_Q + ATT_W) * HD);
-    }
     for (int k = kpre; k < TC_S - 1; k++) {
         if (k < mine) tc_issue(wst + k * STAGE, ROWST, VB, L, kc, vc, j0, warp + k * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
     }
-    if constexpr (PREP) tc_prep_queries<HD>(dm, pp, qg, h0, nq, pos0, qs, scr);
 
     /* query g's values 16 ks + 2 tq, +1 and + 8 of them: the A fragments */
     uint32_t qh[KS][2], ql[KS][2];
     {
-        const float *qp = PREP ? qs + (size_t)g * HD : qg + ((size_t)t * nh + h0 + g) * 2 * HD;
+        const float *qp = qg + ((size_t)t * nh + h0 + g) * 2 * HD;
         bool real = g < nq;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
@@ -765,45 +696,47 @@ static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
     return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }
 
-/* CL: the ns splits of a KV head one cluster; PREP: with attn_prep's work
- * from pp */
-template <int HD, bool CL, bool PREP = false>
+template <int HD> static size_t tc_smem() {
+    size_t stage_all = (size_t)ATT_W * TC_S * TC_R * (4 * HD + 16), merge_all = (size_t)ATT_W * TC_Q * HD * sizeof(float);
+    return (stage_all > merge_all ? stage_all : merge_all) + (3 * ATT_W * TC_Q + 2 * TC_Q) * sizeof(float);
+}
+
+/* CL: the ns splits of a KV head one cluster */
+template <int HD, bool CL>
 static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
                                    const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0, const int *pos_dev,
-                                   float scale, float *part, float *o, const att_prep_in &pp = att_prep_in{}) {
-    size_t smem = PREP ? tc_smem_prep<HD>() : tc_smem<HD>();
+                                   float scale, float *part, float *o) {
+    size_t smem = tc_smem<HD>();
     int G = d.n_heads / d.n_kv, ngq = (G + TC_Q - 1) / TC_Q;
-    auto kern = attn_split_tc_kernel<HD, CL, PREP>;
+    auto kern = attn_split_tc_kernel<HD, CL>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (CL && ns > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     static int pre_on = -1;   /* TERN_ATTN_PRE=0: every chunk requested after the wait */
     const int pre = switch_on(&pre_on, "TERN_ATTN_PRE");
     return launch_pdl_cluster(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, CL ? (unsigned)ns : 0u, s, d,
-                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre, pp);
+                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
 }
 
-template <bool CL, bool PREP = false>
+template <bool CL>
 static cudaError_t launch_split_tc_hd(int ns, int T, cudaStream_t s, const tern_cuda_attn_dims &d, const kv_layout &L,
                                       const float *qg, const uint8_t *kc, const uint8_t *vc, int pos0,
-                                      const int *pos_dev, float scale, float *part, float *o,
-                                      const att_prep_in &pp = att_prep_in{}) {
+                                      const int *pos_dev, float scale, float *part, float *o) {
     switch (d.head_dim) {
-    case 32: return launch_split_tc<32, CL, PREP>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o, pp);
-    case 64: return launch_split_tc<64, CL, PREP>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o, pp);
-    case 128: return launch_split_tc<128, CL, PREP>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o, pp);
-    default: return launch_split_tc<256, CL, PREP>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o, pp);
+    case 32: return launch_split_tc<32, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 64: return launch_split_tc<64, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    case 128: return launch_split_tc<128, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
+    default: return launch_split_tc<256, CL>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part, o);
     }
 }
 
 /* The largest cluster (16, else 8, else 0: none) a launch of the CL
- * kernel (PREP: with attn_prep's work) for head_dim HD can be scheduled
- * with, asked once per HD. */
-template <int HD, bool PREP = false> static int tc_cluster_max(int n_kv) {
+ * kernel for head_dim HD can be scheduled with, asked once per HD. */
+template <int HD> static int tc_cluster_max(int n_kv) {
     static int known = -1;
     if (known >= 0) return known;
     known = 0;
-    auto kern = attn_split_tc_kernel<HD, true, PREP>;
-    size_t smem = PREP ? tc_smem_prep<HD>() : tc_smem<HD>();
+    auto kern = attn_split_tc_kernel<HD, true>;
+    size_t smem = tc_smem<HD>();
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     carveout_max((const void *)kern);   /* (as its launches will have it) */
@@ -826,12 +759,12 @@ template <int HD, bool PREP = false> static int tc_cluster_max(int n_kv) {
     return known;
 }
 
-template <bool PREP = false> static int tc_cluster_max_hd(int hd, int n_kv) {
+static int tc_cluster_max_hd(int hd, int n_kv) {
     switch (hd) {
-    case 32: return tc_cluster_max<32, PREP>(n_kv);
-    case 64: return tc_cluster_max<64, PREP>(n_kv);
-    case 128: return tc_cluster_max<128, PREP>(n_kv);
-    default: return tc_cluster_max<256, PREP>(n_kv);
+    case 32: return tc_cluster_max<32>(n_kv);
+    case 64: return tc_cluster_max<64>(n_kv);
+    case 128: return tc_cluster_max<128>(n_kv);
+    default: return tc_cluster_max<256>(n_kv);
     }
 }
 
@@ -840,10 +773,10 @@ template <bool PREP = false> static int tc_cluster_max_hd(int hd, int n_kv) {
  * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form.
  * TERN_ATTN_CLUSTER=0 turns it off. */
 #define ATT_CL_LEN 64
-template <bool PREP = false> static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
+static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
     static int on = -1;
     if (!switch_on(&on, "TERN_ATTN_CLUSTER") || T != 1) return 0;
-    int cl = tc_cluster_max_hd<PREP>(d->head_dim, d->n_kv), ncl = ns < cl ? ns : cl;
+    int cl = tc_cluster_max_hd(d->head_dim, d->n_kv), ncl = ns < cl ? ns : cl;
     if (ncl < 1 || (int64_t)n > (int64_t)ncl * ATT_CL_LEN) return 0;
     return ncl;
 }
@@ -966,7 +899,7 @@ static cudaError_t launch_split_bits(bool al, int cpl, int ns, int T, cudaStream
               : launch_split<BITS, false, 2>(ns, T, s, d, L, qg, kc, vc, pos0, pos_dev, scale, part);
 }
 
-/* The attention's dims against the KV layout (both launch forms). */
+/* The attention's dims against the KV layout. */
 static bool att_dims_ok(const tern_cuda_attn_dims *d, const tern_kvq *L) {
     const int hd = d->head_dim;
     return hd % 8 == 0 && hd <= 512 && L->head_dim == hd && L->n_heads == d->n_kv && d->n_heads % d->n_kv == 0 &&
@@ -1030,49 +963,6 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
                         tern_stream s, tern_error *err) {
     if (pos0 < 0) return tern_fail(err, "attention: position %d", pos0);
     return attention(d, L, qg, kcache, vcache, T, pos0, NULL, pos0 + T, scale, work, work_bytes, o, s, err);
-}
-
-/* ---- attn_prep's work in the attention's launch (one token) ------------- */
-
-/* The cluster form's splits for the fused launch at plan n_plan; 0 where
- * it does not apply (the tensor-core kernel's layouts, the splits of a KV
- * head one cluster, a KV head's query heads one block). */
-static int fused_splits(const tern_cuda_attn_dims *d, const tern_kvq *L, int n_plan, const uint8_t *kcache,
-                        const uint8_t *vcache) {
-    if (n_plan < 1 || !att_dims_ok(d, L) || d->rope_dim % 2 || d->rope_dim > d->head_dim) return 0;
-    /* more query heads a KV head than a block takes: the KV head's other
-     * query groups, in other clusters, would read the token's row with
-     * nothing ordering it after its writer's stores */
-    if (d->n_heads / d->n_kv > TC_Q) return 0;
-    if (!att_tc_ok(*d, L, att_aligned(L, kcache, vcache))) return 0;
-    return att_cluster_splits<true>(d, 1, n_plan, att_splits(d, 1, n_plan));
-}
-
-int tern_cuda_attention_fused_supported(const tern_cuda_attn_dims *d, const tern_kvq *L, int n_plan,
-                                        const uint8_t *kcache, const uint8_t *vcache) {
-    return fused_splits(d, L, n_plan, kcache, vcache) > 0;
-}
-
-int tern_cuda_attention_fused_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const float *k,
-                                 const float *v, const float *q_norm, const float *k_norm, const float *inv_freq,
-                                 uint8_t *kcache, uint8_t *vcache, const int *pos_dev, int n_plan, float scale,
-                                 float *o, tern_stream s, tern_error *err) {
-    if (!pos_dev || !qg || !k || !v || !q_norm || !k_norm || !inv_freq || !o)
-        return tern_fail(err, "attention_fused: a missing input or output");
-    if ((uintptr_t)qg % 16 || (uintptr_t)o % 16)
-        return tern_fail(err, "attention_fused: q and the output must be 16-byte aligned");
-    const int ncl = fused_splits(d, L, n_plan, kcache, vcache);
-    if (!ncl)
-        return tern_fail(err, "attention_fused: no fused launch for these dims, a %d-bit cache or a plan of %d "
-                         "positions (tern_cuda_attention_fused_supported)", L->bits, n_plan);
-    const att_prep_in pp = {k, v, q_norm, k_norm, inv_freq, kcache, vcache};
-    cudaError_t e = launch_split_tc_hd<true, true>(ncl, 1, (cudaStream_t)s, *d, kv_of(L), qg, kcache, vcache, 0,
-                                                   pos_dev, scale, NULL, o, pp);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return tern_fail(err, "attention_fused: %s", cudaGetErrorString(e));
-    }
-    return 0;
 }
 
 int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,

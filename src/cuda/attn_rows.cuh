@@ -1,7 +1,6 @@
-/* The attention's per-token rows, shared by attn_prep (norm.cu) and the
- * attention's split kernel when it makes them itself (attention.cu,
- * tern_cuda_attention_fused_at), so both give the same bits: a head's
- * RMSNorm(1 + w) and rotate-half RoPE, and the 16-bit cache's rounding. */
+/* The attention's per-token rows as attn_prep (norm.cu) makes them: a
+ * head's RMSNorm(1 + w) and rotate-half RoPE, and the 16-bit cache's
+ * rounding. */
 #ifndef TERN_CUDA_ATTN_ROWS_CUH
 #define TERN_CUDA_ATTN_ROWS_CUH
 
@@ -16,8 +15,8 @@ __device__ __forceinline__ float clamp16(float x) { return x > F16_MAX ? F16_MAX
 /* One head vector by one warp: RMSNorm(1 + w) of in into the warp's
  * scratch, then rotate-half RoPE on the first rope_dim dims, into out (out
  * may be in: every read of in comes before the first write of out). The
- * products and sums are rounded one at a time (no contraction), so every
- * kernel that inlines this makes the same bits. */
+ * products and sums are rounded one at a time (no contraction), so its
+ * bits do not depend on the kernel it is inlined into. */
 __device__ __forceinline__ void norm_rope(const float *in, float *out, const float *w, const float *inv_freq, int hd,
                                           int rope_dim, int pos, float eps, float *scratch) {
     int lane = threadIdx.x & 31, half = rope_dim / 2;

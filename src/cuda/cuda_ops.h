@@ -407,22 +407,6 @@ int tern_cuda_attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const f
 int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const uint8_t *kcache,
                            const uint8_t *vcache, int T, const int *pos_dev, int n_plan, float scale, void *work,
                            size_t work_bytes, float *o, tern_stream s, tern_error *err);
-/* One token's tern_cuda_attn_prep_at and tern_cuda_attention_at in one
- * launch (docs/CUDA.md, Attention): each split block norms and rotates its
- * query heads from qg itself (qg's queries and k are left raw, unlike
- * attn_prep's; the gates are read from qg as before), and the block whose
- * split holds the token writes the token's K/V slice of its KV head into
- * the caches before it requests that row; the outputs and the rows are
- * attn_prep's then the attention's, bit for bit. Only where the splits
- * merge in a cluster at a 16-bit cache and a KV head has at most 8 query
- * heads: _supported says whether this plan, layout and cache do (else the
- * two launches). No workspace. */
-int tern_cuda_attention_fused_supported(const tern_cuda_attn_dims *d, const tern_kvq *L, int n_plan,
-                                        const uint8_t *kcache, const uint8_t *vcache);
-int tern_cuda_attention_fused_at(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg, const float *k,
-                                 const float *v, const float *q_norm, const float *k_norm, const float *inv_freq,
-                                 uint8_t *kcache, uint8_t *vcache, const int *pos_dev, int n_plan, float scale,
-                                 float *o, tern_stream s, tern_error *err);
 
 /* The same attention for a prefill of T tokens (flash-attention style, one
  * launch, no workspace): a block takes 64 query rows (tokens x the query

@@ -437,7 +437,6 @@ typedef struct gpu_session {
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
     int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
     int id_direct;                /* the sampler stores the id in id_host itself (TERN_ID_DIRECT=0: a copy node after it) */
-    int attn_fused;               /* one token's attn_prep inside the attention's launch (TERN_ATTN_FUSED=1; not yet measured) */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -563,8 +562,6 @@ static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
     g->use_graph = !(gr && !strcmp(gr, "0"));
     const char *idd = getenv("TERN_ID_DIRECT");
     g->id_direct = !(idd && !strcmp(idd, "0"));
-    const char *af = getenv("TERN_ATTN_FUSED");
-    g->attn_fused = af && !strcmp(af, "1");
     g->sampling = !(gs && !strcmp(gs, "0"));
     g->piece = PIECE_DEFAULT;
     if (pc) {
@@ -781,10 +778,6 @@ static int attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg
     const gpu_model *gm = s->m->gpu;
     gpu_session *g = s->gpu;
     float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
-    if (g->pos_dev && T == 1 && g->attn_fused &&
-        tern_cuda_attention_fused_supported(d, &s->kvf.q, g->n_plan, s->kv[l].k, s->kv[l].v))
-        return tern_cuda_attention_fused_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, s->kv[l].k,
-                                            s->kv[l].v, g->pos_dev, g->n_plan, scale, g->o, g->stream, err);
     if (g->pos_dev)
         return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
                                       s->kv[l].k, s->kv[l].v, g->stream, err) ||

@@ -183,12 +183,9 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
  * same two ops with a synchronisation between them: bit for bit. The
  * token's row is poisoned before, so a split that read it before attn_prep
  * wrote it shows. plan: the attention's planned context (1,024: the splits
- * merged in a cluster; 4,096: the combine kernel). Then the two in one
- * launch (tern_cuda_attention_fused_at): the output and the token's K/V
- * row bit for bit those of the synchronised pair where the plan takes it,
- * refused where it does not. */
-static void prep_chain_case(checker *ck, int nh, int pos0, int plan, int fused_expected) {
-    const int nkv = 2, hd = 256, rope = 64, bits = 16;
+ * merged in a cluster; 4,096: the combine kernel). */
+static void prep_chain_case(checker *ck, int pos0, int plan) {
+    const int nh = 16, nkv = 2, hd = 256, rope = 64, bits = 16;
     tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
@@ -210,34 +207,21 @@ static void prep_chain_case(checker *ck, int nh, int pos0, int plan, int fused_e
     int *dpos = dev_upload(&pos0, sizeof pos0);
     size_t wb = tern_cuda_attention_workspace(&d, 1, plan);
     void *work = dev_alloc(wb);
-    float *got[3];
-    uint8_t *rows[3];   /* the token's K and V rows after each form */
+    float *got[2];
     tern_error err;
-    const float scale = 1.0f / sqrtf((float)hd);
-    int fused = 0;
-    for (int form = 0; form < 3; form++) {   /* 0: chained, 1: synchronised between, 2: one launch */
+    for (int sep = 0; sep < 2; sep++) {   /* 0: chained, 1: synchronised between */
         float *dqg = dev_upload(qg, nq * 4), *dk = dev_upload(k, nk * 4);
         uint8_t *kc = dev_upload(K, cache), *vc = dev_upload(V, cache);
         float *dout = dev_poison(no);
-        got[form] = xmalloc(no * 4);
-        rows[form] = xmalloc(2 * L.row_bytes);
-        if (form == 2) {
-            fused = tern_cuda_attention_fused_supported(&d, &L, plan, kc, vc);
-            int rc = tern_cuda_attention_fused_at(&d, &L, dqg, dk, dv, dqn, dkn, dinv, kc, vc, dpos, plan, scale, dout,
-                                                  ck->stream, &err);
-            if (fused && rc) die_err("attention_fused_at", &err);
-            if (!fused && !rc) fused = -1;   /* ran where it says it does not apply */
-        } else {
-            if (tern_cuda_attn_prep_at(&d, &L, dqg, dk, dv, dqn, dkn, dinv, 1, dpos, kc, vc, ck->stream, &err))
-                die_err("attn_prep", &err);
-            if (form) dev_sync(ck, "attn_prep");
-            if (tern_cuda_attention_at(&d, &L, dqg, kc, vc, 1, dpos, plan, scale, work, wb, dout, ck->stream, &err))
-                die_err("attention_at", &err);
-        }
+        if (tern_cuda_attn_prep_at(&d, &L, dqg, dk, dv, dqn, dkn, dinv, 1, dpos, kc, vc, ck->stream, &err))
+            die_err("attn_prep", &err);
+        if (sep) dev_sync(ck, "attn_prep");
+        if (tern_cuda_attention_at(&d, &L, dqg, kc, vc, 1, dpos, plan, 1.0f / sqrtf((float)hd), work, wb, dout,
+                                   ck->stream, &err))
+            die_err("attention_at", &err);
         dev_sync(ck, "attention_at");
-        dev_download(got[form], dout, no * 4);
-        dev_download(rows[form], kc + (size_t)pos0 * L.row_bytes, L.row_bytes);
-        dev_download(rows[form] + L.row_bytes, vc + (size_t)pos0 * L.row_bytes, L.row_bytes);
+        got[sep] = xmalloc(no * 4);
+        dev_download(got[sep], dout, no * 4);
         tern_cuda_free(dqg); tern_cuda_free(dk); tern_cuda_free(kc); tern_cuda_free(vc); tern_cuda_free(dout);
     }
     long bad = 0;
@@ -245,20 +229,6 @@ static void prep_chain_case(checker *ck, int nh, int pos0, int plan, int fused_e
     char shape[96];
     snprintf(shape, sizeof shape, "%dq/%dkv x %d kv%d pos %d plan %d", nh, nkv, hd, bits, pos0, plan);
     report_exact(ck, "attn_prep>attention", shape, bad, (long)no);
-    /* (TERN_ATTN_CLUSTER=0 or TERN_ATTN_TC=0 take the cluster form away) */
-    const char *cl = getenv("TERN_ATTN_CLUSTER"), *tc = getenv("TERN_ATTN_TC");
-    if ((cl && !strcmp(cl, "0")) || (tc && !strcmp(tc, "0"))) fused_expected = 0;
-    if (fused_expected) {   /* the one launch taken, its output and rows the pair's */
-        long fb = fused != 1;
-        for (size_t i = 0; fused == 1 && i < no; i++) fb += memcmp(&got[2][i], &got[1][i], 4) != 0;
-        fb += fused == 1 && memcmp(rows[2], rows[1], 2 * L.row_bytes) != 0;
-        report_exact(ck, "attention fused", shape, fb, (long)no + 2);
-    } else {
-        strncat(shape, ", no fused launch: refused", sizeof shape - strlen(shape) - 1);
-        report_exact(ck, "attention fused", shape, fused != 0, 1);
-    }
-    for (int form = 0; form < 3; form++) free(rows[form]);
-    free(got[2]);
     tern_cuda_free(dqn); tern_cuda_free(dkn); tern_cuda_free(dinv); tern_cuda_free(dv); tern_cuda_free(dpos);
     tern_cuda_free(work);
     free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(K); free(V); free(got[0]);
@@ -266,12 +236,9 @@ static void prep_chain_case(checker *ck, int nh, int pos0, int plan, int fused_e
 }
 
 void check_attn_prep(checker *ck) {
-    /* (the fused launch: where the splits merge in a cluster and a KV
-     * head's query heads are one block's) */
-    prep_chain_case(ck, 16, 639, 1024, 1);
-    prep_chain_case(ck, 16, 64, 1024, 1);
-    prep_chain_case(ck, 16, 3000, 4096, 0);
-    prep_chain_case(ck, 32, 639, 1024, 0);
+    prep_chain_case(ck, 639, 1024);
+    prep_chain_case(ck, 64, 1024);
+    prep_chain_case(ck, 3000, 4096);
     prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1, 0);
     prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 0, 1);
     prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0, 0);
