@@ -384,11 +384,23 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
  * kernel holds only the code it runs (a block runs for a few microseconds:
  * instruction-cache misses of a kernel carrying every kind's loop measured
  * 30 % of its stalls). */
+/* A routed block's own top k in shared memory: warp 0 stores the ids and
+ * what their weights need (route_pick's key, max and sum) before the
+ * block's barrier; the weights are made in seg_down, where the block waits
+ * for its segment anyway (route_weight's exp and divisions, ~0.3 us, had
+ * been on the chain to the first weight request: step 85). */
+struct route_sm {
+    int32_t ids[32];
+    float wts[32];
+    uint32_t key[32];
+    float m, sum;
+};
+
 template <int RK>
 __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, bool sh);
 template <int RK>
 __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, bool sh, float wr,
-                         unsigned long long *tm);
+                         route_sm *rs, unsigned long long *tm);
 
 /* FUSED: the down projection too (one-token decode, q4, the grid in one
  * wave): a block of segment k also owns rows chunk b of that expert's down
@@ -417,6 +429,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     const bool early = !routed && SK == RK;
     int eid = 0;       /* FUSED: the routed segment's expert and (routing itself) weight */
     float ew = 0.0f;
+    __shared__ route_sm rs;   /* routing itself */
     TRACE_DECL;
     TRACE_MARK(0);
     /* NORM: the norm's weights (constant) before the wait: x and the sums
@@ -453,8 +466,6 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                  * same ids and weights in each block, and as the router's
                  * last block gives them), in warp 0 while the others' x
                  * loads are in flight */
-                __shared__ int32_t r_ids[32];
-                __shared__ float r_wts[32];
                 /* warp 0's logits requested now, beside x, not after x's
                  * barrier below: their L2 round trip was in the chain */
                 float lg[8];
@@ -470,6 +481,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                     if (warp != 0) xd_build<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
                 }
                 if (warp == 0) {
+                    route_pick pk;
                     if constexpr (NORM) {
                         /* route_lin: the logits are u * r; u and the sums
                          * of squares requested together, not one after the
@@ -481,20 +493,24 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                         const float r = lin_rinv(a, sq);
 #pragma unroll
                         for (int i = 0; i < 8; i++) v[i] = v[i] == -FLT_MAX ? v[i] : v[i] * r;
-                        route_vals<8>(v, a.n_e, a.K, a.renorm, r_ids, r_wts);
+                        pk = route_select<8>(v, a.n_e, a.K);
                     } else {
-                        route_vals<8>(lg, a.n_e, a.K, a.renorm, r_ids, r_wts);   /* (route_row, its load above) */
+                        pk = route_select<8>(lg, a.n_e, a.K);   /* (route_row's, its load above) */
+                    }
+                    rs.key[threadIdx.x] = pk.key;
+                    if (threadIdx.x == 0) {
+                        rs.m = pk.m;
+                        rs.sum = pk.sum;
+                    }
+                    if ((threadIdx.x & 31) < a.K) {
+                        rs.ids[threadIdx.x] = pk.id;
+                        if (blockIdx.x == 0 && k == 0) a.ids_out[threadIdx.x] = pk.id;
                     }
                     TRACE_MARK(7);   /* (warp 0 has routed; the others may still build the digits) */
-                    if (blockIdx.x == 0 && k == 0 && (threadIdx.x & 31) < a.K) {
-                        a.ids_out[threadIdx.x] = r_ids[threadIdx.x];
-                        a.wts_out[threadIdx.x] = r_wts[threadIdx.x];
-                    }
                 }
                 __syncthreads();
                 TRACE_MARK(8);   /* (the routed blocks' top k done) */
-                eid = r_ids[k];
-                ew = r_wts[k];
+                eid = rs.ids[k];
             } else {
                 eid = a.ids[t * a.K + k];
             }
@@ -543,11 +559,12 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     }
     if (FUSED) {
         if (!routes_itself(a) && routed) ew = __ldcg(a.wts + t * a.K + k);
+        route_sm *rsp = routes_itself(a) && routed ? &rs : NULL;
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
         /* one copy of the down's code for routed and shared blocks (a
          * template on it made two, and an SM holding both kinds fetched
          * both: docs/PERFORMANCE.md step 56) */
-        seg_down<RK>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed, ew, TRACE_PTR);
+        seg_down<RK>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed, ew, rsp, TRACE_PTR);
     }
     TRACE_END(FUSED ? TRACE_MOE_ONE : TRACE_MOE_GATE_UP, routed ? 0u : 1u);
 }
@@ -981,7 +998,10 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
     (void)tm;
 #endif
     __syncthreads();
-    xd_build<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
+    /* the word form (idot.cuh): the same bits as xd_build's; h's digits
+     * are on the down's chain, after the segment's wait (+0.3 %,
+     * docs/PERFORMANCE.md step 84) */
+    xd_build_wide<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
     seg_staged_wait(bulk, sm, L);
     __syncthreads();
     TRACE_MARK_AT(tm, 10);   /* the block's down rows and the segment's h as digits in shared memory */
@@ -994,7 +1014,7 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
 
 template <int RK>
 __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uint8_t *sm, bool sh, float wr,
-                         unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
+                         route_sm *rs, unsigned long long *tm) {   /* tm: the trace's marks (a measurement build) */
     const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x, B = gridDim.x;
     const int I = sh ? a.s_inter : a.I, d0 = b * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
@@ -1009,6 +1029,14 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     }
     /* the segment's h rows: every block of it has written its own */
     __syncthreads();
+    if (rs && tid >> 5 == 1) {   /* the top k's weights (route_sm), during thread 0's wait */
+        const route_pick pk = {rs->key[tid & 31], 0, rs->m, rs->sum};
+        const float wv = route_weight(pk, a.K, a.renorm);
+        if ((tid & 31) < a.K) {
+            rs->wts[tid & 31] = wv;
+            if (b == 0 && k == 0) a.wts_out[tid & 31] = wv;
+        }
+    }
     if (tid == 0) {
         red_release(a.seg_cnt + k);
         while (ld_acquire(a.seg_cnt + k) < (unsigned)B) __nanosleep(32);
@@ -1020,7 +1048,8 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     const uint16_t *s0 = D.s + (int64_t)d0 * L.ng, *b0 = D.b + (int64_t)d0 * L.ng;
     float *part = a.part + ((size_t)t * a.S + k) * a.H + d0;
     long long *fx = a.fx_sum ? a.fx_sum + (size_t)t * a.H + d0 : NULL;
-    const float w = sh ? __ldcg(a.sg + t) : wr;   /* the shared gate: written by that segment's block 0 */
+    /* the shared gate: written by that segment's block 0 */
+    const float w = sh ? __ldcg(a.sg + t) : rs ? rs->wts[k] : wr;
     const bool bulk = seg_bulk_on(a, D, d0, nr, L);
     if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);
     else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);

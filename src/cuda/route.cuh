@@ -66,39 +66,53 @@ __device__ __forceinline__ void route_load(const float *l, int E, float (&v)[V])
     for (int i = 0; i < V; i++) v[i] = lane + 32 * i < E ? __ldcg(l + lane + 32 * i) : -FLT_MAX;
 }
 
-/* V = ceil(E / 32) logits per lane (lane + 32 i): the top K by logit, then
- * their softmax probabilities. A probability is expf(l - max) / sum, which
- * grows with l, so the logits' order is the probabilities' (the CPU twin
- * orders by probability): equal logits give equal probabilities and tie to
- * the lower index in both; only two logits a few ulps apart whose
- * probabilities round to one value could order differently, as the two
- * expf could anyway. Selecting on the logits takes the softmax out of the
- * selection's chain: its max is one reduce of the keys, its exps overlap
- * the sort, its sum's butterfly the rounds, and only the K chosen are
- * divided.
+/* What the selection leaves for the weights: lane r < K holds the r-th
+ * choice's key, every lane the softmax's max and sum. */
+struct route_pick {
+    uint32_t key;
+    int id;
+    float m, sum;
+};
+
+/* V = ceil(E / 32) logits per lane (lane + 32 i): the top K by logit
+ * (route_select), then their softmax probabilities (route_weight). A
+ * probability is expf(l - max) / sum, which grows with l, so the logits'
+ * order is the probabilities' (the CPU twin orders by probability): equal
+ * logits give equal probabilities and tie to the lower index in both; only
+ * two logits a few ulps apart whose probabilities round to one value could
+ * order differently, as the two expf could anyway. Selecting on the logits
+ * takes the softmax out of the selection's chain: its max is one reduce of
+ * the keys, its exps overlap the selection, and only the K chosen are
+ * divided, in route_weight, which a caller may run later, off the chain
+ * to its first expert weight.
  * A round takes the largest key (__reduce_max_sync), then the lowest index
  * holding it (__reduce_min_sync): larger first, ties to the lower index
- * (one reduce and a ballot, with the second reduce only on a tie, measured
- * slower: tools/gpu/routeprobe.cu). Its owner then moves to its next key.
+ * (one reduce and a ballot, with the second reduce only on a tie, and a
+ * bitonic merge of the lanes' sorted keys both measured slower:
+ * tools/gpu/routeprobe.cu, docs/PERFORMANCE.md step 85). Its owner then
+ * moves to its next key.
  * The weights are bit for bit those of dividing every probability first:
  * the same max, the same sum in the same order, the chosen ones' total in
  * the order chosen. */
 template <int V>
-__device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
+__device__ __forceinline__ route_pick route_select(const float (&v)[V], int E, int K) {
     const int lane = threadIdx.x & 31;
     uint32_t key[V];
 #pragma unroll
     for (int i = 0; i < V; i++) key[i] = lane + 32 * i < E ? route_key(v[i]) : 0u;
     /* the softmax's max and sum, from the unsorted keys: independent of
-     * the sort and the rounds below, so their latencies overlap */
+     * the selection below, so their latencies overlap */
     uint32_t kmax = 0;
 #pragma unroll
     for (int i = 0; i < V; i++) kmax = max(kmax, key[i]);
-    const float m = route_logit(__reduce_max_sync(0xffffffffu, kmax));
+    route_pick pk;
+    pk.m = route_logit(__reduce_max_sync(0xffffffffu, kmax));
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < V; i++)
-        if (lane + 32 * i < E) sum += expf(v[i] - m);
+        if (lane + 32 * i < E) sum += expf(v[i] - pk.m);
+    pk.key = 0;
+    pk.id = 0;
     /* the lane's best (bk, index lane + 32 bi): with 8 keys the head of its
      * sorted keys, so taking it is a shift; otherwise found by a rescan
      * (the sort's shorter chain per round: docs/PERFORMANCE.md step 35) */
@@ -119,8 +133,6 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
                 bi = i;
             }
     }
-    uint32_t mine = 0;   /* lane r: round r's key and index */
-    int my_id = 0;
     int lvl = 16;        /* the sum's next butterfly offset (warp_sum's order), one a round */
 #pragma unroll 1
     for (int r = 0; r < K; r++) {
@@ -128,8 +140,8 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
         const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
         const uint32_t e = __reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)(lane + 32 * bi) : 0xffffffffu);
         if (lane == r) {
-            mine = top;
-            my_id = (int)e;
+            pk.key = top;
+            pk.id = (int)e;
         }
         if ((int)(e & 31) == lane) {   /* the owner's best is taken: its next one */
             if constexpr (V == 8) {
@@ -153,9 +165,18 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
         }
     }
     for (; lvl; lvl >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, lvl);
-    const float p = lane < K ? expf(route_logit(mine) - m) / sum : 0.0f;
-    /* the total in the order chosen; lanes past K add +0, which leaves it
-     * as it is (the shuffles all issued before the adds) */
+    pk.sum = sum;
+    return pk;
+}
+
+/* Lane r < K's weight (every lane of the warp calls it: shuffles): its
+ * probability, divided by the chosen ones' total in the order chosen when
+ * renorm. */
+__device__ __forceinline__ float route_weight(const route_pick &pk, int K, int renorm) {
+    const int lane = threadIdx.x & 31;
+    const float p = lane < K ? expf(route_logit(pk.key) - pk.m) / pk.sum : 0.0f;
+    /* lanes past K add +0, which leaves the total as it is (the shuffles
+     * all issued before the adds) */
     float total = 0.0f;
     if (K <= 8) {
         float q[8];
@@ -166,9 +187,18 @@ __device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, in
     } else {
         for (int r = 0; r < K; r++) total += __shfl_sync(0xffffffffu, p, r);
     }
+    return renorm ? p / total : p;
+}
+
+/* The selection and the weights at once: ids[r] and wts[r] for r < K. */
+template <int V>
+__device__ __forceinline__ void route_vals(const float (&v)[V], int E, int K, int renorm, int32_t *ids, float *wts) {
+    const route_pick pk = route_select<V>(v, E, K);
+    const float w = route_weight(pk, K, renorm);
+    const int lane = threadIdx.x & 31;
     if (lane < K) {
-        ids[lane] = my_id;
-        wts[lane] = renorm ? p / total : p;
+        ids[lane] = pk.id;
+        wts[lane] = w;
     }
 }
 
