@@ -478,7 +478,11 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                     if constexpr (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
                     gud_x_store(x4, a.H, xv, (float4 *)xf);
                     __syncthreads();
-                    if (warp != 0) xd_build<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
+                    /* the word form (idot.cuh; the same bits): with the top
+                     * k's weights made later, these digits end after warp
+                     * 0's ids and are the block's chain (+0.7 %, step 86) */
+                    if (warp != 0)
+                        xd_build_wide<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
                 }
                 if (warp == 0) {
                     route_pick pk;
