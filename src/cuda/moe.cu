@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
      * so only the shared expert's weights (in the routed kind) may be
      * requested before the wait */
     const bool early = !routed && SK == RK;
-    int eid = 0;       /* FUSED: the routed segment's expert and (routing itself) weight */
-    float ew = 0.0f;
+    int eid = 0;       /* FUSED: the routed segment's expert */
+    float ew = 0.0f;   /* and its weight when the router gave it (routing itself: rs, in seg_down) */
     __shared__ route_sm rs;   /* routing itself */
     TRACE_DECL;
     TRACE_MARK(0);
