@@ -135,13 +135,6 @@ __device__ __forceinline__ float route_part(const float (&v)[8], int E, int K) {
         return (float)my_id;
     }
     if constexpr (PART == 5) return warp_sum(v[0]);
-    if constexpr (PART == 7) {   /* the packed sort and the five merges */
-        unsigned long long c[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) c[i] = route_pack(key[i], lane + 32 * i);
-        route_merge8(c);
-        return (float)(uint32_t)(c[0] ^ c[7]);
-    }
     if constexpr (PART == 6) {   /* the tail: a chosen one's weight, the total, the renormalised weight */
         const float p = lane < K ? expf(v[1] - v[0]) / v[2] : 0.0f;
         float q[8], total = 0.0f;
@@ -150,6 +143,13 @@ __device__ __forceinline__ float route_part(const float (&v)[8], int E, int K) {
 #pragma unroll
         for (int r = 0; r < 8; r++) total += q[r];
         return p / total;
+    }
+    if constexpr (PART == 7) {   /* the packed sort and the five merges */
+        unsigned long long c[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) c[i] = route_pack(key[i], lane + 32 * i);
+        route_merge8(c);
+        return (float)(uint32_t)(c[0] ^ c[7]);
     }
     return 0.0f;
 }
