@@ -83,6 +83,8 @@ test-cuda:
 	echo "TERN_MOE_DOWN_DIGITS=0"; TERN_MOE_DOWN_DIGITS=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_MOE_SEG_BULK=0"; TERN_MOE_SEG_BULK=0 build-cuda/tern-cuda-tests --only moe
 	echo "TERN_SAMPLE_ONE=0"; TERN_SAMPLE_ONE=0 build-cuda/tern-cuda-tests --only sample
+	echo "TERN_SAMPLE_FAST=0"; TERN_SAMPLE_FAST=0 build-cuda/tern-cuda-tests --only sample
+	echo "TERN_SAMPLE_ONE=0 TERN_SAMPLE_FAST=0"; TERN_SAMPLE_ONE=0 TERN_SAMPLE_FAST=0 build-cuda/tern-cuda-tests --only sample
 	echo "TERN_MOE_ROUTE=0"; TERN_MOE_ROUTE=0 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=1"; TERN_MOE_LIN=1 build-cuda/tern-cuda-engine-tests
 	echo "TERN_MOE_LIN=2"; TERN_MOE_LIN=2 build-cuda/tern-cuda-engine-tests

@@ -6,26 +6,38 @@
  * vocabulary (SLICE ids) and keeps its best candidates (argmax: one; sample:
  * the top_k of the slice, found by a radix selection on the values' bits,
  * not a sort). Stage 2: one block selects the top_k of the candidates the
- * same way, ranks those few, and one thread walks them: weights exp(l -
+ * same way, ranks those few, and one warp draws (draw_top): weights exp(l -
  * max), top-p over what top-k kept, min-p against the best, then the draw
- * at u. Order: larger logit first, lower id first among equals; NaN counts
- * as -inf.
+ * at u, its sums in the CPU sampler's order. Order: larger logit first,
+ * lower id first among equals; NaN counts as -inf.
  *
  * One launch (TERN_SAMPLE_ONE=0: two): stage 2 runs in the stage-1 block
  * that finishes last (an acquire-release count in the workspace, left zero
  * for the next call), and the launch is a programmatic dependent one that
  * waits for the logits' kernel before reading them, so neither stage pays a
- * launch after the lm_head ends. */
+ * launch after the lm_head ends.
+ *
+ * Both stages first try a selection without radix passes (fast_top_k;
+ * TERN_SAMPLE_FAST=0: off): a lower bound of the k-th best from the
+ * maxima of small groups of threads, then a rank count among the few keys
+ * at or above it. Where more than FAST_CAP keys pass the bound (many equal
+ * logits, the best ones in neighbouring ids) the radix selection runs. */
 #include <float.h>
 
 #include "cuda/common.cuh"
+#include "cuda/trace.cuh"
 
 #define SLICE 4096            /* ids per stage-1 block: 1024 threads x 4 */
-#define MERGE 8192            /* stage-2 capacity: ceil(248320 / 4096) x 64 = 3904 fits */
+#define MERGE 4096            /* stage-2 capacity: ceil(248320 / 4096) x 64 = 3904 fits */
 
 static int one_launch(void) {
     static int on = -1;
     return switch_on(&on, "TERN_SAMPLE_ONE");
+}
+
+static int fast_on(void) {
+    static int on = -1;
+    return switch_on(&on, "TERN_SAMPLE_FAST");
 }
 
 typedef struct {
@@ -237,69 +249,246 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
     return top;
 }
 
+/* ---- the selection without radix passes ------------------------------- */
+
+/* Slots in a shared list for the lanes of a warp with `want` (in lane
+ * order), by one shared add a warp instead of one a lane: the adds to one
+ * address from many lanes are served one at a time. All 32 lanes call it. */
+__device__ __forceinline__ unsigned warp_slot(unsigned *count, bool want) {
+    const unsigned b = __ballot_sync(0xffffffffu, want);
+    if (!b) return 0;
+    const int lane = threadIdx.x & 31, leader = __ffs(b) - 1;
+    unsigned base = 0;
+    if (lane == leader) base = atomicAdd(count, (unsigned)__popc(b));
+    return __shfl_sync(0xffffffffu, base, leader) + (unsigned)__popc(b & ((1u << lane) - 1u));
+}
+
+#define FAST_GROUPS 128   /* group maxima a block ranks */
+#define FAST_CAP 128      /* keys at or above their bound the rank count takes: at most */
+
+/* A key's order with its id: larger key first, then lower id. */
+__device__ __forceinline__ unsigned long long order_of(unsigned key, int id) {
+    return (unsigned long long)key << 32 | (unsigned)~id;
+}
+
+typedef struct {
+    __align__(16) unsigned gmax[FAST_GROUPS];
+    __align__(16) unsigned long long ord[FAST_CAP];   /* order_of, 0 past n */
+    float v[FAST_CAP];
+    int id[FAST_CAP];
+    unsigned t, n;   /* the bound; the keys at or above it */
+} fast_smem;
+
+/* The top k of a block's keys (N per thread, bit j of `mask` says key[j]
+ * takes part; keys of real values are above 0, ids unique but for
+ * padding), sorted best first into out[0 .. k) (larger key first, then
+ * lower id, then lower slot), the k-th key into *kth. The first
+ * FAST_GROUPS 2^gsh threads form FAST_GROUPS groups of 2^gsh lanes (the
+ * keys of any threads beyond must be masked out); the k-th largest of the
+ * groups' maxima is a lower bound t of the k-th best key, as the k groups
+ * with the largest maxima hold k distinct keys at or above it. The keys at
+ * or above t, typically k and a few more, are gathered in shared memory and
+ * each counts the gathered keys before it: its rank. Four barriers and no
+ * radix passes (radix_select: sixteen barriers and as many warp-wide
+ * matches). Returns false (the same in every thread; nothing written) when
+ * more than FAST_CAP keys or fewer than k pass the bound: many equal keys,
+ * or the best ones in neighbouring threads of one group; the caller then
+ * selects by radix passes. */
+template <int N>
+__device__ bool fast_top_k(const unsigned (&key)[N], const int (&id)[N], const float (&v)[N], unsigned mask, int gsh,
+                           unsigned k, fast_smem *f, cand *out, unsigned *kth) {
+    const int tid = threadIdx.x;
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        if (mask >> j & 1u) m = max(m, key[j]);
+    for (int o = 1; o < 1 << gsh; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & ((1 << gsh) - 1)) == 0 && tid >> gsh < FAST_GROUPS) f->gmax[tid >> gsh] = m;
+    if (tid < FAST_CAP) f->ord[tid] = 0;
+    if (tid == 0) f->t = f->n = 0;
+    __syncthreads();
+    if (tid < FAST_GROUPS) {
+        /* t: the group maximum with fewer than k above it and k or more at
+         * or above it (the threads that find it write the same value) */
+        const unsigned me = f->gmax[tid];
+        unsigned gt = 0, ge = 0;
+        const uint4 *g4 = (const uint4 *)f->gmax;
+#pragma unroll 8
+        for (int q = 0; q < FAST_GROUPS / 4; q++) {
+            const uint4 x = g4[q];
+            gt += (x.x > me) + (x.y > me) + (x.z > me) + (x.w > me);
+            ge += (x.x >= me) + (x.y >= me) + (x.z >= me) + (x.w >= me);
+        }
+        if (gt < k && k <= ge) f->t = me;
+    }
+    __syncthreads();
+    const unsigned t = f->t;   /* (0, every key, when fewer than k groups hold keys) */
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const bool want = (mask >> j & 1u) && key[j] >= t;
+        const unsigned s = warp_slot(&f->n, want);
+        if (want && s < FAST_CAP) {
+                f->ord[s] = order_of(key[j], id[j]);
+                f->v[s] = v[j];
+                f->id[s] = id[j];
+        }
+    }
+    __syncthreads();
+    const unsigned n = f->n;
+    if (n > FAST_CAP || n < k) return false;
+    if (tid < (int)n) {
+        /* entries past n are 0: below every key's order */
+        const unsigned long long me = f->ord[tid];
+        const ulonglong2 *o2 = (const ulonglong2 *)f->ord;
+        unsigned r = 0;
+#pragma unroll 4
+        for (int q = 0; q < ((int)n + 1) >> 1; q++) {
+            const ulonglong2 x = o2[q];
+            r += (x.x > me || (x.x == me && 2 * q < tid)) + (x.y > me || (x.y == me && 2 * q + 1 < tid));
+        }
+        if (r < k) out[r] = (cand){f->v[tid], f->id[tid]};
+        if (r == k - 1) *kth = (unsigned)(me >> 32);
+    }
+    __syncthreads();
+    return true;
+}
+
 #define SLICE_PER (SLICE / 1024)
 #define MERGE_PER (MERGE / 1024)
 
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id, int32_t *id2);
+                          const double *u, int32_t *id, int32_t *id2, int fast, unsigned long long *tm);
 
-/* Stage 1: each block's k best of its SLICE ids, in no order (padding past
- * n as {-inf, 0x7fffffff}), and the key of its k-th best in thr. ONE: the
- * block that finishes last then runs stage 2 (topk_pick). */
+/* Stage 1: each block's k best of its SLICE ids (padding past n as {-inf,
+ * 0x7fffffff}; sorted best first when fast_top_k took them, else in no
+ * order), and the key of its k-th best in thr. ONE: the block that
+ * finishes last then runs stage 2 (topk_pick). */
 template <bool ONE>
 __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
                                                     unsigned *thr, unsigned *done, float top_p, float min_p,
-                                                    const double *u, int32_t *pick, int32_t *pick2) {
+                                                    const double *u, int32_t *pick, int32_t *pick2, int fast) {
     __shared__ select_smem sm;
+    __shared__ fast_smem fs;
+    __shared__ cand best[TERN_CUDA_SAMPLE_MAX_K];
+    __shared__ unsigned best_kth;
     unsigned key[SLICE_PER];
     int id[SLICE_PER];
     float v[SLICE_PER];
+    TRACE_DECL;
+    TRACE_MARK(0);
     pdl_wait();   /* the logits (a no-op in an ordinary launch) */
     pdl_trigger();
-    if (threadIdx.x == 0) sm.taken = 0;
+    TRACE_MARK(1);
 #pragma unroll
     for (int j = 0; j < SLICE_PER; j++) {
         id[j] = blockIdx.x * SLICE + j * 1024 + threadIdx.x;
         v[j] = id[j] < n ? clean(l[id[j]]) * inv_t : -INFINITY;
         key[j] = id[j] < n ? key_of(v[j]) : 0u;
     }
-    unsigned kth;
-    unsigned top = block_top_k<SLICE_PER>(key, id, (1u << SLICE_PER) - 1, (unsigned)k, &sm, &kth);
-    if (threadIdx.x == 0) thr[blockIdx.x] = kth;
+    TRACE_MARK_AFTER(TRACE_PTR, 2, v[0]);
+    const unsigned all = (1u << SLICE_PER) - 1;
+    const bool ok = fast && fast_top_k<SLICE_PER>(key, id, v, all, 3, (unsigned)k, &fs, best, &best_kth);
+    if (threadIdx.x == 0) sm.taken = 0;
+    if (ok) {
+        TRACE_MARK(3);
+        if (threadIdx.x == 0) thr[blockIdx.x] = best_kth;
+        if ((int)threadIdx.x < k) out[(size_t)blockIdx.x * k + threadIdx.x] = best[threadIdx.x];
+    } else {
+        unsigned kth;
+        unsigned top = block_top_k<SLICE_PER>(key, id, all, (unsigned)k, &sm, &kth);
+        TRACE_MARK(3);
+        if (threadIdx.x == 0) thr[blockIdx.x] = kth;
 #pragma unroll
-    for (int j = 0; j < SLICE_PER; j++)
-        if (top >> j & 1u) {
-            unsigned slot = atomicAdd(&sm.taken, 1u);
-            cand c = {-INFINITY, 0x7fffffff};
-            if (key[j]) { c.v = v[j]; c.id = id[j]; }
-            out[(size_t)blockIdx.x * k + slot] = c;
-        }
-    if (ONE && grid_last_block(done)) topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick, pick2);
+        for (int j = 0; j < SLICE_PER; j++)
+            if (top >> j & 1u) {
+                unsigned slot = atomicAdd(&sm.taken, 1u);
+                cand c = {-INFINITY, 0x7fffffff};
+                if (key[j]) { c.v = v[j]; c.id = id[j]; }
+                out[(size_t)blockIdx.x * k + slot] = c;
+            }
+    }
+    TRACE_MARK(4);
+    const bool last = ONE && grid_last_block(done);
+    if (last) {
+        TRACE_MARK(5);
+        topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick, pick2, fast, TRACE_PTR);
+    }
+    TRACE_END(TRACE_SAMPLE, last ? 1u : 0u);
+}
+
+/* The draw from c[0 .. k), the top k best first (k <= 64), by one warp:
+ * the weights exp(l - max), top-p over them, min-p against the best, then
+ * the first id whose running sum passes u times the kept sum. Lane i holds
+ * the weights of c[i] and c[i + 32]; the sums run in index order, every
+ * lane adding each weight as it comes round by shuffle, so they are the
+ * same doubles, in the same order, as the CPU sampler's walk; the
+ * comparisons against them are ballots. */
+__device__ void draw_top(const cand *c, int k, float top_p, float min_p, double u, int32_t *id, int32_t *id2) {
+    const int lane = threadIdx.x & 31;
+    const float mx = c[0].v;
+    double w[2], cum[2] = {0.0, 0.0};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = lane + 32 * h;
+        w[h] = i < k && c[i].id != 0x7fffffff ? (double)expf(c[i].v - mx) : 0.0;
+    }
+    double total = 0.0;
+    for (int i = 0; i < k; i++) {
+        total += __shfl_sync(0xffffffffu, i < 32 ? w[0] : w[1], i & 31);
+        if (i == lane) cum[0] = total;
+        if (i == lane + 32) cum[1] = total;
+    }
+    /* the running sums: cum[h] for the entry lane + 32 h; then n, the kept */
+    int n = k;
+    if (top_p < 1.0f) {
+        const double lim = top_p * total;
+        const unsigned b0 = __ballot_sync(0xffffffffu, lane < k && cum[0] >= lim),
+                       b1 = __ballot_sync(0xffffffffu, lane + 32 < k && cum[1] >= lim);
+        if (b0 | b1) n = (b0 ? __ffs(b0) - 1 : 32 + __ffs(b1) - 1) + 1;
+    }
+    if (min_p > 0.0f) {
+        const double lim = min_p * __shfl_sync(0xffffffffu, w[0], 0);
+        const unsigned b0 = __ballot_sync(0xffffffffu, lane >= 1 && lane < n && w[0] < lim),
+                       b1 = __ballot_sync(0xffffffffu, lane + 32 < n && w[1] < lim);
+        if (b0 | b1) n = b0 ? __ffs(b0) - 1 : 32 + __ffs(b1) - 1;
+    }
+    /* the kept sum is the running sum at n - 1 (the same adds), and the
+     * draw's running sum over the positive weights is the running sum
+     * itself (adding a zero weight leaves a sum as it is) */
+    const double kept = __shfl_sync(0xffffffffu, n - 1 < 32 ? cum[0] : cum[1], (n - 1) & 31);
+    const double target = u * kept;
+    const unsigned p0 = __ballot_sync(0xffffffffu, lane < n && !(w[0] <= 0)),
+                   p1 = __ballot_sync(0xffffffffu, lane + 32 < n && !(w[1] <= 0)),
+                   a0 = __ballot_sync(0xffffffffu, lane < n && !(w[0] <= 0) && target < cum[0]),
+                   a1 = __ballot_sync(0xffffffffu, lane + 32 < n && !(w[1] <= 0) && target < cum[1]);
+    /* the first entry not at or below zero past the target, else the last
+     * such entry, else the best (a NaN weight counts, as in the walk) */
+    const int at = a0 ? __ffs(a0) - 1 : a1 ? 32 + __ffs(a1) - 1 : p1 ? 63 - __clz(p1) : p0 ? 31 - __clz(p0) : 0;
+    if (lane == 0) put_id(c[at].id, id, id2);
 }
 
 /* Stage 2: the k best of the m candidates, sorted best first. The k-th
  * best overall is at least every block's k-th best, so only candidates at
  * or above the largest block threshold can be among the k: typically a
- * few hundred of the m survive, one per thread, and a radix selection over
- * them finds the k (over all m when more survive than there are threads:
- * many equal logits). Each of the k counts the others before it: its rank.
- * Then one thread walks them: weights exp(l - max), top-p, min-p, the draw
- * at *u. */
+ * few hundred of the m survive, one per thread, and fast_top_k (groups of
+ * up to 8 survivors, as many as make at most 128 groups) or a radix
+ * selection over them finds the k (a radix selection over all m when more
+ * survive than there are threads: many equal logits). With the radix
+ * selection each of the k then counts the others before it: its rank.
+ * Then one warp draws (draw_top). */
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id, int32_t *id2) {
+                          const double *u, int32_t *id, int32_t *id2, int fast, unsigned long long *tm) {
     __shared__ select_smem sm;
+    __shared__ fast_smem fs;
     __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
-    __shared__ unsigned warp_max[32], n_sel;
+    __shared__ __align__(16) unsigned warp_max[32];   /* (1024 threads: both kernels launch that many) */
+    __shared__ unsigned n_sel, c_kth;
     const int m = nb * k, tid = threadIdx.x;
     unsigned key[MERGE_PER], mask = 0;
     int cid[MERGE_PER];
     float v[MERGE_PER];
-    unsigned t = 0;
-    for (int i = tid; i < nb; i += blockDim.x) t = max(t, thr[i]);
-    t = __reduce_max_sync(0xffffffffu, t);
-    if ((tid & 31) == 0) warp_max[tid >> 5] = t;
-    if (tid == 0) sm.taken = n_sel = 0;
-    if (tid < k) sel[tid] = (cand){-INFINITY, 0x7fffffff};
+    (void)tm;
+    /* the candidates and the thresholds requested together (one round trip) */
 #pragma unroll
     for (int j = 0; j < MERGE_PER; j++) {
         int i = j * 1024 + tid;
@@ -307,28 +496,47 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
         if (i < m) x = in[i];
         v[j] = x.v;
         cid[j] = x.id;
-        key[j] = x.id == 0x7fffffff ? 0u : key_of(x.v);
         mask |= (unsigned)(i < m) << j;
     }
+    unsigned t = 0;
+    for (int i = tid; i < nb; i += 1024) t = max(t, thr[i]);
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) key[j] = cid[j] == 0x7fffffff ? 0u : key_of(v[j]);
+    t = __reduce_max_sync(0xffffffffu, t);
+    if ((tid & 31) == 0) warp_max[tid >> 5] = t;
+    if (tid == 0) sm.taken = n_sel = 0;
+    if (tid < k) sel[tid] = (cand){-INFINITY, 0x7fffffff};
     __syncthreads();
-    t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = max(t, warp_max[w]);
+    const uint4 *wm = (const uint4 *)warp_max;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const uint4 x = wm[q];
+        t = max(t, max(max(x.x, x.y), max(x.z, x.w)));
+    }
     unsigned keep = 0, kth;
 #pragma unroll
     for (int j = 0; j < MERGE_PER; j++) keep |= (unsigned)((mask >> j & 1u) && key[j] >= t) << j;
-    int n_keep = 0;
+    /* the survivors into the list (up to its size), counted by the same adds */
 #pragma unroll
-    for (int j = 0; j < MERGE_PER; j++) n_keep += __syncthreads_count(keep >> j & 1u);
+    for (int j = 0; j < MERGE_PER; j++) {
+        const bool want = keep >> j & 1u;
+        const unsigned slot = warp_slot(&sm.taken, want);
+        if (want && slot < 1024u) list[slot] = (cand){v[j], cid[j]};
+    }
+    __syncthreads();
+    const int n_keep = (int)sm.taken;
+    bool sorted = false;
     if (n_keep <= (int)blockDim.x) {
         /* the survivors, one per thread, then the k among them */
-#pragma unroll
-        for (int j = 0; j < MERGE_PER; j++)
-            if (keep >> j & 1u) list[atomicAdd(&sm.taken, 1u)] = (cand){v[j], cid[j]};
-        __syncthreads();
+        TRACE_MARK_AT(tm, 6);
         cand me = tid < n_keep ? list[tid] : (cand){-INFINITY, 0x7fffffff};
         unsigned k1[1] = {tid < n_keep ? key_of(me.v) : 0u};
         int i1[1] = {me.id};
-        if (block_top_k<1>(k1, i1, tid < n_keep, (unsigned)k, &sm, &kth)) {
+        float v1[1] = {me.v};
+        /* groups of 1, 2, 4 or 8 survivors: at most FAST_GROUPS of them */
+        const int gsh = n_keep <= 128 ? 0 : n_keep <= 256 ? 1 : n_keep <= 512 ? 2 : 3;
+        sorted = fast && fast_top_k<1>(k1, i1, v1, tid < n_keep, gsh, (unsigned)k, &fs, c, &c_kth);
+        if (!sorted && block_top_k<1>(k1, i1, tid < n_keep, (unsigned)k, &sm, &kth)) {
             unsigned slot = atomicAdd(&n_sel, 1u);
             if (slot < (unsigned)k) sel[slot] = me;
         }
@@ -341,49 +549,28 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
                 if (slot < (unsigned)k) sel[slot] = (cand){v[j], cid[j]};
             }
     }
-    __syncthreads();
-    if (tid < k) {
-        const cand me = sel[tid];
-        int rank = 0;
-        /* (only padding can repeat: equal entries rank by slot) */
-        for (int i = 0; i < k; i++)
-            rank += before(sel[i], me) || (i < tid && sel[i].v == me.v && sel[i].id == me.id);
-        c[rank] = me;
-    }
-    __syncthreads();
-    if (threadIdx.x) return;
-    /* c[0 .. k) are the top-k, best first; weights relative to the best */
-    double w[TERN_CUDA_SAMPLE_MAX_K], total = 0.0, cum = 0.0;
-    float mx = c[0].v;
-    int n = k;
-    for (int i = 0; i < k; i++) {
-        w[i] = c[i].id == 0x7fffffff ? 0.0 : (double)expf(c[i].v - mx);
-        total += w[i];
-    }
-    if (top_p < 1.0f)
-        for (int i = 0; i < n; i++) {
-            cum += w[i];
-            if (cum >= top_p * total) { n = i + 1; break; }
+    if (!sorted) {
+        __syncthreads();
+        if (tid < k) {
+            const cand me = sel[tid];
+            int rank = 0;
+            /* (only padding can repeat: equal entries rank by slot) */
+            for (int i = 0; i < k; i++)
+                rank += before(sel[i], me) || (i < tid && sel[i].v == me.v && sel[i].id == me.id);
+            c[rank] = me;
         }
-    if (min_p > 0.0f)
-        for (int i = 1; i < n; i++)
-            if (w[i] < min_p * w[0]) { n = i; break; }
-    double kept = 0.0;
-    for (int i = 0; i < n; i++) kept += w[i];
-    double target = *u * kept, run = 0.0;
-    int pick = c[0].id;
-    for (int i = 0; i < n; i++) {
-        if (w[i] <= 0) continue;
-        run += w[i];
-        pick = c[i].id;
-        if (target < run) break;
+        __syncthreads();
     }
-    put_id(pick, id, id2);
+    TRACE_MARK_AT(tm, 7);
+    if (tid < 32) draw_top(c, k, top_p, min_p, *u, id, id2);
+    TRACE_MARK_AT(tm, 8);
 }
 
 __global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
-                                                   float min_p, const double *u, int32_t *id, int32_t *id2) {
-    topk_pick(in, thr, nb, k, top_p, min_p, u, id, id2);
+                                                   float min_p, const double *u, int32_t *id, int32_t *id2, int fast) {
+    TRACE_DECL;
+    topk_pick(in, thr, nb, k, top_p, min_p, u, id, id2, fast, TRACE_PTR);
+    TRACE_END(TRACE_SAMPLE, 2u);
 }
 
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
@@ -395,15 +582,18 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
     if ((int64_t)nb * k > MERGE) return tern_fail(err, "sample: %d ids x top_k %d exceed the merge", n_valid, top_k);
     sample_work t = work_of(work, nb);
     const float inv_t = 1.0f / temperature;
+    const int fast = fast_on();
     if (one_launch()) {
         cudaError_t e = launch_pdl(topk_slices<true>, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands,
-                                   t.thr, t.done, top_p, min_p, u, id, id2);
+                                   t.thr, t.done, top_p, min_p, u, id, id2, fast);
         if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
         return launch_check("sample", err);
     }
     topk_slices<false><<<nb, 1024, 0, s>>>(logits, n_valid, inv_t, k, t.cands, t.thr, t.done, top_p, min_p, u, id,
-                                           NULL);
+                                           NULL, fast);
     if (launch_check("sample top-k", err)) return -1;
-    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id, id2);
+    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id, id2, fast);
     return launch_check("sample merge", err);
 }
+
+TRACE_DUMP_FN(tern_cuda_trace_dump_sample)

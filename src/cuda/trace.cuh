@@ -91,6 +91,6 @@ __device__ __forceinline__ unsigned long long trace_now() {
 
 /* kernel ids of the records */
 enum { TRACE_GEMV1 = 1, TRACE_GEMV1_ROUTE = 2, TRACE_GEMV1S = 3, TRACE_MOE_GATE_UP = 4, TRACE_MOE_DOWN = 5,
-       TRACE_MOE_ONE = 6, TRACE_GDN_STEP = 7 };
+       TRACE_MOE_ONE = 6, TRACE_GDN_STEP = 7, TRACE_SAMPLE = 8 };
 
 #endif

@@ -78,6 +78,16 @@ static void logits_ties(checker *ck, float *l) {
     for (int i = 0; i < VOCAB; i++) l[i] = floorf(l[i] * 0.5f);
 }
 
+/* The best logits in neighbouring ids: 300 from id 70000 on (one slice,
+ * neighbouring threads) above all others, so more than the fast selection's
+ * cap pass its bound there and the radix selection takes over. */
+static void logits_cluster(checker *ck, float *l) {
+    logits_fill(ck, l);
+    for (int i = 70000; i < 70300; i++) l[i] = 10.0f + 0.01f * (float)(i % 97);
+}
+
+enum { LOGITS_RANDOM, LOGITS_TIES, LOGITS_CLUSTER };
+
 /* The draw's two outputs (did[0], and did[1] on odd trials): before each
  * call both hold -7; after it did[0] is the id, did[1] the id again when it
  * was given and still -7 when not. */
@@ -114,7 +124,7 @@ static void check_argmax(checker *ck, float *l, float *dl, void *work, int32_t *
 }
 
 static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t *did, double *du, float temp, int k,
-                           float p, float minp, int ties) {
+                           float p, float minp, int kind) {
     tern_sampler_params sp;
     tern_sampler_params_default(&sp);
     sp.do_sample = 1;
@@ -130,7 +140,8 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
     long bad = 0, total = 0;
     for (int trial = 0; trial < 40; trial++) {
         if (trial % 8 == 0) {
-            if (ties) logits_ties(ck, l);
+            if (kind == LOGITS_TIES) logits_ties(ck, l);
+            else if (kind == LOGITS_CLUSTER) logits_cluster(ck, l);
             else logits_fill(ck, l);
             tern_cuda_upload(dl, l, VOCAB * sizeof(float), &err);
             if (tern_sampler_probs(s, l, NULL, 0, probs, &err)) die_err("sampler", &err);
@@ -145,7 +156,7 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
     }
     char shape[96];
     snprintf(shape, sizeof shape, "temp %.1f top-k %d top-p %.2f min-p %.2f%s", temp, k, p, minp,
-             ties ? ", tied levels" : "");
+             kind == LOGITS_TIES ? ", tied levels" : kind == LOGITS_CLUSTER ? ", best ids together" : "");
     report_exact(ck, "sample", shape, bad, total);
     free(probs);
     free(buf);
@@ -164,8 +175,10 @@ void check_sample(checker *ck) {
     sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, 0);
     sample_setting(ck, l, dl, work, did, du, 1.3f, 5, 0.5f, 0.0f, 0);
     sample_setting(ck, l, dl, work, did, du, 1.0f, 1, 1.0f, 0.0f, 0);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, 1);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, 1);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_TIES);
+    sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, LOGITS_TIES);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_CLUSTER);
+    sample_setting(ck, l, dl, work, did, du, 2.0f, 64, 1.0f, 0.0f, LOGITS_CLUSTER);
     if (ck->time) {
         logits_fill(ck, l);
         tern_error err;

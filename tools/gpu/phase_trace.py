@@ -51,6 +51,9 @@ KERNELS = {
     7: ("DeltaNet step", _marks("start", "S requested", "wait released", "conv in", "conv outputs shared",
                                 "head's norm sums in", "outputs exchanged (with the projection)",
                                 "W landed (with the projection)", "end"), 2),
+    8: ("sampler (top-k draw; aux 1: the block that ran stage 2)",
+        _marks("start", "wait released", "logits in", "slice's top k", "slice's k written", "stage 2 elected",
+               "survivors listed", "top k sorted", "id written", "end"), 1),
 }
 GAP_NS = 8000   # blocks of one call start within this of the previous block
 
@@ -73,10 +76,10 @@ def main():
     groups = defaultdict(list)
     for kid, aux, m, _b in recs:
         groups[(kid, aux)].append(m)
-    # the router's aux says whether the block was the last; trace both together
+    # the router's and the sampler's aux say whether the block was the last; trace both together
     merged = defaultdict(list)
     for (kid, aux), recs in groups.items():
-        merged[(kid, 0 if kid == 2 else aux)].extend((aux, m) for m in recs)
+        merged[(kid, 0 if kid in (2, 8) else aux)].extend((aux, m) for m in recs)
     for (kid, aux), recs in sorted(merged.items()):
         name, marks, ref = KERNELS.get(kid, (f"kernel {kid}", [f"m{i}" for i in range(12)], 0))
         nm = len(recs[0][1])
