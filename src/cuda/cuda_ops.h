@@ -504,6 +504,10 @@ int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, 
 #define TERN_CUDA_SAMPLE_MAX_K TERN_GPU_SAMPLE_MAX_K
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
                      const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s, tern_error *err);
+/* Whether tern_cuda_sample takes n_valid ids at top_k: its merge holds
+ * ceil(n_valid / 4096) x top_k candidates, at most 4096 (top-k 64 up to
+ * 262,144 ids). */
+int tern_cuda_sample_fits(int n_valid, int top_k);
 
 /* ---- prefill ----------------------------------------------------------- */
 

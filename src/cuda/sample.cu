@@ -573,13 +573,19 @@ __global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigne
     TRACE_END(TRACE_SAMPLE, 2u);
 }
 
+int tern_cuda_sample_fits(int n_valid, int top_k) {
+    const int k = top_k < n_valid ? top_k : n_valid;
+    return n_valid >= 1 && top_k >= 1 && top_k <= TERN_CUDA_SAMPLE_MAX_K && (int64_t)ceil_div(n_valid, SLICE) * k <= MERGE;
+}
+
 int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
                      const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s, tern_error *err) {
     if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || !u)
         return tern_fail(err, "sample: top_k %d (1..%d), temperature %g%s", top_k, TERN_CUDA_SAMPLE_MAX_K,
                          temperature, u ? "" : ", no u");
+    if (!tern_cuda_sample_fits(n_valid, top_k))
+        return tern_fail(err, "sample: %d ids x top_k %d exceed the merge (%d candidates)", n_valid, top_k, MERGE);
     int nb = ceil_div(n_valid, SLICE), k = top_k < n_valid ? top_k : n_valid;
-    if ((int64_t)nb * k > MERGE) return tern_fail(err, "sample: %d ids x top_k %d exceed the merge", n_valid, top_k);
     sample_work t = work_of(work, nb);
     const float inv_t = 1.0f / temperature;
     const int fast = fast_on();

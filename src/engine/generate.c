@@ -83,9 +83,11 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     if (!g->sampler) return -1;
     tern_gpu_rule *r = &g->gpu.r;
     r->n_valid = tern_sampler_n_valid(g->sampler);
+    /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
     g->gpu.on = s->gpu && tern_gpu_sampling_enabled(s) &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
-                                      &r->top_p, &r->min_p);
+                                      &r->top_p, &r->min_p) &&
+                (r->greedy || tern_gpu_sample_fits(r->n_valid, r->top_k));
     const char *ah = getenv("TERN_DECODE_AHEAD");
     g->ahead = g->gpu.on && !(ah && !strcmp(ah, "0"));
     if (!tok) return 0;

@@ -27,6 +27,7 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
     return no_cuda(err);
 }
 int tern_gpu_sampling_enabled(const tern_session *s) { (void)s; return 0; }
+int tern_gpu_sample_fits(int n_valid, int top_k) { (void)n_valid; (void)top_k; return 0; }
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err) {
     (void)s; (void)token; (void)rule; (void)u; (void)next;
@@ -1552,6 +1553,8 @@ int tern_gpu_sampling_enabled(const tern_session *s) {
     const gpu_session *g = s->gpu;
     return g && g->sampling;
 }
+
+int tern_gpu_sample_fits(int n_valid, int top_k) { return tern_cuda_sample_fits(n_valid, top_k); }
 
 static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern_error *err) {
     if (r->n_valid < 1 || r->n_valid > s->m->cfg.vocab)

@@ -40,6 +40,8 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
  * graph, the token and u go up, only the id comes back, one
  * synchronisation. */
 int tern_gpu_sampling_enabled(const tern_session *s);
+/* Whether the GPU sampler takes n_valid ids at top_k (its merge's size). */
+int tern_gpu_sample_fits(int n_valid, int top_k);
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err);
 /* The same step in two halves (tern_session_sample_launch): the launch

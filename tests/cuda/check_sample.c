@@ -179,6 +179,15 @@ void check_sample(checker *ck) {
     sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, LOGITS_TIES);
     sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_CLUSTER);
     sample_setting(ck, l, dl, work, did, du, 2.0f, 64, 1.0f, 0.0f, LOGITS_CLUSTER);
+    /* the merge's size: 248,320 ids fit at top-k 64, 262,145 do not (a
+     * refusal with a message, not a launch) */
+    {
+        tern_error err;
+        long bad = !tern_cuda_sample_fits(VOCAB, 64) || !tern_cuda_sample_fits(262144, 64) ||
+                   tern_cuda_sample_fits(262145, 64) || !tern_cuda_sample_fits(262145, 63) ||
+                   tern_cuda_sample(dl, 262145, 1.0f, 64, 1.0f, 0.0f, du, work, did, NULL, ck->stream, &err) == 0;
+        report_exact(ck, "sample", "the merge's size: fits and refusals", bad, 1);
+    }
     if (ck->time) {
         logits_fill(ck, l);
         tern_error err;
