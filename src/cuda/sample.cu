@@ -252,8 +252,9 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 /* ---- the selection without radix passes ------------------------------- */
 
 /* Slots in a shared list for the lanes of a warp with `want` (in lane
- * order), by one shared add a warp instead of one a lane: the adds to one
- * address from many lanes are served one at a time. All 32 lanes call it. */
+ * order), by one shared add a warp instead of one a lane (the sampler's
+ * span measured the same either way: docs/PERFORMANCE.md step 90). All 32
+ * lanes call it. */
 __device__ __forceinline__ unsigned warp_slot(unsigned *count, bool want) {
     const unsigned b = __ballot_sync(0xffffffffu, want);
     if (!b) return 0;
@@ -282,7 +283,7 @@ typedef struct {
 /* The top k of a block's keys (N per thread, bit j of `mask` says key[j]
  * takes part; keys of real values are above 0, ids unique but for
  * padding), sorted best first into out[0 .. k) (larger key first, then
- * lower id, then lower slot), the k-th key into *kth. The first
+ * lower id, then lower slot), the k-th key into *kth (when given). The first
  * FAST_GROUPS 2^gsh threads form FAST_GROUPS groups of 2^gsh lanes (the
  * keys of any threads beyond must be masked out); the k-th largest of the
  * groups' maxima is a lower bound t of the k-th best key, as the k groups
@@ -328,9 +329,9 @@ __device__ bool fast_top_k(const unsigned (&key)[N], const int (&id)[N], const f
         const bool want = (mask >> j & 1u) && key[j] >= t;
         const unsigned s = warp_slot(&f->n, want);
         if (want && s < FAST_CAP) {
-                f->ord[s] = order_of(key[j], id[j]);
-                f->v[s] = v[j];
-                f->id[s] = id[j];
+            f->ord[s] = order_of(key[j], id[j]);
+            f->v[s] = v[j];
+            f->id[s] = id[j];
         }
     }
     __syncthreads();
@@ -347,7 +348,7 @@ __device__ bool fast_top_k(const unsigned (&key)[N], const int (&id)[N], const f
             r += (x.x > me || (x.x == me && 2 * q < tid)) + (x.y > me || (x.y == me && 2 * q + 1 < tid));
         }
         if (r < k) out[r] = (cand){f->v[tid], f->id[tid]};
-        if (r == k - 1) *kth = (unsigned)(me >> 32);
+        if (kth && r == k - 1) *kth = (unsigned)(me >> 32);
     }
     __syncthreads();
     return true;
@@ -482,12 +483,11 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
     __shared__ fast_smem fs;
     __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
     __shared__ __align__(16) unsigned warp_max[32];   /* (1024 threads: both kernels launch that many) */
-    __shared__ unsigned n_sel, c_kth;
+    __shared__ unsigned n_sel;
     const int m = nb * k, tid = threadIdx.x;
     unsigned key[MERGE_PER], mask = 0;
     int cid[MERGE_PER];
     float v[MERGE_PER];
-    (void)tm;
     /* the candidates and the thresholds requested together (one round trip) */
 #pragma unroll
     for (int j = 0; j < MERGE_PER; j++) {
@@ -535,7 +535,7 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
         float v1[1] = {me.v};
         /* groups of 1, 2, 4 or 8 survivors: at most FAST_GROUPS of them */
         const int gsh = n_keep <= 128 ? 0 : n_keep <= 256 ? 1 : n_keep <= 512 ? 2 : 3;
-        sorted = fast && fast_top_k<1>(k1, i1, v1, tid < n_keep, gsh, (unsigned)k, &fs, c, &c_kth);
+        sorted = fast && fast_top_k<1>(k1, i1, v1, tid < n_keep, gsh, (unsigned)k, &fs, c, NULL);
         if (!sorted && block_top_k<1>(k1, i1, tid < n_keep, (unsigned)k, &sm, &kth)) {
             unsigned slot = atomicAdd(&n_sel, 1u);
             if (slot < (unsigned)k) sel[slot] = me;

@@ -163,6 +163,16 @@ static void sample_setting(checker *ck, float *l, float *dl, void *work, int32_t
     tern_sampler_destroy(s);
 }
 
+/* The merge's size: 248,320 ids fit at top-k 64, 262,145 do not, and a
+ * call past it is refused with a message, not launched. */
+static void check_merge_size(checker *ck, const float *dl, void *work, int32_t *did, const double *du) {
+    tern_error err;
+    long bad = !tern_cuda_sample_fits(VOCAB, 64) || !tern_cuda_sample_fits(262144, 64) ||
+               tern_cuda_sample_fits(262145, 64) || !tern_cuda_sample_fits(262145, 63) ||
+               tern_cuda_sample(dl, 262145, 1.0f, 64, 1.0f, 0.0f, du, work, did, NULL, ck->stream, &err) == 0;
+    report_exact(ck, "sample", "the merge's size: fits and refusals", bad, 1);
+}
+
 void check_sample(checker *ck) {
     float *l = xmalloc(VOCAB * sizeof(float));
     float *dl = dev_alloc(VOCAB * sizeof(float));
@@ -171,23 +181,15 @@ void check_sample(checker *ck) {
     int32_t *did = dev_alloc(2 * sizeof(int32_t));   /* the id and its second copy */
     double *du = dev_alloc(sizeof(double));
     check_argmax(ck, l, dl, work, did);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, 0);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, 0);
-    sample_setting(ck, l, dl, work, did, du, 1.3f, 5, 0.5f, 0.0f, 0);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 1, 1.0f, 0.0f, 0);
+    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, LOGITS_RANDOM);
+    sample_setting(ck, l, dl, work, did, du, 1.3f, 5, 0.5f, 0.0f, LOGITS_RANDOM);
+    sample_setting(ck, l, dl, work, did, du, 1.0f, 1, 1.0f, 0.0f, LOGITS_RANDOM);
     sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_TIES);
     sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, LOGITS_TIES);
     sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_CLUSTER);
     sample_setting(ck, l, dl, work, did, du, 2.0f, 64, 1.0f, 0.0f, LOGITS_CLUSTER);
-    /* the merge's size: 248,320 ids fit at top-k 64, 262,145 do not (a
-     * refusal with a message, not a launch) */
-    {
-        tern_error err;
-        long bad = !tern_cuda_sample_fits(VOCAB, 64) || !tern_cuda_sample_fits(262144, 64) ||
-                   tern_cuda_sample_fits(262145, 64) || !tern_cuda_sample_fits(262145, 63) ||
-                   tern_cuda_sample(dl, 262145, 1.0f, 64, 1.0f, 0.0f, du, work, did, NULL, ck->stream, &err) == 0;
-        report_exact(ck, "sample", "the merge's size: fits and refusals", bad, 1);
-    }
+    check_merge_size(ck, dl, work, did, du);
     if (ck->time) {
         logits_fill(ck, l);
         tern_error err;
