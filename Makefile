@@ -8,20 +8,23 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iinclude -Isrc
-DEPS    := jansson libpcre2-8 libutf8proc libcrypto
+DEPS    := jansson libpcre2-8 libutf8proc libcrypto libmicrohttpd
 DEP_CFLAGS = $(shell pkg-config --cflags $(DEPS) 2>/dev/null)
 DEP_LIBS   = $(shell pkg-config --libs $(DEPS) 2>/dev/null) -lm -pthread
 TEST_LIBS  = $(shell pkg-config --libs criterion 2>/dev/null)
 
 B       ?= build
-LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*'))
-CLI_SRC := $(sort $(wildcard src/cli/*.c))
+LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/server/*'))
+# The server, like the CLI, speaks only tern.h; both are in the tern binary.
+CLI_SRC := $(sort $(wildcard src/cli/*.c) $(wildcard src/server/*.c))
+SRV_SRC := $(sort $(wildcard src/server/*.c))
 TEST_SRC:= $(sort $(wildcard tests/*.c))
 BENCH_SRC:= $(sort $(wildcard bench/*.c))
 BENCHES := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
 TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
+SRV_OBJ := $(SRV_SRC:%.c=$(B)/%.o)
 
 # The CUDA backend (make CUDA=1, make test-cuda): mk/cuda.mk adds its objects
 # and libraries to the ones above when CUDA=1.
@@ -51,7 +54,7 @@ $(B)/libtern.a: $(LIB_OBJ)
 $(B)/tern: $(CLI_OBJ) $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
 
-$(B)/tern-tests: $(TEST_OBJ) $(B)/libtern.a
+$(B)/tern-tests: $(TEST_OBJ) $(SRV_OBJ) $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS) $(TEST_LIBS)
 
 # The GPU engine against the CPU engine: built with CUDA=1 and run by make

@@ -66,6 +66,7 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params,
 void tern_model_free(tern_model *m);
 
 int tern_model_vocab_size(const tern_model *m);   /* rows of the lm_head */
+int tern_model_max_context(const tern_model *m);  /* max_position_embeddings */
 int tern_model_has_mtp(const tern_model *m);
 int tern_model_n_threads(const tern_model *m);
 /* Bytes one decode step reads at context ctx with a kv_bits KV cache
@@ -123,6 +124,10 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n,
 
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
+
+/* Empties the session (position 0, the state of a new session), keeping
+ * its buffers. */
+int tern_session_reset(tern_session *s, tern_error *err);
 
 /* Routing observer: after each MoE layer's router, fn hears every token's
  * top-k expert ids (router order, best first) with the layer (n_layers for
@@ -291,6 +296,20 @@ int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern
 
 int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);
 
+#define TERN_MAX_TOP_LOGPROBS 20
+
+/* One generated token's log-probability and the most likely alternatives,
+ * under the distribution the sampler draws from before truncation: the
+ * log-softmax of the logits after the vocabulary mask, the penalties and
+ * the temperature (no temperature when greedy). */
+typedef struct tern_logprobs {
+    int32_t id;
+    float logprob;
+    int n_top;                                /* = tern_gen_params.top_logprobs */
+    int32_t top_ids[TERN_MAX_TOP_LOGPROBS];   /* most likely first, ties by id */
+    float top_logprobs[TERN_MAX_TOP_LOGPROBS];
+} tern_logprobs;
+
 typedef struct tern_gen_params {
     tern_sampler_params sampling;    /* tern_sampler_params_load() for the model's defaults */
     int n_predict;                   /* most tokens to generate; < 0 = until EOS or context end */
@@ -300,6 +319,20 @@ typedef struct tern_gen_params {
     /* Optional: called with each generated id (before its text). With no
      * tokenizer (tok == NULL in tern_generate) this is the only output. */
     void (*on_token)(void *ctx, int32_t id);
+    /* Optional: polled before each step; non-zero ends the generation
+     * (TERN_STOP_CALLER), e.g. when the client has gone. */
+    int (*cancelled)(void *ctx);
+    /* Optional: tokens the session held before this call's prompt. The
+     * repetition penalty counts them with the prompt, so a prompt split
+     * over several calls samples as if it had been given whole. */
+    const int32_t *history;
+    size_t n_history;
+    /* Optional: called with each generated token's log-probabilities
+     * (before on_token), with the top_logprobs (0..TERN_MAX_TOP_LOGPROBS)
+     * best alternatives. The logits then come to the host every step: a GPU
+     * session samples on the CPU. */
+    void (*on_logprobs)(void *ctx, const tern_logprobs *lp);
+    int top_logprobs;
 } tern_gen_params;
 
 enum tern_stop_reason { TERN_STOP_LENGTH, TERN_STOP_EOS, TERN_STOP_STRING, TERN_STOP_CALLER, TERN_STOP_CONTEXT };
@@ -309,6 +342,7 @@ typedef struct tern_gen_stats {
     int n_generated;
     double prefill_s, decode_s;      /* wall time of the prefill; of the decode steps */
     int stop_reason;                 /* enum tern_stop_reason */
+    int stop_index;                  /* TERN_STOP_STRING: which of p->stop matched; else -1 */
     int32_t last_token;              /* the last generated id (e.g. the EOS) */
 } tern_gen_stats;
 
@@ -324,6 +358,58 @@ typedef int (*tern_text_fn)(void *ctx, const char *text, size_t len);
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                   const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_gen_stats *stats,
                   tern_error *err);
+
+/* ---- output parsing ----------------------------------------------------- */
+
+/* Splits generated text into reasoning, answer and tool calls, streamed:
+ * feed the text in pieces of any size (the events do not depend on how it
+ * is cut). Qwen3.6 reasons inside <think>...</think> and writes tool calls
+ * in the XML form its chat template teaches (<tool_call><function=NAME>
+ * <parameter=KEY>VALUE</parameter>...). Events:
+ *   CONTENT    a piece of the answer text (whole UTF-8 characters)
+ *   REASONING  a piece of the reasoning text
+ *   TOOL_CALL  one complete call: name, arguments as a JSON object's text,
+ *              values typed by the tool's parameter schema
+ *   MALFORMED  markup that could not be read as a call (text: why); its raw
+ *              text then continues as CONTENT, so nothing is lost */
+typedef enum tern_out_kind {
+    TERN_OUT_CONTENT = 0,
+    TERN_OUT_REASONING = 1,
+    TERN_OUT_TOOL_CALL = 2,
+    TERN_OUT_MALFORMED = 3,
+} tern_out_kind;
+
+typedef struct tern_out_event {
+    tern_out_kind kind;
+    const char *text;       /* CONTENT/REASONING piece, or MALFORMED reason */
+    size_t len;
+    int call_index;         /* TOOL_CALL: 0, 1, ... in order of completion */
+    const char *name;       /* TOOL_CALL: function name */
+    const char *arguments;  /* TOOL_CALL: JSON object text (json.dumps style) */
+} tern_out_event;
+
+/* Receives each event; the pointers are valid during the call only.
+ * Returns 0, or -1 with err set to stop the parser. */
+typedef int (*tern_out_fn)(void *user, const tern_out_event *ev, tern_error *err);
+
+typedef struct tern_output_params {
+    int start_in_reasoning;  /* the prompt ended in "<think>\n" (thinking on) */
+    int parse_tool_calls;    /* 0: tool-call markup is plain answer text */
+    const char *tools_json;  /* the request's OpenAI-style tools array (its schemas type the values), or NULL */
+} tern_output_params;
+
+typedef struct tern_output_parser tern_output_parser;
+
+tern_output_parser *tern_output_parser_create(const tern_output_params *params,
+                                              tern_out_fn fn, void *user, tern_error *err);
+void tern_output_parser_destroy(tern_output_parser *p);
+/* Feeds the next piece of generated text. Returns 0, or -1 if the callback
+ * failed or memory ran out; malformed text is never an error here. */
+int tern_output_parser_feed(tern_output_parser *p, const char *text, size_t len, tern_error *err);
+/* End of generation: flushes held-back text and reports an unterminated
+ * call as MALFORMED. */
+int tern_output_parser_finish(tern_output_parser *p, tern_error *err);
+int tern_output_parser_n_tool_calls(const tern_output_parser *p);
 
 /* ---- packing ------------------------------------------------------------ */
 

@@ -3,7 +3,7 @@
 # nothing when every package is already present.
 set -euo pipefail
 pkgs=(build-essential pkg-config libjansson-dev libcriterion-dev libpcre2-dev
-      libutf8proc-dev libssl-dev)
+      libutf8proc-dev libssl-dev libmicrohttpd-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

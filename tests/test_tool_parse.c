@@ -55,9 +55,9 @@ typedef struct stream_case {
 } stream_case;
 
 /* Feeds text cut at the offsets in cuts (sorted, n_cuts of them). */
-static char *run_cuts(const stream_case *c, json_t *tools, const size_t *cuts, size_t n_cuts) {
+static char *run_cuts(const stream_case *c, const size_t *cuts, size_t n_cuts) {
     event_log log = {.last_kind = -1};
-    tern_output_params params = {c->start_in_reasoning, c->parse_tool_calls, tools};
+    tern_output_params params = {c->start_in_reasoning, c->parse_tool_calls, c->tools_json};
     tern_error err = {{0}};
     tern_output_parser *p = tern_output_parser_create(&params, on_event, &log, &err);
     cr_assert(p, "%s", err.msg);
@@ -73,24 +73,21 @@ static char *run_cuts(const stream_case *c, json_t *tools, const size_t *cuts, s
 }
 
 static void check_stream(const stream_case *c) {
-    json_t *tools = c->tools_json ? json_loads(c->tools_json, 0, NULL) : NULL;
-    cr_assert(!c->tools_json || tools, "%s: bad tools JSON", c->name);
-    char *whole = run_cuts(c, tools, NULL, 0);
+    char *whole = run_cuts(c, NULL, 0);
     cr_expect_str_eq(whole, c->want, "%s: whole stream", c->name);
     size_t n = strlen(c->text);
     for (size_t k = 0; k <= n; k++) {
-        char *got = run_cuts(c, tools, &k, 1);
+        char *got = run_cuts(c, &k, 1);
         cr_expect_str_eq(got, c->want, "%s: cut at %zu", c->name, k);
         free(got);
     }
     size_t *bytes = malloc((n + 1) * sizeof *bytes);
     for (size_t k = 0; k < n; k++) bytes[k] = k + 1;
-    char *got = run_cuts(c, tools, bytes, n ? n - 1 : 0);
+    char *got = run_cuts(c, bytes, n ? n - 1 : 0);
     cr_expect_str_eq(got, c->want, "%s: byte by byte", c->name);
     free(got);
     free(bytes);
     free(whole);
-    json_decref(tools);
 }
 
 /* ---- streams ------------------------------------------------------------------ */
@@ -103,92 +100,28 @@ static void check_stream(const stream_case *c) {
     "\"note\":{\"type\":[\"string\",\"null\"]},\"opts\":{\"type\":\"object\"},"           \
     "\"ids\":{\"type\":\"array\"}}}}}]"
 
-#define CALL(name, params) "<tool_call>\n<function=" name ">\n" params "</function>\n</tool_call>"
-#define PARAM(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
-
-static const stream_case streams[] = {
-    {"reasoning_then_answer", 1, 1, NULL,
-     "Let me think.\nTwo lines.\n</think>\n\nThe answer is 4.",
-     "R[Let me think.\nTwo lines.]C[The answer is 4.]"},
-    {"answer_only", 0, 1, NULL, "Hello there, a < b and <b>bold</b>.",
-     "C[Hello there, a < b and <b>bold</b>.]"},
-    {"thinking_off_but_think_block", 0, 1, NULL, "<think>\nhmm\n</think>\n\nHi",
-     "R[hmm]C[Hi]"},
-    {"think_tag_not_at_start_is_text", 0, 1, NULL, "x<think>y</think>z",
-     "C[x<think>y</think>z]"},
-    {"unterminated_reasoning", 1, 1, NULL, "still thinking about </thi",
-     "R[still thinking about </thi]"},
-    {"empty_reasoning", 1, 1, NULL, "</think>\n\nDirect.", "C[Direct.]"},
-    {"reasoning_keeps_tool_markup", 1, 1, NULL,
-     "maybe <tool_call>\n<function=f>\n</function>\n</tool_call>?\n</think>\n\nNo.",
-     "R[maybe <tool_call>\n<function=f>\n</function>\n</tool_call>?]C[No.]"},
-    {"trailing_whitespace_kept", 0, 1, NULL, "Hi \n", "C[Hi \n]"},
-    {"partial_tag_at_end", 0, 1, NULL, "text <tool_ca", "C[text <tool_ca]"},
-    {"utf8", 1, 1, NULL, "Grüße 東京 👋\n</think>\n\nZürich",
-     "R[Grüße 東京 👋]C[Zürich]"},
-    {"call_after_reasoning", 1, 1, TOOLS,
-     "Need the weather.\n</think>\n\n" CALL("get_weather", PARAM("city", "Paris") PARAM("days", "3")),
-     "R[Need the weather.]T[get_weather|{\"city\": \"Paris\", \"days\": 3}]"},
-    {"content_then_two_calls", 0, 1, TOOLS,
-     "Let me check.\n\n" CALL("get_weather", PARAM("city", "Paris")) "\n"
-     CALL("get_weather", PARAM("city", "Rome")) "\n\nBoth fetched.",
-     "C[Let me check.]T[get_weather|{\"city\": \"Paris\"}]T[get_weather|{\"city\": \"Rome\"}]"
-     "C[Both fetched.]"},
-    {"schema_types", 0, 1, TOOLS,
-     CALL("get_weather", PARAM("zip", "01234") PARAM("days", " 042 ") PARAM("temp", "2.50")
-          PARAM("exact", "True") PARAM("note", "None") PARAM("opts", "{\"a\": [1, 2]}")
-          PARAM("ids", "[1, 2") PARAM("city", "null") PARAM("unknown", "7.5")),
-     "T[get_weather|{\"zip\": \"01234\", \"days\": 42, \"temp\": 2.5, \"exact\": true, "
-     "\"note\": null, \"opts\": {\"a\": [1, 2]}, \"ids\": \"[1, 2\", \"city\": \"null\", "
-     "\"unknown\": 7.5}]"},
-    {"number_schema_integral", 0, 1, TOOLS, CALL("get_weather", PARAM("temp", "3.0")),
-     "T[get_weather|{\"temp\": 3}]"},
-    {"untyped_values", 0, 1, NULL,
-     CALL("f", PARAM("s", "plain text") PARAM("n", "-12") PARAM("x", "1.5e-07")
-          PARAM("b", "false") PARAM("z", "null") PARAM("o", "{\"k\": \"v\"}")
-          PARAM("a", "[1, \"two\"]") PARAM("q", "\"quoted\"") PARAM("m", "line 1\nline 2")
-          PARAM("e", "") PARAM("w", "  padded  ")),
-     "T[f|{\"s\": \"plain text\", \"n\": -12, \"x\": 1.5e-07, \"b\": false, \"z\": null, "
-     "\"o\": {\"k\": \"v\"}, \"a\": [1, \"two\"], \"q\": \"\\\"quoted\\\"\", "
-     "\"m\": \"line 1\\nline 2\", \"e\": \"\", \"w\": \"  padded  \"}]"},
-    {"literal_close_tags_in_value", 0, 1, NULL,
-     CALL("write", PARAM("code", "s = '</parameter>'\nt = '</function></tool_call>'\n")),
-     "T[write|{\"code\": \"s = '</parameter>'\\nt = '</function></tool_call>'\\n\"}]"},
-    {"no_arguments", 0, 1, NULL, CALL("ping", ""), "T[ping|{}]"},
-    {"missing_tool_call_close", 0, 1, NULL,
-     "<tool_call>\n<function=f>\n" PARAM("a", "1") "</function>\nDone.",
-     "T[f|{\"a\": 1}]C[Done.]"},
-    {"missing_function_close", 0, 1, NULL,
-     "<tool_call>\n<function=f>\n" PARAM("a", "x") "</tool_call>", "T[f|{\"a\": \"x\"}]"},
-    {"bare_function_at_line_start", 0, 1, NULL,
-     "Sure.\n<function=f>\n" PARAM("a", "x") "</function>",
-     "C[Sure.]T[f|{\"a\": \"x\"}]"},
-    {"bare_function_mid_line_is_text", 0, 1, NULL, "see <function=f> here",
-     "C[see <function=f> here]"},
-    {"malformed_not_a_function", 0, 1, NULL,
-     "Hi <tool_call>\nI am not a call\n</tool_call> ok",
-     "C[Hi]M[expected <function=NAME>]C[ <tool_call>\nI am not a call\n</tool_call> ok]"},
-    {"malformed_bad_name", 0, 1, NULL, "<tool_call>\n<function=my func>\n</function>\n</tool_call>",
-     "M[invalid function name]C[<tool_call>\n<function=my func>\n</function>\n</tool_call>]"},
-    {"malformed_junk_in_body", 0, 1, NULL,
-     "<tool_call>\n<function=f>\noops\n</function>\n</tool_call>",
-     "M[unexpected text inside <function>]C[<tool_call>\n<function=f>\noops\n</function>\n"
-     "</tool_call>]"},
-    {"malformed_then_good_call", 0, 1, NULL,
-     "<tool_call>oops " CALL("g", PARAM("k", "v")),
-     "M[expected <function=NAME>]C[<tool_call>oops]T[g|{\"k\": \"v\"}]"},
-    {"unterminated_call", 0, 1, NULL, "<tool_call>\n<function=f>\n<parameter=a>\n1",
-     "M[unterminated parameter value]C[<tool_call>\n<function=f>\n<parameter=a>\n1]"},
-    {"unterminated_after_function", 0, 1, NULL, "x\n<tool_call>\n<function=f>\n",
-     "C[x]M[unterminated tool call]C[\n<tool_call>\n<function=f>\n]"},
-    {"tool_parsing_off", 0, 0, NULL, CALL("f", PARAM("a", "1")),
-     "C[" CALL("f", PARAM("a", "1")) "]"},
-    {"utf8_in_call", 0, 1, TOOLS, CALL("get_weather", PARAM("city", "Zürich 東京")),
-     "T[get_weather|{\"city\": \"Zürich 東京\"}]"},
-};
-
+/* The streams and the events each must give: tests/fixtures/tool_parse/
+ * streams.json (the server's encoder tests read the same file). */
 Test(tool_parse, every_split_gives_the_same_events) {
-    for (size_t i = 0; i < sizeof streams / sizeof streams[0]; i++) check_stream(&streams[i]);
+    json_error_t je;
+    json_t *cases = json_load_file("tests/fixtures/tool_parse/streams.json", 0, &je);
+    cr_assert(json_is_array(cases), "streams.json: %s", je.text);
+    cr_assert_gt(json_array_size(cases), 20);
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        json_t *tools = json_object_get(c, "tools");
+        char *tools_json = json_is_array(tools) ? json_dumps(tools, 0) : NULL;
+        stream_case sc = {json_string_value(json_object_get(c, "name")),
+                          json_is_true(json_object_get(c, "start_in_reasoning")),
+                          json_is_true(json_object_get(c, "parse_tool_calls")), tools_json,
+                          json_string_value(json_object_get(c, "text")),
+                          json_string_value(json_object_get(c, "want"))};
+        cr_assert(sc.name && sc.text && sc.want, "streams.json[%zu]: name, text and want are strings", i);
+        check_stream(&sc);
+        free(tools_json);
+    }
+    json_decref(cases);
 }
 
 /* ---- pieces ------------------------------------------------------------------- */
@@ -226,7 +159,7 @@ Test(tool_parse, pieces_hold_whole_utf8_characters) {
 
 static int count_calls(void *user, const tern_out_event *ev, tern_error *err) {
     json_t **args = user;
-    if (ev->kind == TERN_OUT_TOOL_CALL) *args = json_incref(ev->arguments_json);
+    if (ev->kind == TERN_OUT_TOOL_CALL) *args = json_loads(ev->arguments, 0, NULL);
     return 0;
 }
 
@@ -248,7 +181,7 @@ Test(tool_parse, round_trip_through_the_template) {
     *strstr(call, "<|im_end|>") = '\0';
 
     json_t *got = NULL;
-    tern_output_params params = {0, 1, tools};
+    tern_output_params params = {0, 1, TOOLS};
     tern_output_parser *p = tern_output_parser_create(&params, count_calls, &got, &err);
     cr_assert(p);
     cr_assert_eq(tern_output_parser_feed(p, call, strlen(call), &err), 0);
@@ -344,19 +277,19 @@ Test(tool_parse, random_streams_are_cut_invariant) {
         }
         state = state * 6364136223846793005ULL + 1442695040888963407ULL;
         stream_case c = {"random", (int)(state >> 63), 1, NULL, text, NULL};
-        char *want = run_cuts(&c, NULL, NULL, 0);
+        char *want = run_cuts(&c, NULL, 0);
         size_t n = strlen(text), cuts[8], nc = 0;
         for (size_t k = 0; k < 8 && n > 0; k++) {
             state = state * 6364136223846793005ULL + 1442695040888963407ULL;
             size_t at = (size_t)((state >> 33) % n);
             if (nc == 0 || at > cuts[nc - 1]) cuts[nc++] = at;
         }
-        char *got = run_cuts(&c, NULL, cuts, nc);
+        char *got = run_cuts(&c, cuts, nc);
         cr_expect_str_eq(got, want, "random cuts of \"%s\"", text);
         free(got);
         size_t *bytes = malloc((n + 1) * sizeof *bytes);
         for (size_t k = 0; k < n; k++) bytes[k] = k + 1;
-        got = run_cuts(&c, NULL, bytes, n ? n - 1 : 0);
+        got = run_cuts(&c, bytes, n ? n - 1 : 0);
         cr_expect_str_eq(got, want, "bytes of \"%s\"", text);
         free(got);
         free(bytes);

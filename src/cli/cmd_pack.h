@@ -9,5 +9,6 @@ int tern_cli_pack(int argc, char **argv);
 int tern_cli_verify(int argc, char **argv);
 int tern_cli_synth(int argc, char **argv);   /* cmd_synth.c */
 int tern_cli_bench(int argc, char **argv);   /* cmd_bench.c */
+int tern_cli_serve(int argc, char **argv);   /* cmd_serve.c */
 
 #endif

@@ -17,6 +17,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "verify")) return tern_cli_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return tern_cli_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return tern_cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return tern_cli_serve(argc - 1, argv + 1);
     static const struct {
         const char *name;
         int (*fn)(const cli_opts *);

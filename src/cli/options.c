@@ -24,6 +24,7 @@ void cli_usage(FILE *f) {
         "  verify    DIR                                   rehash a packed model against its manifest\n"
         "  synth     DST [options]                         write a random-weight model at an exact shape (--help)\n"
         "  bench     (-m DIR | --synth SHAPE) [options]    measure prefill, decode, TTFT, memory (--help)\n"
+        "  serve     [options]                             OpenAI/Anthropic-compatible HTTP server (--help)\n"
         "\n"
         "model:\n"
         "  -m, --model DIR          model directory (default: $TERN_MODEL, else models/tern-tiny)\n"

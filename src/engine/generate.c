@@ -1,5 +1,6 @@
 /* The generation loop shared by the CLI and the server: prefill, then sample
  * -> stream text -> evaluate, until a stop condition. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,11 +22,13 @@ typedef struct {
 } gpu_rule;
 
 typedef struct {
+    tern_model *model;
     tern_sampler *sampler;
     gpu_rule gpu;
     tern_detok *detok;
     tern_stop *stop;
     float *logits;
+    float *lp;                /* on_logprobs: the sampler's logits, then their log-softmax */
     int32_t *history;         /* prompt + generated: the penalties' window */
     int n_history;
     int ahead;                /* GPU: a step launched before the one before's draw is read (gen_wait) */
@@ -36,17 +39,19 @@ static void gen_free(gen_state *g) {
     tern_detok_free(g->detok);
     tern_stop_free(g->stop);
     free(g->logits);
+    free(g->lp);
     free(g->history);
 }
 
 /* Streams the text of one id through the detokenizer and the stop matcher.
  * Returns 1 when a stop string matched or the caller asked to stop. */
-static int emit(gen_state *g, int32_t id, tern_text_fn on_text, void *ctx, int *reason, tern_error *err) {
+static int emit(gen_state *g, int32_t id, tern_text_fn on_text, void *ctx, int *reason, int *which,
+                tern_error *err) {
     if (!g->detok) return 0;
     const char *piece, *out;
     size_t plen, olen;
     if (tern_detok_push(g->detok, id, &piece, &plen, err) != 0) return -1;
-    int hit = tern_stop_push(g->stop, piece, plen, &out, &olen, NULL);
+    int hit = tern_stop_push(g->stop, piece, plen, &out, &olen, which);
     if (hit < 0) return tern_fail(err, "out of memory matching stop strings");
     if (olen && on_text && on_text(ctx, out, olen)) { *reason = TERN_STOP_CALLER; return 1; }
     if (hit) { *reason = TERN_STOP_STRING; return 1; }
@@ -69,22 +74,28 @@ static void flush(gen_state *g, tern_text_fn on_text, void *ctx) {
 static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                     const tern_gen_params *p, tern_error *err) {
     memset(g, 0, sizeof *g);
+    g->model = s->m;
     int V = tern_model_vocab_size(s->m);
     int n_valid = tok ? tern_tokenizer_vocab_size(tok) : V;
     if (n_valid > V) n_valid = V;
+    if (p->on_logprobs && (p->top_logprobs < 0 || p->top_logprobs > TERN_MAX_TOP_LOGPROBS))
+        return tern_fail(err, "top_logprobs must be in [0, %d], got %d", TERN_MAX_TOP_LOGPROBS, p->top_logprobs);
     int max_new = s->max_ctx - s->pos - (int)n_prompt;
-    size_t hist_cap = n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1;
+    size_t n_before = p->history ? p->n_history : 0;
+    size_t hist_cap = n_before + n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1;
     g->logits = malloc((size_t)V * sizeof(float));
     g->history = malloc(hist_cap * sizeof(int32_t));
-    if (!g->logits || !g->history) return tern_fail(err, "out of memory");
-    memcpy(g->history, prompt, n_prompt * sizeof(int32_t));
-    g->n_history = (int)n_prompt;
+    g->lp = p->on_logprobs ? malloc((size_t)V * sizeof(float)) : NULL;
+    if (!g->logits || !g->history || (p->on_logprobs && !g->lp)) return tern_fail(err, "out of memory");
+    if (n_before) memcpy(g->history, p->history, n_before * sizeof(int32_t));
+    memcpy(g->history + n_before, prompt, n_prompt * sizeof(int32_t));
+    g->n_history = (int)(n_before + n_prompt);
     g->sampler = tern_sampler_create(&p->sampling, V, n_valid, err);
     if (!g->sampler) return -1;
     tern_gpu_rule *r = &g->gpu.r;
     r->n_valid = tern_sampler_n_valid(g->sampler);
     /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
-    g->gpu.on = s->gpu && tern_gpu_sampling_enabled(s) &&
+    g->gpu.on = s->gpu && !p->on_logprobs && tern_gpu_sampling_enabled(s) &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
                 (r->greedy || tern_gpu_sample_fits(r->n_valid, r->top_k));
@@ -128,6 +139,35 @@ static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int
     return eval_id(g, s, prompt[n - 1], 1, err);
 }
 
+/* The log-probabilities of id under the sampler's distribution before
+ * truncation, and the best top_logprobs ids (ties by id). */
+static int report_logprobs(gen_state *g, const tern_gen_params *p, int32_t id, void *ctx, tern_error *err) {
+    int V = tern_model_vocab_size(g->model);
+    if (tern_sampler_logits(g->sampler, g->logits, g->history, g->n_history, g->lp, err)) return -1;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) if (g->lp[i] > mx) mx = g->lp[i];
+    for (int i = 0; i < V; i++) sum += isfinite(g->lp[i]) ? exp((double)g->lp[i] - mx) : 0.0;
+    double lse = mx + log(sum);
+    tern_logprobs out = {.id = id, .logprob = (float)(g->lp[id] - lse)};
+    /* one pass keeping the best n sorted; ids ascend, so a tie goes after */
+    int n = p->top_logprobs;
+    for (int i = 0; i < V && n > 0; i++) {
+        float v = g->lp[i];
+        if (!isfinite(v) || (out.n_top == n && v <= out.top_logprobs[n - 1])) continue;
+        int at = out.n_top < n ? out.n_top++ : n - 1;
+        while (at > 0 && out.top_logprobs[at - 1] < v) {
+            out.top_logprobs[at] = out.top_logprobs[at - 1];
+            out.top_ids[at] = out.top_ids[at - 1];
+            at--;
+        }
+        out.top_logprobs[at] = v;
+        out.top_ids[at] = i;
+    }
+    for (int k = 0; k < out.n_top; k++) out.top_logprobs[k] = (float)(out.top_logprobs[k] - lse);
+    p->on_logprobs(ctx, &out);
+    return 0;
+}
+
 /* Whether the loop may not take another id (n generated, the session at
  * pos), and why (*reason). */
 static int limit_reached(const tern_gen_params *p, const tern_session *s, int n, int pos, int *reason) {
@@ -168,6 +208,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
                   tern_error *err) {
     memset(stats, 0, sizeof *stats);
     stats->last_token = -1;
+    stats->stop_index = -1;
     if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
     gen_state g;
     int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
@@ -178,12 +219,14 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     stats->prefill_s = t1 - t0;
     int reason = TERN_STOP_LENGTH;
     while (rc == 0) {
+        if (p->cancelled && p->cancelled(ctx)) { reason = TERN_STOP_CALLER; break; }
         int32_t drawn = -1;   /* on the GPU: the next id, drawn by the step in flight */
         int ahead = 0;        /* and the step evaluating it launched already */
         if (g.gpu.on && gen_wait(&g, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
         if (limit_reached(p, s, stats->n_generated, tern_session_pos(s) - ahead, &reason)) break;
         int32_t id = next_id(&g, drawn, err);
         if (id < 0) { rc = -1; break; }
+        if (p->on_logprobs && report_logprobs(&g, p, id, ctx, err)) { rc = -1; break; }
         g.history[g.n_history++] = id;
         stats->n_generated++;
         stats->last_token = id;
@@ -191,7 +234,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
         /* EOS ids from generation_config.json, else the model's config.json */
         int eos = !p->ignore_eos && (p->sampling.n_eos ? tern_sampler_is_eos(&p->sampling, id)
                                                        : tern_model_is_eos(s->m, id));
-        int stop = eos ? 0 : emit(&g, id, on_text, ctx, &reason, err);
+        int stop = eos ? 0 : emit(&g, id, on_text, ctx, &reason, &stats->stop_index, err);
         if (stop < 0) { rc = -1; break; }
         /* Every sampled token enters the session (the EOS too), so the next
          * turn continues exactly what was generated. */
@@ -204,6 +247,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     if (rc == 0 && reason != TERN_STOP_STRING && reason != TERN_STOP_CALLER) flush(&g, on_text, ctx);
     stats->decode_s = tern_now_s() - t1;
     stats->stop_reason = reason;
+    if (reason != TERN_STOP_STRING) stats->stop_index = -1;
     gen_free(&g);
     return rc;
 }

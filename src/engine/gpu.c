@@ -22,6 +22,7 @@ int tern_gpu_copy(void *h, void *d, size_t n, int to_host, tern_error *err) {
     (void)h; (void)d; (void)n; (void)to_host;
     return no_cuda(err);
 }
+int tern_gpu_session_reset(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
     (void)s; (void)tokens; (void)T; (void)logits; (void)all;
     return no_cuda(err);
@@ -693,6 +694,22 @@ int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *e
     tern_cuda_free(*p);
     *p = n;
     return 0;
+}
+
+/* The DeltaNet state (and the output projection's accumulators) back to
+ * zero, as a new session has them. */
+int tern_gpu_session_reset(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    gpu_session *g = s->gpu;
+    if (tern_cuda_sync(g->stream, err)) return -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        if (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), g->stream, err) ||
+            tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
+            return -1;
+    }
+    if (g->go && tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, err)) return -1;
+    return tern_cuda_sync(g->stream, err);
 }
 
 int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err) {

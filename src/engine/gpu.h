@@ -23,6 +23,8 @@ const char *tern_gpu_name(const tern_model *m);   /* "cuda:N (name)" */
 /* Device state and scratch of a session on a GPU model (kv bits 16/8/4). */
 int tern_gpu_session_init(tern_session *s, tern_error *err);
 void tern_gpu_session_free(tern_session *s);
+/* A session's device state back to a new session's (no step in flight). */
+int tern_gpu_session_reset(tern_session *s, tern_error *err);
 
 /* Device KV rows: a new buffer of new_bytes holding the first old_bytes of
  * *p (NULL: nothing yet), the old one freed. */

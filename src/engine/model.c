@@ -179,6 +179,7 @@ void tern_model_free(tern_model *m) {
 }
 
 int tern_model_vocab_size(const tern_model *m) { return m->cfg.vocab; }
+int tern_model_max_context(const tern_model *m) { return m->cfg.max_pos; }
 int tern_model_has_mtp(const tern_model *m) { return m->w.has_mtp; }
 int tern_model_n_threads(const tern_model *m) { return tern_pool_size(m->pool); }
 

@@ -122,6 +122,26 @@ void tern_session_destroy(tern_session *s) {
 
 int tern_session_pos(const tern_session *s) { return s->pos; }
 
+int tern_session_reset(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    if (tern_session_sample_in_flight(s) > 0) return tern_fail(err, "a step is still in flight");
+    if (s->gpu) {
+        if (tern_gpu_session_reset(s, err)) return -1;
+    } else {
+        for (int l = 0; l < c->n_layers; l++) {
+            if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+            memset(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float));
+            memset(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float));
+        }
+    }
+    memset(s->hidden, 0, (size_t)c->hidden * sizeof(float));
+    s->pos = s->mtp_pos = 0;
+    s->has_hidden = 0;
+    s->hidden_dev = NULL;
+    s->broken = 0;
+    return 0;
+}
+
 /* Long prompts run in pieces so scratch memory stays bounded; a multiple of
  * the GDN chunk keeps the chunk boundaries where one long call puts them.
  * A GPU session takes the whole run: the GPU engine cuts it into pieces of

@@ -386,8 +386,7 @@ static int emit_call(scanner *sc, call_result *r, tern_error *err) {
     int rc = chat_json_dump_py(&args, r->args, err);
     if (!rc) {
         tern_out_event ev = {.kind = TERN_OUT_TOOL_CALL, .call_index = sc->n_calls++,
-                             .name = r->name, .arguments = args.data,
-                             .arguments_json = r->args};
+                             .name = r->name, .arguments = args.data};
         rc = sc->fn(sc->user, &ev, err);
     }
     chat_buf_free(&args);
@@ -547,7 +546,18 @@ tern_output_parser *tern_output_parser_create(const tern_output_params *params,
         return NULL;
     }
     p->parse_tool_calls = params->parse_tool_calls;
-    p->sc = (scanner){.prev = '\n', .fn = fn, .user = user, .tools = json_incref(params->tools)};
+    json_t *tools = NULL;
+    if (params->tools_json) {
+        json_error_t je;
+        tools = json_loads(params->tools_json, JSON_ALLOW_NUL, &je);
+        if (!json_is_array(tools)) {
+            tern_fail(err, "output parser: tools_json is not a JSON array (%s)", tools ? "wrong type" : je.text);
+            json_decref(tools);
+            free(p);
+            return NULL;
+        }
+    }
+    p->sc = (scanner){.prev = '\n', .fn = fn, .user = user, .tools = tools};
     p->splitter = tern_reasoning_splitter_create(params->start_in_reasoning, on_split, p, err);
     if (!p->splitter) {
         tern_output_parser_destroy(p);

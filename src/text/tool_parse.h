@@ -50,49 +50,8 @@
 
 #include "tern.h"
 
-typedef enum tern_out_kind {
-    TERN_OUT_CONTENT = 0,
-    TERN_OUT_REASONING = 1,
-    TERN_OUT_TOOL_CALL = 2,
-    TERN_OUT_MALFORMED = 3,
-} tern_out_kind;
-
-typedef struct tern_out_event {
-    tern_out_kind kind;
-    const char *text;       /* CONTENT/REASONING piece, or MALFORMED reason */
-    size_t len;
-    int call_index;         /* TOOL_CALL: 0, 1, ... in order of completion */
-    const char *name;       /* TOOL_CALL: function name */
-    const char *arguments;  /* TOOL_CALL: JSON object text (json.dumps style) */
-    json_t *arguments_json; /* TOOL_CALL: the same object (borrowed) */
-} tern_out_event;
-
-/* Receives each event; the pointers are valid during the call only.
- * Returns 0, or -1 with err set to stop the parser. */
-typedef int (*tern_out_fn)(void *user, const tern_out_event *ev, tern_error *err);
-
-typedef struct tern_output_params {
-    int start_in_reasoning;  /* the prompt ended in "<think>\n" (thinking on) */
-    int parse_tool_calls;    /* 0: tool-call markup is plain answer text */
-    json_t *tools;           /* the request's tools (schemas type the values), or NULL */
-} tern_output_params;
-
-typedef struct tern_output_parser tern_output_parser;
-
-/* Keeps a reference to params->tools. */
-tern_output_parser *tern_output_parser_create(const tern_output_params *params,
-                                              tern_out_fn fn, void *user, tern_error *err);
-void tern_output_parser_destroy(tern_output_parser *p);
-
-/* Feeds the next piece of generated text. Returns 0, or -1 if the callback
- * failed or memory ran out; malformed text is never an error here. */
-int tern_output_parser_feed(tern_output_parser *p, const char *text, size_t len,
-                            tern_error *err);
-/* End of generation: flushes held-back text and reports an unterminated
- * call as MALFORMED. */
-int tern_output_parser_finish(tern_output_parser *p, tern_error *err);
-
-int tern_output_parser_n_tool_calls(const tern_output_parser *p);
+/* The parser's types and calls are public (tern.h, "output parsing"); the
+ * helpers below are the value rules it applies. */
 
 /* The typed value of one parameter's text, as a new reference (never NULL
  * unless malloc fails). `schema` is the parameter's JSON schema or NULL.

@@ -1,0 +1,139 @@
+/* tern serve: the options, then the server (src/server). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "server/server.h"
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: tern serve [-m DIR] [options]\n"
+            "An OpenAI- and Anthropic-compatible HTTP server (docs/SERVER.md): POST /v1/chat/completions,\n"
+            "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models,\n"
+            "/health, /metrics. Every `tern run` model, device and sampling option applies (tern --help).\n"
+            "server:\n"
+            "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port N               port (default 8080; 0 picks a free one)\n"
+            "  --api-key KEY          require Authorization: Bearer KEY or x-api-key: KEY (default: none)\n"
+            "  --model-id NAME        the name responses carry (default: the model directory's name)\n"
+            "  --strict-model         refuse requests that name another model (default: any name is served)\n"
+            "  --slots N              conversations kept for prefix reuse (default 4)\n"
+            "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
+            "  --max-tokens N         default generation limit (default: until the context ends)\n"
+            "  --responses-store N    responses kept in memory for previous_response_id (default 64)\n"
+            "  --max-body SIZE        largest request body (default 8M; 413 beyond)\n"
+            "  --max-connections N    open connections at most (default 64)\n"
+            "  --read-timeout S       seconds a request's headers and body may take to arrive (default 30)\n"
+            "  --idle-timeout S       seconds an idle keep-alive connection stays open (default 60)\n"
+            "  --heartbeat S          seconds between keep-alive comments on a waiting stream (default 5)\n"
+            "  --no-think             thinking off unless a request turns it on (default on)\n"
+            "  --synth SHAPE          serve an in-memory synthetic model (tern synth --list); needs --tokenizer\n"
+            "  --bits 4|8             --synth: weight bits (default 4)\n"
+            "  --tokenizer DIR        tokenizer.json from DIR instead of the model directory\n");
+}
+
+static int parse_seconds(const char *flag, const char *v, double *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x > 0 && x <= 86400)) {
+        fprintf(stderr, "tern serve: %s needs seconds in (0, 86400], got '%s'\n", flag, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "tern serve: %s needs an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int tern_cli_serve(int argc, char **argv) {
+    srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
+                    .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .queue_limit = 16,
+                    .responses_store = 64, .max_tokens = -1, .think = 1};
+    tern_synth_params synth = {.bits = 4};
+    const char *synth_shape = NULL;
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    if (!rest) return 1;
+    int n_rest = 0;
+    rest[n_rest++] = argv[0];
+    rest[n_rest++] = "serve";
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        tern_error err;
+        uint64_t size;
+#define IS(x) (strcmp(a, x) == 0)
+        if (IS("-h") || IS("--help")) { serve_usage(stdout); cli_usage(stdout); free(rest); return 0; }
+        if (IS("--strict-model")) { p.strict_model = 1; continue; }
+        if (IS("--no-think")) { p.think = 0; continue; }
+        if (IS("--think")) { p.think = 1; continue; }
+        int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") ||
+                        IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
+                        IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
+                        IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer");
+        if (!serve_opt) { rest[n_rest++] = argv[i]; continue; }
+        if (!v) { fprintf(stderr, "tern serve: %s needs a value\n", a); bad = 1; break; }
+        i++;
+        if (IS("--host")) p.host = v;
+        else if (IS("--port")) bad = parse_int(a, v, 0, 65535, &p.port);
+        else if (IS("--api-key")) {
+            if (!*v) { fprintf(stderr, "tern serve: --api-key needs a non-empty key\n"); bad = 1; }
+            p.api_key = v;
+        } else if (IS("--model-id")) p.model_id = v;
+        else if (IS("--slots")) bad = parse_int(a, v, 1, 256, &p.slots);
+        else if (IS("--queue-limit")) bad = parse_int(a, v, 0, 4096, &p.queue_limit);
+        else if (IS("--max-tokens")) bad = parse_int(a, v, -1, INT_MAX, &p.max_tokens);
+        else if (IS("--responses-store")) bad = parse_int(a, v, 0, 100000, &p.responses_store);
+        else if (IS("--max-connections")) bad = parse_int(a, v, 1, 65536, &p.max_connections);
+        else if (IS("--read-timeout")) bad = parse_seconds(a, v, &p.read_timeout_s);
+        else if (IS("--idle-timeout")) bad = parse_seconds(a, v, &p.idle_timeout_s);
+        else if (IS("--heartbeat")) bad = parse_seconds(a, v, &p.heartbeat_s);
+        else if (IS("--synth")) synth_shape = v;
+        else if (IS("--bits")) bad = parse_int(a, v, 4, 8, &synth.bits) || (synth.bits != 4 && synth.bits != 8);
+        else if (IS("--tokenizer")) p.tokenizer_dir = v;
+        else if (IS("--max-body")) {
+            if (tern_parse_size(v, &size, &err) || size < 1024 || size > (1ull << 31)) {
+                fprintf(stderr, "tern serve: --max-body needs a size from 1K to 2G, got '%s'\n", v);
+                bad = 1;
+            }
+            p.max_body = (size_t)size;
+        }
+#undef IS
+    }
+    cli_opts o;
+    if (bad || cli_parse(n_rest, rest, &o) != 0) { free(rest); return 2; }
+    free(rest);
+    if (o.positional) { fprintf(stderr, "tern serve: unexpected argument '%s'\n", o.positional); return 2; }
+    if (synth_shape && !p.tokenizer_dir) {
+        fprintf(stderr, "tern serve: --synth needs --tokenizer DIR (a synthetic model has no tokenizer)\n");
+        return 2;
+    }
+    if (synth_shape) {
+        synth.shape = synth_shape;
+        p.synth = &synth;
+    } else {
+        p.model_dir = cli_model_dir(&o);
+    }
+    p.load = (tern_load_params){.n_threads = o.threads, .expert_budget = o.expert_budget,
+                                .expert_policy = o.expert_policy, .reference_kernels = o.reference,
+                                .device = o.device};
+    p.session = (tern_session_params){.max_context = o.ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o.kv_bits};
+    tern_gen_params gp;
+    cli_opts go = o;
+    if (synth_shape) go.model = p.tokenizer_dir;   /* generation_config.json: none for a synthetic model */
+    if (cli_gen_params(&go, &gp) != 0) return 2;
+    p.sampling = gp.sampling;
+    if (o.n_predict != INT_MIN) p.max_tokens = o.n_predict;
+    return srv_run(&p);
+}

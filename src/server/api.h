@@ -1,0 +1,146 @@
+/* What the endpoints share: the server's context, errors in each API's own
+ * envelope, the request fields common to several APIs (sampling, stop
+ * strings, tools, messages), prompt building, and the encoder interface
+ * that turns a job's events into one API's JSON or SSE frames.
+ *
+ * Each endpoint (api_chat.c: chat completions and completions,
+ * api_responses.c, api_messages.c) parses its request into a job and an
+ * encoder; http.c submits the job and feeds the encoder. */
+#ifndef TERN_SERVER_API_H
+#define TERN_SERVER_API_H
+
+#include <jansson.h>
+#include <pthread.h>
+
+#include "server/job.h"
+#include "server/sbuf.h"
+#include "server/sched.h"
+#include "tern.h"
+
+typedef struct srv_store srv_store;
+
+/* The loaded model and the settings every request sees. */
+typedef struct srv_ctx {
+    tern_model *m;
+    tern_tokenizer *tok;
+    pthread_mutex_t tok_mu;          /* the tokenizer's encode is not thread-safe */
+    srv_sched *sched;
+    srv_store *responses;            /* stored responses for previous_response_id */
+    const char *model_id;            /* the name responses carry */
+    int strict_model;                /* refuse requests naming another model */
+    int n_ctx;                       /* context length of every session */
+    int think;                       /* thinking on when a request does not say */
+    tern_sampler_params sampling;    /* generation_config.json with the command line's overrides */
+    int max_tokens;                  /* default limit (< 0: the context's end) */
+} srv_ctx;
+
+/* ---- errors ------------------------------------------------------------ */
+
+typedef enum srv_api_kind { SRV_API_OPENAI, SRV_API_ANTHROPIC } srv_api_kind;
+
+typedef struct srv_err {
+    int status;                      /* HTTP status */
+    const char *type;                /* NULL: from the status */
+    const char *code;                /* OpenAI's code, or NULL */
+    char param[96];                  /* the field at fault, or "" */
+    char msg[512];
+} srv_err;
+
+/* Fills e (param may be NULL) and returns -1. */
+int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The error as the API writes it: OpenAI's {"error": {message, type, param,
+ * code}} or Anthropic's {"type": "error", "error": {type, message}}. */
+json_t *srv_error_json(srv_api_kind api, const srv_err *e);
+
+/* ---- request fields ---------------------------------------------------- */
+
+/* A field that is absent or null. */
+int srv_absent(json_t *req, const char *key);
+/* The model field: a string when present; with strict_model it must be the
+ * served id. */
+int srv_check_model(const srv_ctx *c, json_t *req, int required, srv_err *e);
+int srv_get_bool(json_t *req, const char *key, int dflt, int *out, srv_err *e);
+int srv_get_int(json_t *req, const char *key, long long lo, long long hi, long long dflt, long long *out, srv_err *e);
+int srv_get_number(json_t *req, const char *key, double lo, double hi, double dflt, double *out, srv_err *e);
+
+/* temperature, top_p, top_k, min_p, presence/frequency/repetition penalties
+ * and seed onto the server's defaults. max_temp: the API's range. */
+int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, tern_sampler_params *out, srv_err *e);
+/* A stop string or a list of them (key names the field) into the job. */
+int srv_parse_stop(json_t *req, const char *key, srv_job *j, srv_err *e);
+/* The job's token limit from the request's field (absent: the server's
+ * default), clamped to what the context leaves after the prompt. */
+int srv_parse_max_tokens(const srv_ctx *c, json_t *req, const char *key, int required, srv_job *j, srv_err *e);
+
+/* Checks an OpenAI-style tools array ([{type: "function", function: {name,
+ * description?, parameters?}}]) and returns a new reference (NULL: none). */
+int srv_check_tools(json_t *tools, const char *param, json_t **out, srv_err *e);
+
+/* ---- conversations ----------------------------------------------------- */
+
+/* Turns leading system messages into one and checks the conversation the
+ * chat template will render: roles, content types, tool calls answered
+ * exactly once by tool messages (ids unique). Takes messages (OpenAI chat
+ * form, normalized by the caller) and returns the checked array (new
+ * reference). param: how the API names its messages field. */
+json_t *srv_check_conversation(json_t *messages, const char *param, srv_err *e);
+
+/* The content of an OpenAI message (string, null, or text parts) as one
+ * string (new reference); other part types are refused naming their type. */
+json_t *srv_text_content(json_t *content, const char *param, srv_err *e);
+
+typedef struct srv_prompt_opts {
+    int thinking;                    /* enable_thinking */
+    int preserve_thinking;
+} srv_prompt_opts;
+
+/* Renders the conversation with the chat template and tokenizes it into
+ * the job: the prompt, its boundary (the tokens before the generation
+ * prompt), whether it opens the reasoning; refuses a prompt the context
+ * cannot hold. tools may be NULL. */
+int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
+                          srv_err *e);
+/* Tokenizes text (locks the tokenizer). */
+int srv_tokenize(srv_ctx *c, const char *text, size_t len, int32_t **ids, size_t *n, srv_err *e);
+
+/* "prefix" + 32 random hex digits. */
+void srv_new_id(char *out, size_t cap, const char *prefix);
+
+/* A JSON string of bytes that may not be valid UTF-8 (a token's bytes):
+ * invalid sequences become U+FFFD. */
+json_t *srv_json_bytes(const char *s, size_t n);
+/* [b0, b1, ...] of the bytes. */
+json_t *srv_json_byte_list(const char *s, size_t n);
+
+/* ---- encoders ---------------------------------------------------------- */
+
+typedef struct srv_enc srv_enc;
+struct srv_enc {
+    int stream;
+    srv_api_kind api;
+    /* stream: the frames sent before any event (e.g. message_start) */
+    void (*start)(srv_enc *e, sbuf *out);
+    /* stream: the frames for one event; otherwise collects it */
+    void (*event)(srv_enc *e, const srv_event *ev, sbuf *out);
+    /* not stream, after DONE or ERROR: the response body; returns its status */
+    int (*body)(srv_enc *e, sbuf *out);
+    /* stream: a keep-alive while nothing else is sent */
+    void (*heartbeat)(srv_enc *e, sbuf *out);
+    void (*destroy)(srv_enc *e);
+};
+
+/* The endpoints: each parses the request, fills the job (prompt, limits,
+ * parsing) and returns its encoder, or fails with e set. */
+srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+/* POST /v1/messages/count_tokens: the body {"input_tokens": N}. */
+json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e);
+
+/* The responses store (api_responses.c). */
+srv_store *srv_store_create(int capacity);
+void srv_store_destroy(srv_store *s);
+
+#endif

@@ -1,0 +1,94 @@
+#include "server/job.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void srv_event_free(srv_event *ev) {
+    if (!ev) return;
+    free(ev->text);
+    free(ev->name);
+    free(ev->arguments);
+    if (ev->top_text)
+        for (int i = 0; i < ev->lp.n_top; i++) free(ev->top_text[i]);
+    free(ev->top_text);
+    free(ev->top_len);
+    free(ev);
+}
+
+srv_job *srv_job_create(void) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->refs = 1;
+    j->max_tokens = -1;
+    return j;
+}
+
+void srv_job_retain(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void srv_job_release(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    for (srv_event *e = j->head, *n; e; e = n) {
+        n = e->next;
+        srv_event_free(e);
+    }
+    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->prompt);
+    free(j->tools_json);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+int srv_job_add_stop(srv_job *j, const char *s) {
+    if (j->n_stop == SRV_MAX_STOP) return -1;
+    char *c = strdup(s);
+    if (!c) return -1;
+    j->stop[j->n_stop++] = c;
+    return 0;
+}
+
+void srv_job_push(srv_job *j, srv_event *ev) {
+    ev->next = NULL;
+    pthread_mutex_lock(&j->mu);
+    if (j->tail) j->tail->next = ev;
+    else j->head = ev;
+    j->tail = ev;
+    if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) j->ended = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+srv_event *srv_job_pop(srv_job *j, double timeout_s) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    long ns = (long)((timeout_s - (double)(long)timeout_s) * 1e9);
+    until.tv_sec += (time_t)timeout_s + (until.tv_nsec + ns) / 1000000000L;
+    until.tv_nsec = (until.tv_nsec + ns) % 1000000000L;
+    pthread_mutex_lock(&j->mu);
+    while (!j->head) {
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
+    }
+    srv_event *ev = j->head;
+    if (ev) {
+        j->head = ev->next;
+        if (!j->head) j->tail = NULL;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return ev;
+}

@@ -1,0 +1,121 @@
+#include "server/metrics.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SERIES 96
+
+static const double TTFT_BUCKETS[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double RATE_BUCKETS[] = {1, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200};
+#define N_TTFT (sizeof TTFT_BUCKETS / sizeof *TTFT_BUCKETS)
+#define N_RATE (sizeof RATE_BUCKETS / sizeof *RATE_BUCKETS)
+
+typedef struct hist {
+    unsigned long long count[16];    /* per bucket (not cumulative), the last one +Inf */
+    unsigned long long n;
+    double sum;
+} hist;
+
+typedef struct series {
+    const char *endpoint;
+    int status;
+    unsigned long long n;
+} series;
+
+struct srv_metrics {
+    pthread_mutex_t mu;
+    series req[MAX_SERIES];
+    int n_req;
+    unsigned long long prompt_tokens, cached_tokens, generated_tokens, generations;
+    hist ttft, rate;
+};
+
+srv_metrics *srv_metrics_create(void) {
+    srv_metrics *m = calloc(1, sizeof *m);
+    if (m) pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void srv_metrics_destroy(srv_metrics *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void srv_metrics_request(srv_metrics *m, const char *endpoint, int status) {
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < m->n_req && (m->req[i].status != status || strcmp(m->req[i].endpoint, endpoint))) i++;
+    if (i == m->n_req && m->n_req < MAX_SERIES) m->req[m->n_req++] = (series){endpoint, status, 0};
+    if (i < m->n_req) m->req[i].n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void observe(hist *h, const double *bounds, size_t nb, double v) {
+    size_t i = 0;
+    while (i < nb && v > bounds[i]) i++;
+    h->count[i]++;
+    h->n++;
+    h->sum += v;
+}
+
+void srv_metrics_generation(srv_metrics *m, const srv_usage *u, double ttft_s) {
+    pthread_mutex_lock(&m->mu);
+    m->generations++;
+    m->prompt_tokens += (unsigned long long)u->prompt_tokens;
+    m->cached_tokens += (unsigned long long)u->cached_tokens;
+    m->generated_tokens += (unsigned long long)u->completion_tokens;
+    if (u->completion_tokens > 0) observe(&m->ttft, TTFT_BUCKETS, N_TTFT, ttft_s);
+    if (u->completion_tokens > 1 && u->decode_s > 0)
+        observe(&m->rate, RATE_BUCKETS, N_RATE, (u->completion_tokens - 1) / u->decode_s);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void render_hist(sbuf *out, const char *name, const char *help, const hist *h, const double *bounds,
+                        size_t nb) {
+    sbuf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    unsigned long long cum = 0;
+    for (size_t i = 0; i < nb; i++) {
+        cum += h->count[i];
+        sbuf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
+    }
+    sbuf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->n, name, h->sum, name, h->n);
+}
+
+static void counter(sbuf *out, const char *name, const char *help, unsigned long long v) {
+    sbuf_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void gauge(sbuf *out, const char *name, const char *help, double v) {
+    sbuf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
+}
+
+void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
+    pthread_mutex_lock(&m->mu);
+    sbuf_puts(out, "# HELP tern_requests_total HTTP requests answered, by endpoint and status.\n"
+                   "# TYPE tern_requests_total counter\n");
+    for (int i = 0; i < m->n_req; i++)
+        sbuf_printf(out, "tern_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", m->req[i].endpoint,
+                    m->req[i].status, m->req[i].n);
+    counter(out, "tern_generations_total", "Generations finished.", m->generations);
+    counter(out, "tern_prompt_tokens_total", "Prompt tokens of finished generations.", m->prompt_tokens);
+    counter(out, "tern_cached_prompt_tokens_total", "Prompt tokens reused from a kept session, not prefilled.",
+            m->cached_tokens);
+    counter(out, "tern_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    render_hist(out, "tern_time_to_first_token_seconds", "From a request's submission to its first token.", &m->ttft,
+                TTFT_BUCKETS, N_TTFT);
+    render_hist(out, "tern_decode_tokens_per_second", "Decode rate of each generation after its first token.",
+                &m->rate, RATE_BUCKETS, N_RATE);
+    pthread_mutex_unlock(&m->mu);
+    gauge(out, "tern_queue_depth", "Requests waiting for the engine.", g->queued);
+    gauge(out, "tern_requests_generating", "Requests the engine is running.", g->generating);
+    gauge(out, "tern_requests_in_flight", "HTTP requests being handled.", g->in_flight);
+    if (g->experts && g->experts->streaming) {
+        const tern_stream_stats *s = g->experts;
+        unsigned long long req = s->hits + s->misses;
+        gauge(out, "tern_expert_cache_hit_ratio", "Routed experts found in the slot cache, since load.",
+              req ? (double)s->hits / (double)req : 0.0);
+        counter(out, "tern_expert_bytes_read_total", "Bytes of routed experts read from disk.", s->bytes_read);
+    }
+}

@@ -1,0 +1,24 @@
+/* Counters and histograms for GET /metrics, in Prometheus' text format. */
+#ifndef TERN_SERVER_METRICS_H
+#define TERN_SERVER_METRICS_H
+
+#include "server/job.h"
+#include "server/sbuf.h"
+#include "tern.h"
+
+typedef struct srv_metrics srv_metrics;
+
+srv_metrics *srv_metrics_create(void);
+void srv_metrics_destroy(srv_metrics *m);
+/* One answered request (endpoint: a fixed name such as "chat"). */
+void srv_metrics_request(srv_metrics *m, const char *endpoint, int status);
+/* One finished generation; ttft_s from submission to the first token. */
+void srv_metrics_generation(srv_metrics *m, const srv_usage *u, double ttft_s);
+
+typedef struct srv_gauges {
+    int queued, generating, in_flight;
+    const tern_stream_stats *experts;   /* NULL: not loaded */
+} srv_gauges;
+void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out);
+
+#endif

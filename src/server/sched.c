@@ -1,0 +1,457 @@
+#include "server/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One kept session. toks[0..n_toks) are the ids its state holds when live;
+ * toks[0..snap_pos) are always the ids of snap (the state after them). */
+typedef struct slot {
+    tern_session *s;
+    int32_t *toks;
+    int n_toks, cap;
+    int live;                    /* the session's state is toks[0..n_toks) */
+    tern_snapshot *snap;
+    int snap_pos;
+    uint64_t used;               /* last use, for LRU */
+} slot;
+
+struct srv_sched {
+    tern_model *m;
+    tern_tokenizer *tok;
+    srv_sched_params p;
+    srv_done_fn on_done;
+    void *ud;
+    slot *slots;
+    uint64_t clock;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* work arrived / the thread went idle */
+    srv_job *qhead, *qtail;
+    int n_queued;
+    srv_job *running;
+    int closed;                  /* no new jobs */
+    int quit;                    /* the thread ends once the queue is empty */
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static srv_event *event_new(srv_ev_kind kind) {
+    srv_event *ev = calloc(1, sizeof *ev);
+    if (ev) ev->kind = kind;
+    return ev;
+}
+
+static void push_text(srv_job *j, srv_ev_kind kind, const char *text, size_t len) {
+    srv_event *ev = event_new(kind);
+    if (!ev || !(ev->text = malloc(len + 1))) { free(ev); return; }
+    memcpy(ev->text, text, len);
+    ev->text[len] = '\0';
+    ev->len = len;
+    srv_job_push(j, ev);
+}
+
+static void push_done(srv_job *j, srv_finish finish, int stop_index, const srv_usage *u) {
+    srv_event *ev = event_new(SRV_EV_DONE);
+    if (!ev) return;   /* the reader's wait ends with the job's release */
+    ev->finish = finish;
+    ev->stop_index = stop_index;
+    if (u) ev->usage = *u;
+    srv_job_push(j, ev);
+}
+
+/* ---- slots ------------------------------------------------------------- */
+
+static int toks_reserve(slot *sl, int n) {
+    if (n <= sl->cap) return 0;
+    int cap = sl->cap ? sl->cap : 1024;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(sl->toks, (size_t)cap * sizeof *t);
+    if (!t) return -1;
+    sl->toks = t;
+    sl->cap = cap;
+    return 0;
+}
+
+static int toks_append(slot *sl, const int32_t *ids, int n) {
+    if (toks_reserve(sl, sl->n_toks + n)) return -1;
+    memcpy(sl->toks + sl->n_toks, ids, (size_t)n * sizeof *ids);
+    sl->n_toks += n;
+    return 0;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* How many of the prompt's tokens slot sl can give without prefilling
+ * them (fewer than n: the last token must be evaluated for its logits),
+ * and whether its snapshot must be restored for that. */
+static int slot_reuse(const slot *sl, const int32_t *prompt, int n, int *restore) {
+    *restore = 0;
+    if (!sl->s) return 0;
+    int L = common_prefix(sl->toks, sl->n_toks, prompt, n);
+    int best = 0;
+    if (sl->live && L == sl->n_toks && sl->n_toks < n) best = sl->n_toks;
+    if (sl->snap && sl->snap_pos <= L && sl->snap_pos < n && sl->snap_pos > best) {
+        best = sl->snap_pos;
+        *restore = 1;
+    }
+    return best;
+}
+
+/* The slot for a prompt: the one that reuses most (the most recently used
+ * on a tie), else an unused one, else the least recently used. */
+static slot *pick_slot(srv_sched *s, const int32_t *prompt, int n, int *reuse, int *restore) {
+    slot *best = NULL;
+    *reuse = 0;
+    *restore = 0;
+    for (int i = 0; i < s->p.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        int r;
+        int k = slot_reuse(sl, prompt, n, &r);
+        if (k > *reuse || (k == *reuse && k > 0 && sl->used > best->used)) {
+            best = sl;
+            *reuse = k;
+            *restore = r;
+        }
+    }
+    if (best) return best;
+    for (int i = 0; i < s->p.n_slots; i++)
+        if (!s->slots[i].s) return &s->slots[i];
+    best = &s->slots[0];
+    for (int i = 1; i < s->p.n_slots; i++)
+        if (s->slots[i].used < best->used) best = &s->slots[i];
+    return best;
+}
+
+/* Brings the slot's session to the first `reuse` tokens of the prompt. */
+static int slot_prepare(srv_sched *s, slot *sl, int reuse, int restore, tern_error *err) {
+    if (!sl->s && !(sl->s = tern_session_create(s->m, &s->p.session, err))) return -1;
+    if (reuse == 0) {
+        if (tern_session_pos(sl->s) > 0 && tern_session_reset(sl->s, err)) return -1;
+        tern_snapshot_free(sl->snap);
+        sl->snap = NULL;
+        sl->snap_pos = 0;
+        sl->n_toks = 0;
+    } else if (restore) {
+        if (tern_session_restore(sl->s, sl->snap, err)) return -1;
+        sl->n_toks = sl->snap_pos;
+    }
+    sl->live = 1;
+    return 0;
+}
+
+/* ---- one generation ---------------------------------------------------- */
+
+typedef struct run {
+    srv_sched *s;
+    srv_job *j;
+    slot *sl;
+    tern_output_parser *parser;
+    int answer_began;            /* an answer or a call came after the reasoning */
+    int n_calls;
+    int stop_after_call;         /* single_tool_call: the call came, end the turn */
+    int n_generated, n_reasoning;
+    double t_first;              /* when the first token was drawn (0: none yet) */
+    int failed;
+} run;
+
+static int on_event(void *user, const tern_out_event *ev, tern_error *err) {
+    run *r = user;
+    switch (ev->kind) {
+    case TERN_OUT_CONTENT:
+        r->answer_began = 1;
+        push_text(r->j, SRV_EV_CONTENT, ev->text, ev->len);
+        break;
+    case TERN_OUT_REASONING:
+        push_text(r->j, SRV_EV_REASONING, ev->text, ev->len);
+        break;
+    case TERN_OUT_TOOL_CALL: {
+        r->answer_began = 1;
+        srv_event *e = event_new(SRV_EV_TOOL_CALL);
+        if (!e || !(e->name = strdup(ev->name)) || !(e->arguments = strdup(ev->arguments))) {
+            srv_event_free(e);
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return -1;
+        }
+        e->index = r->n_calls++;
+        srv_job_push(r->j, e);
+        if (r->j->single_tool_call) r->stop_after_call = 1;
+        break;
+    }
+    case TERN_OUT_MALFORMED:
+        fprintf(stderr, "tern serve: a tool call could not be parsed (%.*s); passed on as text\n",
+                (int)ev->len, ev->text);
+        break;
+    }
+    return 0;
+}
+
+static int on_text(void *ctx, const char *text, size_t len) {
+    run *r = ctx;
+    tern_error err;
+    if (r->j->raw_text) {
+        push_text(r->j, SRV_EV_CONTENT, text, len);
+        return 0;
+    }
+    if (!r->stop_after_call && tern_output_parser_feed(r->parser, text, len, &err)) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
+        r->failed = 1;
+        return 1;
+    }
+    return r->stop_after_call;
+}
+
+static void on_token(void *ctx, int32_t id) {
+    run *r = ctx;
+    if (!r->t_first) r->t_first = now_s();
+    r->n_generated++;
+    if (r->j->start_in_reasoning && !r->answer_began) r->n_reasoning++;
+    if (toks_append(r->sl, &id, 1)) r->sl->live = 0;
+}
+
+static int is_cancelled(void *ctx) {
+    run *r = ctx;
+    return atomic_load(&r->j->cancel) || r->stop_after_call;
+}
+
+static char *dup_bytes(const char *b, size_t n) {
+    char *c = malloc(n + 1);
+    if (c) { memcpy(c, b, n); c[n] = '\0'; }
+    return c;
+}
+
+static void on_logprobs(void *ctx, const tern_logprobs *lp) {
+    run *r = ctx;
+    srv_event *e = event_new(SRV_EV_LOGPROBS);
+    if (!e) return;
+    e->lp = *lp;
+    size_t n = 0;
+    const char *b = tern_tokenizer_token_bytes(r->s->tok, lp->id, &n);
+    e->text = dup_bytes(b ? b : "", b ? n : 0);
+    e->len = b ? n : 0;
+    e->top_text = calloc((size_t)lp->n_top + 1, sizeof *e->top_text);
+    e->top_len = calloc((size_t)lp->n_top + 1, sizeof *e->top_len);
+    if (!e->text || !e->top_text || !e->top_len) { e->lp.n_top = 0; srv_event_free(e); return; }
+    for (int k = 0; k < lp->n_top; k++) {
+        b = tern_tokenizer_token_bytes(r->s->tok, lp->top_ids[k], &n);
+        e->top_text[k] = dup_bytes(b ? b : "", b ? n : 0);
+        e->top_len[k] = b ? n : 0;
+    }
+    srv_job_push(r->j, e);
+}
+
+static srv_finish finish_of(const tern_gen_stats *st, const run *r) {
+    switch (st->stop_reason) {
+    case TERN_STOP_EOS: return SRV_FINISH_EOS;
+    case TERN_STOP_STRING: return SRV_FINISH_STOP;
+    case TERN_STOP_CALLER: return r->stop_after_call ? SRV_FINISH_TOOL : SRV_FINISH_CANCEL;
+    default: return SRV_FINISH_LENGTH;
+    }
+}
+
+/* Prefills the prompt up to its boundary and snapshots there, so that a
+ * later prompt sharing the conversation up to this turn restores it. */
+static int prefill_to_boundary(slot *sl, const srv_job *j, tern_error *err) {
+    int from = sl->n_toks, to = j->boundary;
+    if (to <= from || to >= j->n_prompt) return 0;
+    if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
+    if (toks_append(sl, j->prompt + from, to - from)) { sl->live = 0; return -1; }
+    tern_snapshot *snap = tern_session_snapshot(sl->s, err);
+    if (!snap) return -1;
+    tern_snapshot_free(sl->snap);
+    sl->snap = snap;
+    sl->snap_pos = to;
+    return 0;
+}
+
+static void run_job(srv_sched *s, srv_job *j) {
+    double t0 = now_s();
+    srv_usage u = {.prompt_tokens = j->n_prompt, .queue_s = t0 - j->t_submit};
+    if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &u); return; }
+    tern_error err = {{0}};
+    int reuse, restore;
+    slot *sl = pick_slot(s, j->prompt, j->n_prompt, &reuse, &restore);
+    sl->used = ++s->clock;
+    run r = {.s = s, .j = j, .sl = sl};
+    tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
+    r.parser = tern_output_parser_create(&op, on_event, &r, &err);
+    int rc = r.parser ? 0 : -1;
+    if (rc == 0) rc = slot_prepare(s, sl, reuse, restore, &err);
+    u.cached_tokens = rc == 0 ? sl->n_toks : 0;
+    if (rc == 0) rc = prefill_to_boundary(sl, j, &err);
+    tern_gen_params gp = {.sampling = j->sampling, .n_predict = j->max_tokens,
+                          .stop = (const char *const *)j->stop, .n_stop = j->n_stop,
+                          .on_token = on_token, .cancelled = is_cancelled};
+    if (j->logprobs) { gp.on_logprobs = on_logprobs; gp.top_logprobs = j->top_logprobs; }
+    tern_gen_stats st = {0};
+    int start = sl->n_toks;
+    if (rc == 0) {
+        gp.history = j->prompt;
+        gp.n_history = (size_t)start;
+        if (toks_append(sl, j->prompt + start, j->n_prompt - start)) rc = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
+    }
+    if (rc == 0)
+        rc = tern_generate(sl->s, s->tok, j->prompt + start, (size_t)(j->n_prompt - start), &gp, on_text, &r,
+                           &st, &err);
+    if (rc == 0 && !r.stop_after_call && tern_output_parser_finish(r.parser, &err)) rc = -1;
+    if (rc == 0 && r.failed) { rc = -1; snprintf(err.msg, sizeof err.msg, "the output parser failed"); }
+    tern_output_parser_destroy(r.parser);
+    if (!sl->s || tern_session_pos(sl->s) != sl->n_toks) sl->live = 0;
+    if (rc != 0) {
+        sl->live = 0;
+        sl->n_toks = sl->snap ? sl->snap_pos : 0;
+        push_text(j, SRV_EV_ERROR, err.msg, strlen(err.msg));
+        return;
+    }
+    u.completion_tokens = st.n_generated;
+    u.reasoning_tokens = r.n_reasoning;
+    u.prefill_s = (r.t_first ? r.t_first : now_s()) - t0;
+    u.decode_s = r.t_first ? now_s() - r.t_first : 0;
+    if (s->on_done) s->on_done(s->ud, &u, r.t_first ? r.t_first - j->t_submit : 0);
+    push_done(j, finish_of(&st, &r), st.stop_index, &u);
+}
+
+/* ---- the thread and the queue ------------------------------------------ */
+
+static void *sched_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->qhead && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+        srv_job *j = s->qhead;
+        if (!j) break;
+        s->qhead = j->qnext;
+        if (!s->qhead) s->qtail = NULL;
+        s->n_queued--;
+        j->queued = 0;
+        s->running = j;
+        pthread_mutex_unlock(&s->mu);
+        run_job(s, j);
+        pthread_mutex_lock(&s->mu);
+        s->running = NULL;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        srv_job_release(j);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
+                            srv_done_fn on_done, void *ud, tern_error *err) {
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s || p->n_slots < 1 || !(s->slots = calloc((size_t)p->n_slots, sizeof *s->slots))) {
+        snprintf(err->msg, sizeof err->msg, p->n_slots < 1 ? "n_slots must be at least 1" : "out of memory");
+        free(s);
+        return NULL;
+    }
+    s->m = m;
+    s->tok = tok;
+    s->p = *p;
+    s->on_done = on_done;
+    s->ud = ud;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        snprintf(err->msg, sizeof err->msg, "could not start the scheduler thread");
+        free(s->slots);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void srv_sched_destroy(srv_sched *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->closed = s->quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->p.n_slots; i++) {
+        tern_session_destroy(s->slots[i].s);
+        tern_snapshot_free(s->slots[i].snap);
+        free(s->slots[i].toks);
+    }
+    free(s->slots);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int srv_sched_submit(srv_sched *s, srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    int rc = SRV_SUBMIT_OK;
+    if (s->closed) rc = SRV_SUBMIT_CLOSED;
+    else if (s->n_queued >= s->p.queue_limit && (s->running || s->n_queued > 0)) rc = SRV_SUBMIT_FULL;
+    if (rc == SRV_SUBMIT_OK) {
+        srv_job_retain(j);
+        j->t_submit = now_s();
+        j->queued = 1;
+        j->qnext = NULL;
+        if (s->qtail) s->qtail->qnext = j;
+        else s->qhead = j;
+        s->qtail = j;
+        s->n_queued++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Takes a queued job out of the queue (the lock held); 1 if it was there. */
+static int unqueue(srv_sched *s, srv_job *j) {
+    if (!j->queued) return 0;
+    srv_job **pp = &s->qhead, *prev = NULL;
+    while (*pp && *pp != j) { prev = *pp; pp = &(*pp)->qnext; }
+    if (!*pp) return 0;
+    *pp = j->qnext;
+    if (s->qtail == j) s->qtail = prev;
+    s->n_queued--;
+    j->queued = 0;
+    return 1;
+}
+
+void srv_sched_cancel(srv_sched *s, srv_job *j) {
+    atomic_store(&j->cancel, 1);
+    pthread_mutex_lock(&s->mu);
+    int was_queued = unqueue(s, j);
+    if (was_queued) pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!was_queued) return;
+    srv_usage u = {.prompt_tokens = j->n_prompt};
+    push_done(j, SRV_FINISH_CANCEL, -1, &u);
+    srv_job_release(j);   /* the queue's reference */
+}
+
+void srv_sched_drain(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    while (s->qhead || s->running) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_cancel_all(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    for (srv_job *j = s->qhead; j; j = j->qnext) atomic_store(&j->cancel, 1);
+    if (s->running) atomic_store(&s->running->cancel, 1);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_load(srv_sched *s, int *queued, int *running) {
+    pthread_mutex_lock(&s->mu);
+    *queued = s->n_queued;
+    *running = s->running != NULL;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,51 @@
+/* The scheduler: one thread that owns the engine. Jobs wait in a FIFO queue
+ * (bounded); the thread takes them one at a time, picks a slot (a session
+ * with the token ids it holds and a snapshot at the last chat-message
+ * boundary it prefilled), reuses the longest prefix the slot can give, and
+ * generates, pushing each job's events.
+ *
+ * Reuse, since a Gated DeltaNet state cannot be rewound: a slot continues
+ * where its session stands when every token it holds starts the new prompt
+ * (a conversation resent with the reply as generated), or restores its
+ * snapshot when that snapshot's tokens start the new prompt (the reply came
+ * back rendered differently, e.g. without its reasoning). Either way only
+ * the rest of the prompt is prefilled; usage.cached_tokens counts the rest.
+ * Running several sequences in one step is for later: the queue and the job
+ * interface stay the same. */
+#ifndef TERN_SERVER_SCHED_H
+#define TERN_SERVER_SCHED_H
+
+#include "server/job.h"
+#include "tern.h"
+
+typedef struct srv_sched srv_sched;
+
+typedef struct srv_sched_params {
+    int n_slots;                 /* sessions kept (>= 1) */
+    int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
+    tern_session_params session;
+} srv_sched_params;
+
+/* Observer of finished generations (metrics); may be NULL. */
+typedef void (*srv_done_fn)(void *ud, const srv_usage *u, double ttft_s);
+
+srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
+                            srv_done_fn on_done, void *ud, tern_error *err);
+/* Drains (every queued job still runs), then stops the thread and frees. */
+void srv_sched_destroy(srv_sched *s);
+
+enum { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL = -1, SRV_SUBMIT_CLOSED = -2 };
+/* Queues the job (the scheduler takes its own reference). FULL when
+ * queue_limit jobs already wait, CLOSED once draining began. */
+int srv_sched_submit(srv_sched *s, srv_job *j);
+/* The client is gone: a queued job leaves the queue at once (its DONE
+ * event, finish CANCEL, is pushed); a running one stops at its next step. */
+void srv_sched_cancel(srv_sched *s, srv_job *j);
+/* Refuses new jobs from now on and waits until none is queued or running. */
+void srv_sched_drain(srv_sched *s);
+/* Cancels every queued and running job (a second stop signal). */
+void srv_sched_cancel_all(srv_sched *s);
+
+void srv_sched_load(srv_sched *s, int *queued, int *running);
+
+#endif

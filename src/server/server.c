@@ -1,0 +1,140 @@
+/* srv_run: listen, load, serve, and on SIGINT/SIGTERM drain and stop. */
+#include "server/server.h"
+
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/api.h"
+#include "server/http.h"
+#include "server/metrics.h"
+
+/* Signals are taken by one thread (sigwait): the first asks for a drain,
+ * a second cancels what is still running; during the load one exits. */
+typedef struct sigstate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int count;
+    int loaded;
+    srv_sched *sched;
+    sigset_t set;
+} sigstate;
+
+static void *signal_main(void *arg) {
+    sigstate *ss = arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&ss->set, &sig) != 0) continue;
+        pthread_mutex_lock(&ss->mu);
+        int n = ++ss->count;
+        if (!ss->loaded) {
+            fprintf(stderr, "tern serve: stopped while loading\n");
+            _exit(1);
+        }
+        if (n == 1) fprintf(stderr, "tern serve: %s: finishing the requests in flight (again to cancel them)\n",
+                            sig == SIGINT ? "interrupt" : "terminate");
+        if (n >= 2 && ss->sched) {
+            fprintf(stderr, "tern serve: cancelling the requests in flight\n");
+            srv_sched_cancel_all(ss->sched);
+        }
+        pthread_cond_broadcast(&ss->cv);
+        pthread_mutex_unlock(&ss->mu);
+    }
+    return NULL;
+}
+
+static void on_generation(void *ud, const srv_usage *u, double ttft_s) { srv_metrics_generation(ud, u, ttft_s); }
+
+static tern_model *load_model(const srv_params *p, tern_error *err) {
+    if (p->synth) return tern_model_synth(p->synth, &p->load, err);
+    return tern_model_load(p->model_dir, &p->load, err);
+}
+
+static const char *default_model_id(const srv_params *p, char *buf, size_t cap) {
+    if (p->model_id) return p->model_id;
+    if (p->synth) return p->synth->shape ? p->synth->shape : "qwen3.6-35b-a3b";
+    snprintf(buf, cap, "%s", p->model_dir);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    return basename(buf);
+}
+
+int srv_run(const srv_params *p) {
+    static sigstate ss = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, {{0}}};
+    sigemptyset(&ss.set);
+    sigaddset(&ss.set, SIGINT);
+    sigaddset(&ss.set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &ss.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_t sig_thread;
+    pthread_create(&sig_thread, NULL, signal_main, &ss);
+    pthread_detach(sig_thread);
+
+    tern_error err = {{0}};
+    srv_metrics *metrics = srv_metrics_create();
+    srv_http *http = metrics ? srv_http_start(p, metrics, &err) : NULL;
+    if (!http) {
+        fprintf(stderr, "tern serve: %s\n", metrics ? err.msg : "out of memory");
+        srv_metrics_destroy(metrics);
+        return 1;
+    }
+    fprintf(stderr, "tern serve: listening on http://%s:%d (loading the model)\n", p->host, srv_http_port(http));
+
+    srv_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    pthread_mutex_init(&ctx.tok_mu, NULL);
+    char idbuf[4096];
+    int rc = 1;
+    ctx.m = load_model(p, &err);
+    const char *tok_dir = p->tokenizer_dir ? p->tokenizer_dir : p->model_dir;
+    if (ctx.m) ctx.tok = tern_tokenizer_load(tok_dir, &err);
+    if (!ctx.m || !ctx.tok) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
+    ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
+    ctx.strict_model = p->strict_model;
+    ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
+    ctx.think = p->think;
+    ctx.sampling = p->sampling;
+    ctx.max_tokens = p->max_tokens;
+    srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session};
+    sp.session.max_context = ctx.n_ctx;
+    if (!(ctx.responses = srv_store_create(p->responses_store)) ||
+        !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
+        fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
+        goto done;
+    }
+    pthread_mutex_lock(&ss.mu);
+    ss.loaded = 1;
+    ss.sched = ctx.sched;
+    pthread_mutex_unlock(&ss.mu);
+    srv_http_ready(http, &ctx);
+    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d%s\n", ctx.model_id,
+            tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, p->api_key ? ", API key required" : "");
+
+    pthread_mutex_lock(&ss.mu);
+    while (ss.count == 0) pthread_cond_wait(&ss.cv, &ss.mu);
+    pthread_mutex_unlock(&ss.mu);
+    srv_http_quiesce(http);
+    srv_sched_drain(ctx.sched);
+    srv_http_wait_idle(http, 10.0);
+    rc = 0;
+done:
+    srv_http_stop(http);
+    pthread_mutex_lock(&ss.mu);
+    ss.sched = NULL;
+    pthread_mutex_unlock(&ss.mu);
+    srv_sched_destroy(ctx.sched);
+    srv_store_destroy(ctx.responses);
+    tern_tokenizer_free(ctx.tok);
+    tern_model_free(ctx.m);
+    srv_metrics_destroy(metrics);
+    pthread_mutex_destroy(&ctx.tok_mu);
+    if (rc == 0) fprintf(stderr, "tern serve: stopped\n");
+    return rc;
+}

@@ -1,0 +1,41 @@
+/* tern serve: an OpenAI- and Anthropic-compatible HTTP server over the
+ * public API (tern.h). The CLI fills the parameters; srv_run loads the
+ * model (GET /health answers 503 meanwhile), serves until SIGINT or
+ * SIGTERM, drains the requests in flight and returns the exit status. */
+#ifndef TERN_SERVER_SERVER_H
+#define TERN_SERVER_SERVER_H
+
+#include <stddef.h>
+
+#include "tern.h"
+
+typedef struct srv_params {
+    /* HTTP */
+    const char *host;            /* address to bind; "127.0.0.1" unless asked */
+    int port;                    /* 0: any free port (printed) */
+    const char *api_key;         /* NULL: no authentication */
+    size_t max_body;             /* bytes (413 beyond) */
+    int max_connections;
+    double read_timeout_s;       /* a request's headers and body must arrive within this */
+    double idle_timeout_s;       /* a keep-alive connection with nothing to do is closed after this */
+    double heartbeat_s;          /* SSE keep-alive comment while a stream waits */
+    /* the model */
+    const char *model_dir;       /* a model directory, or NULL with synth */
+    const tern_synth_params *synth;   /* an in-memory synthetic model (tokenizer_dir then required) */
+    const char *tokenizer_dir;   /* NULL: the model directory */
+    tern_load_params load;
+    tern_session_params session;
+    const char *model_id;        /* served name; NULL: the model directory's name */
+    int strict_model;
+    /* generation */
+    tern_sampler_params sampling;   /* defaults for requests that do not say */
+    int max_tokens;              /* default limit; < 0: the context's end */
+    int think;                   /* thinking when a request does not say */
+    /* scheduling */
+    int slots, queue_limit, responses_store;
+    FILE *log;                   /* request log; NULL: stderr */
+} srv_params;
+
+int srv_run(const srv_params *p);
+
+#endif
