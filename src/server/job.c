@@ -17,6 +17,34 @@ void srv_event_free(srv_event *ev) {
     free(ev);
 }
 
+srv_event *srv_event_text(srv_ev_kind kind, const char *text, size_t len) {
+    srv_event *ev = calloc(1, sizeof *ev);
+    if (!ev || !(ev->text = malloc(len + 1))) { free(ev); return NULL; }
+    ev->kind = kind;
+    memcpy(ev->text, text, len);
+    ev->text[len] = '\0';
+    ev->len = len;
+    return ev;
+}
+
+srv_event *srv_event_from_output(const tern_out_event *o) {
+    switch (o->kind) {
+    case TERN_OUT_CONTENT: return srv_event_text(SRV_EV_CONTENT, o->text, o->len);
+    case TERN_OUT_REASONING: return srv_event_text(SRV_EV_REASONING, o->text, o->len);
+    case TERN_OUT_TOOL_CALL: {
+        srv_event *ev = calloc(1, sizeof *ev);
+        if (!ev) return NULL;
+        ev->kind = SRV_EV_TOOL_CALL;
+        ev->index = o->call_index;
+        ev->name = strdup(o->name);
+        ev->arguments = strdup(o->arguments);
+        if (!ev->name || !ev->arguments) { srv_event_free(ev); return NULL; }
+        return ev;
+    }
+    default: return NULL;
+    }
+}
+
 srv_job *srv_job_create(void) {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;

@@ -58,6 +58,11 @@ typedef struct srv_event {
 } srv_event;
 
 void srv_event_free(srv_event *ev);
+/* The event for a piece of text (CONTENT, REASONING, ERROR). */
+srv_event *srv_event_text(srv_ev_kind kind, const char *text, size_t len);
+/* The event for one of the output parser's (NULL for MALFORMED, which the
+ * parser passes on as text itself, or when memory runs out). */
+srv_event *srv_event_from_output(const tern_out_event *ev);
 
 #define SRV_MAX_STOP 16
 

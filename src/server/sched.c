@@ -48,12 +48,8 @@ static srv_event *event_new(srv_ev_kind kind) {
 }
 
 static void push_text(srv_job *j, srv_ev_kind kind, const char *text, size_t len) {
-    srv_event *ev = event_new(kind);
-    if (!ev || !(ev->text = malloc(len + 1))) { free(ev); return; }
-    memcpy(ev->text, text, len);
-    ev->text[len] = '\0';
-    ev->len = len;
-    srv_job_push(j, ev);
+    srv_event *ev = srv_event_text(kind, text, len);
+    if (ev) srv_job_push(j, ev);
 }
 
 static void push_done(srv_job *j, srv_finish finish, int stop_index, const srv_usage *u) {
@@ -166,32 +162,20 @@ typedef struct run {
 
 static int on_event(void *user, const tern_out_event *ev, tern_error *err) {
     run *r = user;
-    switch (ev->kind) {
-    case TERN_OUT_CONTENT:
-        r->answer_began = 1;
-        push_text(r->j, SRV_EV_CONTENT, ev->text, ev->len);
-        break;
-    case TERN_OUT_REASONING:
-        push_text(r->j, SRV_EV_REASONING, ev->text, ev->len);
-        break;
-    case TERN_OUT_TOOL_CALL: {
-        r->answer_began = 1;
-        srv_event *e = event_new(SRV_EV_TOOL_CALL);
-        if (!e || !(e->name = strdup(ev->name)) || !(e->arguments = strdup(ev->arguments))) {
-            srv_event_free(e);
-            snprintf(err->msg, sizeof err->msg, "out of memory");
-            return -1;
-        }
-        e->index = r->n_calls++;
-        srv_job_push(r->j, e);
-        if (r->j->single_tool_call) r->stop_after_call = 1;
-        break;
+    if (ev->kind == TERN_OUT_MALFORMED) {
+        fprintf(stderr, "tern serve: a tool call could not be parsed (%.*s); passed on as text\n", (int)ev->len,
+                ev->text);
+        return 0;
     }
-    case TERN_OUT_MALFORMED:
-        fprintf(stderr, "tern serve: a tool call could not be parsed (%.*s); passed on as text\n",
-                (int)ev->len, ev->text);
-        break;
+    if (ev->kind != TERN_OUT_REASONING) r->answer_began = 1;
+    srv_event *e = srv_event_from_output(ev);
+    if (!e) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
     }
+    r->n_calls += ev->kind == TERN_OUT_TOOL_CALL;
+    srv_job_push(r->j, e);
+    if (ev->kind == TERN_OUT_TOOL_CALL && r->j->single_tool_call) r->stop_after_call = 1;
     return 0;
 }
 
