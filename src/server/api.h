@@ -136,6 +136,12 @@ srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+/* An Anthropic request's system, messages and tools as a checked chat
+ * conversation and chat tools (NULL: none); single: one tool call ends
+ * the turn. */
+int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_err *e);
+/* Responses input (a string or items) appended to msgs as chat messages. */
+int srv_responses_input(json_t *input, json_t *msgs, srv_err *e);
 /* POST /v1/messages/count_tokens: the body {"input_tokens": N}. */
 json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e);
 

@@ -312,9 +312,8 @@ static int parse_thinking(const srv_ctx *c, json_t *req, int *on, srv_err *e) {
     return 0;
 }
 
-/* The request as a chat conversation with its tools (for /v1/messages and
- * count_tokens). */
-static int to_chat(json_t *req, json_t **msgs, json_t **tools, int *use_tools, int *single, srv_err *e) {
+int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_err *e) {
+    int use_tools;
     *msgs = NULL;
     *tools = NULL;
     json_t *conv = json_array(), *messages = json_object_get(req, "messages");
@@ -327,8 +326,8 @@ static int to_chat(json_t *req, json_t **msgs, json_t **tools, int *use_tools, i
     size_t i;
     json_t *m;
     json_array_foreach(messages, i, m) if (convert_message(m, i, conv, e)) goto fail;
-    if (parse_tool_choice(req, use_tools, single, e) || convert_tools(json_object_get(req, "tools"), tools, e)) goto fail;
-    if (!*use_tools) { json_decref(*tools); *tools = NULL; }
+    if (parse_tool_choice(req, &use_tools, single, e) || convert_tools(json_object_get(req, "tools"), tools, e)) goto fail;
+    if (!use_tools) { json_decref(*tools); *tools = NULL; }
     if (!(*msgs = srv_check_conversation(conv, "messages", e))) goto fail;
     json_decref(conv);
     return 0;
@@ -349,11 +348,11 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
 }
 
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
-    int stream, use_tools, single;
+    int stream, single;
     srv_prompt_opts po = {0};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||
-        parse_thinking(c, req, &po.thinking, e) || to_chat(req, &msgs, &tools, &use_tools, &single, e))
+        parse_thinking(c, req, &po.thinking, e) || srv_messages_conversation(req, &msgs, &tools, &single, e))
         return NULL;
     int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, &j->sampling, e) ||
              srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, j, e);
@@ -377,11 +376,11 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
 }
 
 json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
-    int use_tools, single;
+    int single;
     srv_prompt_opts po = {0};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || parse_thinking(c, req, &po.thinking, e) ||
-        to_chat(req, &msgs, &tools, &use_tools, &single, e))
+        srv_messages_conversation(req, &msgs, &tools, &single, e))
         return NULL;
     srv_job *j = srv_job_create();
     int rc = j ? srv_build_chat_prompt(c, msgs, tools, &po, j, e) : srv_fail(e, 500, NULL, "out of memory");

@@ -334,7 +334,7 @@ static int conversation_began(json_t *msgs) {
 /* Input items as chat messages (appended to msgs). System and developer
  * items after the conversation began become user messages, so the chat
  * template, which takes a system message only first, can render them. */
-static int convert_input(json_t *input, json_t *msgs, srv_err *e) {
+int srv_responses_input(json_t *input, json_t *msgs, srv_err *e) {
     if (json_is_string(input)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input));
         return 0;
@@ -458,7 +458,7 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
         conv = json_array();
     }
     if (srv_absent(req, "input")) { srv_fail(e, 400, "input", "input: field required"); goto fail; }
-    if (convert_input(json_object_get(req, "input"), conv, e)) goto fail;
+    if (srv_responses_input(json_object_get(req, "input"), conv, e)) goto fail;
     msgs = json_array();
     if (json_is_string(instructions)) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions));
     json_array_extend(msgs, conv);
