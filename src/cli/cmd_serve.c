@@ -135,5 +135,6 @@ int tern_cli_serve(int argc, char **argv) {
     if (cli_gen_params(&go, &gp) != 0) return 2;
     p.sampling = gp.sampling;
     if (o.n_predict != INT_MIN) p.max_tokens = o.n_predict;
+    p.ignore_eos = o.ignore_eos;
     return srv_run(&p);
 }

@@ -23,6 +23,12 @@ int tern_gpu_copy(void *h, void *d, size_t n, int to_host, tern_error *err) {
     return no_cuda(err);
 }
 int tern_gpu_session_reset(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
+void *tern_gpu_alloc(size_t n, tern_error *err) { (void)n; no_cuda(err); return NULL; }
+void tern_gpu_free(void *p) { (void)p; }
+int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err) {
+    (void)dst; (void)src; (void)n;
+    return no_cuda(err);
+}
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
     (void)s; (void)tokens; (void)T; (void)logits; (void)all;
     return no_cuda(err);
@@ -710,6 +716,15 @@ int tern_gpu_session_reset(tern_session *s, tern_error *err) {
     }
     if (g->go && tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, err)) return -1;
     return tern_cuda_sync(g->stream, err);
+}
+
+void *tern_gpu_alloc(size_t n, tern_error *err) { return tern_cuda_alloc(n, err); }
+
+void tern_gpu_free(void *p) { tern_cuda_free(p); }
+
+int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err) {
+    if (tern_cuda_sync(NULL, err) != 0 || tern_cuda_copy(dst, src, n, NULL, err) != 0) return -1;
+    return tern_cuda_sync(NULL, err);
 }
 
 int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err) {

@@ -201,27 +201,35 @@ int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, t
 struct tern_snapshot {
     const tern_model *m;
     int pos, mtp_pos, has_hidden, kv_bits;
+    int on_dev;      /* a GPU session's: data is device memory */
     size_t n_bytes;
     uint8_t *data;   /* attention KV rows, GDN conv + state, MTP KV, hidden, in layer order */
 };
 
-/* Copies every piece of state between the session and a flat buffer, in a
- * fixed order; `to_buf` picks the direction. */
-static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, int to_buf, int *failed) {
+/* n bytes from src to dst, each in host or device memory. */
+static int move_bytes(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
+    if (!n) return 0;
+    if (dst_dev && src_dev) return tern_gpu_copy_d2d(dst, src, n, NULL);
+    if (dst_dev) return tern_gpu_copy((void *)src, dst, n, 0, NULL);
+    if (src_dev) return tern_gpu_copy(dst, (void *)src, n, 1, NULL);
+    memcpy(dst, src, n);
+    return 0;
+}
+
+/* Copies every piece of state between the session and a flat buffer (on
+ * the device when buf_dev), in a fixed order; `to_buf` picks the
+ * direction. With buf NULL it only counts the bytes. */
+static size_t walk_state(tern_session *s, uint8_t *buf, int buf_dev, int pos, int mtp_pos, int to_buf, int *failed) {
     const tern_config *c = &s->m->cfg;
     size_t off = 0, row = s->kvf.row_bytes;
     int dev = s->gpu != NULL;   /* kv and gdn state live on the GPU */
-#define MOVE_IN(ptr, bytes, on_dev)                                            \
-    do {                                                                       \
-        size_t n_ = (bytes);  /* an empty cache may have no buffer at all */   \
-        if (buf && n_ && (on_dev)) {                                           \
-            if (tern_gpu_copy(buf + off, (ptr), n_, to_buf, NULL) != 0) *failed = 1; \
-        } else if (buf && n_ && to_buf) {                                      \
-            memcpy(buf + off, (ptr), n_);                                      \
-        } else if (buf && n_) {                                                \
-            memcpy((ptr), buf + off, n_);                                      \
-        }                                                                      \
-        off += n_;                                                             \
+#define MOVE_IN(ptr, bytes, on_dev)                                                                  \
+    do {                                                                                             \
+        size_t n_ = (bytes);  /* an empty cache may have no buffer at all */                         \
+        if (buf && n_ && (to_buf ? move_bytes(buf + off, buf_dev, (ptr), (on_dev), n_)               \
+                                 : move_bytes((ptr), (on_dev), buf + off, buf_dev, n_)))             \
+            *failed = 1;                                                                             \
+        off += n_;                                                                                   \
     } while (0)
 #define MOVE(ptr, bytes) MOVE_IN(ptr, bytes, dev)
     for (int l = 0; l < c->n_layers; l++) {
@@ -233,8 +241,8 @@ static size_t walk_state(tern_session *s, uint8_t *buf, int pos, int mtp_pos, in
             MOVE(s->gdn[l].S, tern_cfg_gdn_state_floats(c) * sizeof(float));
         }
     }
-    MOVE(s->mtp_kv.k, (size_t)mtp_pos * row);
-    MOVE(s->mtp_kv.v, (size_t)mtp_pos * row);
+    MOVE_IN(s->mtp_kv.k, (size_t)mtp_pos * row, 0);
+    MOVE_IN(s->mtp_kv.v, (size_t)mtp_pos * row, 0);
     /* the hidden state: a GPU session's last step left it on the device */
     if (to_buf && s->hidden_dev) MOVE_IN((float *)s->hidden_dev, (size_t)c->hidden * sizeof(float), 1);
     else MOVE_IN(s->hidden, (size_t)c->hidden * sizeof(float), 0);
@@ -252,17 +260,19 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
     snap->mtp_pos = s->mtp_pos;
     snap->has_hidden = s->has_hidden;
     snap->kv_bits = s->kvf.bits;
+    snap->on_dev = s->gpu != NULL;
     int failed = 0;
-    snap->n_bytes = walk_state(ms, NULL, s->pos, s->mtp_pos, 1, &failed);
-    snap->data = malloc(snap->n_bytes ? snap->n_bytes : 1);
+    snap->n_bytes = walk_state(ms, NULL, 0, s->pos, s->mtp_pos, 1, &failed);
+    size_t n = snap->n_bytes ? snap->n_bytes : 1;
+    snap->data = snap->on_dev ? tern_gpu_alloc(n, err) : malloc(n);
     if (!snap->data) {
-        tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_bytes);
+        if (!snap->on_dev) tern_fail(err, "out of memory for a %zu-byte snapshot", snap->n_bytes);
         free(snap);
         return NULL;
     }
-    walk_state(ms, snap->data, s->pos, s->mtp_pos, 1, &failed);
+    walk_state(ms, snap->data, snap->on_dev, s->pos, s->mtp_pos, 1, &failed);
     if (failed) {
-        tern_fail(err, "GPU: the session state could not be copied to the host");
+        tern_fail(err, "GPU: the session state could not be copied");
         tern_snapshot_free(snap);
         return NULL;
     }
@@ -275,7 +285,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
         return tern_fail(err, "snapshot has %d-bit KV rows, the session %d-bit", snap->kv_bits, s->kvf.bits);
     if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
     int failed = 0;
-    walk_state(s, snap->data, snap->pos, snap->mtp_pos, 0, &failed);
+    walk_state(s, snap->data, snap->on_dev, snap->pos, snap->mtp_pos, 0, &failed);
     if (failed) {
         s->broken = 1;
         return tern_fail(err, "GPU: the snapshot could not be copied to the device");
@@ -290,7 +300,8 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
 
 void tern_snapshot_free(tern_snapshot *snap) {
     if (!snap) return;
-    free(snap->data);
+    if (snap->on_dev) tern_gpu_free(snap->data);
+    else free(snap->data);
     free(snap);
 }
 

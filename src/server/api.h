@@ -32,6 +32,7 @@ typedef struct srv_ctx {
     int think;                       /* thinking on when a request does not say */
     tern_sampler_params sampling;    /* generation_config.json with the command line's overrides */
     int max_tokens;                  /* default limit (< 0: the context's end) */
+    int ignore_eos;                  /* default for the ignore_eos request field */
 } srv_ctx;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -69,9 +70,12 @@ int srv_get_number(json_t *req, const char *key, double lo, double hi, double df
 int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, tern_sampler_params *out, srv_err *e);
 /* A stop string or a list of them (key names the field) into the job. */
 int srv_parse_stop(json_t *req, const char *key, srv_job *j, srv_err *e);
-/* The job's token limit from the request's field (absent: the server's
- * default), clamped to what the context leaves after the prompt. */
-int srv_parse_max_tokens(const srv_ctx *c, json_t *req, const char *key, int required, srv_job *j, srv_err *e);
+/* ignore_eos (a vLLM extension, for benchmarks) onto the server's default. */
+int srv_parse_ignore_eos(const srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
+/* The job's token limit from the request's field (absent: dflt; < 0: the
+ * context's end), clamped to what the context leaves after the prompt. */
+int srv_parse_max_tokens(const srv_ctx *c, json_t *req, const char *key, int required, int dflt, srv_job *j,
+                         srv_err *e);
 
 /* Checks an OpenAI-style tools array ([{type: "function", function: {name,
  * description?, parameters?}}]) and returns a new reference (NULL: none). */

@@ -355,7 +355,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         parse_thinking(c, req, &po.thinking, e) || srv_messages_conversation(req, &msgs, &tools, &single, e))
         return NULL;
     int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, &j->sampling, e) ||
-             srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, j, e);
+             srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e);
     json_decref(msgs);
     if (rc) { json_decref(tools); return NULL; }
     j->parse_tool_calls = tools != NULL;

@@ -74,6 +74,7 @@ typedef struct srv_job {
                               * boundary): the slot snapshots there; 0 = none */
     tern_sampler_params sampling;
     int max_tokens;          /* < 0: until EOS or the context's end */
+    int ignore_eos;          /* generate past end-of-sequence ids (benchmarks) */
     char *stop[SRV_MAX_STOP];
     int n_stop;
     int logprobs, top_logprobs;

@@ -167,10 +167,15 @@ int srv_parse_stop(json_t *req, const char *key, srv_job *j, srv_err *e) {
     return 0;
 }
 
-int srv_parse_max_tokens(const srv_ctx *c, json_t *req, const char *key, int required, srv_job *j, srv_err *e) {
+int srv_parse_ignore_eos(const srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+    return srv_get_bool(req, "ignore_eos", c->ignore_eos, &j->ignore_eos, e);
+}
+
+int srv_parse_max_tokens(const srv_ctx *c, json_t *req, const char *key, int required, int dflt, srv_job *j,
+                         srv_err *e) {
     long long n;
     if (required && srv_absent(req, key)) return srv_fail(e, 400, key, "%s: field required", key);
-    if (srv_get_int(req, key, 1, INT32_MAX, c->max_tokens, &n, e)) return -1;
+    if (srv_get_int(req, key, 1, INT32_MAX, dflt, &n, e)) return -1;
     int room = c->n_ctx - j->n_prompt;
     j->max_tokens = n < 0 || n > room ? room : (int)n;
     return 0;

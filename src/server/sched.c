@@ -274,7 +274,7 @@ static void run_job(srv_sched *s, srv_job *j) {
     if (rc == 0) rc = prefill_to_boundary(sl, j, &err);
     tern_gen_params gp = {.sampling = j->sampling, .n_predict = j->max_tokens,
                           .stop = (const char *const *)j->stop, .n_stop = j->n_stop,
-                          .on_token = on_token, .cancelled = is_cancelled};
+                          .ignore_eos = j->ignore_eos, .on_token = on_token, .cancelled = is_cancelled};
     if (j->logprobs) { gp.on_logprobs = on_logprobs; gp.top_logprobs = j->top_logprobs; }
     tern_gen_stats st = {0};
     int start = sl->n_toks;

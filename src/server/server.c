@@ -102,6 +102,7 @@ int srv_run(const srv_params *p) {
     ctx.think = p->think;
     ctx.sampling = p->sampling;
     ctx.max_tokens = p->max_tokens;
+    ctx.ignore_eos = p->ignore_eos;
     srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session};
     sp.session.max_context = ctx.n_ctx;
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||

@@ -31,6 +31,7 @@ typedef struct srv_params {
     tern_sampler_params sampling;   /* defaults for requests that do not say */
     int max_tokens;              /* default limit; < 0: the context's end */
     int think;                   /* thinking when a request does not say */
+    int ignore_eos;              /* default of the ignore_eos request field */
     /* scheduling */
     int slots, queue_limit, responses_store;
     FILE *log;                   /* request log; NULL: stderr */
