@@ -365,6 +365,7 @@ static enum MHD_Result generate(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
         srv_job_release(j);
         return send_error(r, c, &e);
     }
+    j->wake_at_end = !enc->stream;
     j->sampling.n_eos = ctx->sampling.n_eos;
     memcpy(j->sampling.eos_ids, ctx->sampling.eos_ids, sizeof j->sampling.eos_ids);
     int rc = srv_sched_submit(ctx->sched, j);

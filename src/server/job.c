@@ -5,6 +5,12 @@
 #include <string.h>
 #include <time.h>
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 void srv_event_free(srv_event *ev) {
     if (!ev) return;
     free(ev->text);
@@ -98,7 +104,11 @@ void srv_job_push(srv_job *j, srv_event *ev) {
     else j->head = ev;
     j->tail = ev;
     if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) j->ended = 1;
-    pthread_cond_signal(&j->cv);
+    double t = now_s();
+    if (j->ended || (!j->wake_at_end && t - j->last_wake >= SRV_WAKE_S)) {
+        j->last_wake = t;
+        pthread_cond_signal(&j->cv);
+    }
     pthread_mutex_unlock(&j->mu);
 }
 

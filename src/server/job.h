@@ -65,6 +65,10 @@ srv_event *srv_event_text(srv_ev_kind kind, const char *text, size_t len);
 srv_event *srv_event_from_output(const tern_out_event *ev);
 
 #define SRV_MAX_STOP 16
+/* Events closer together than this reach a stream's reader together: one
+ * wake-up and one write for several tokens when tokens come fast (a wake-up
+ * on a machine whose cores all compute costs more than the token). */
+#define SRV_WAKE_S 0.002
 
 typedef struct srv_job {
     /* ---- the request (fixed once submitted) ---- */
@@ -88,6 +92,8 @@ typedef struct srv_job {
     pthread_cond_t cv;
     srv_event *head, *tail;
     int ended;               /* DONE or ERROR pushed */
+    int wake_at_end;         /* the reader waits for the end only (a whole response): no wake-up per event */
+    double last_wake;        /* a stream's reader is woken at most once per SRV_WAKE_S, and at the end */
     atomic_int cancel;       /* set by the HTTP side: stop at the next step */
     int refs;
     double t_submit;
