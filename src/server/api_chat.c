@@ -244,8 +244,8 @@ static chat_enc *chat_enc_new(const srv_ctx *ctx, json_t *req, int completions, 
     c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, chat_heartbeat, chat_destroy};
     c->completions = completions;
     srv_new_id(c->id, sizeof c->id, completions ? "cmpl-" : "chatcmpl-");
-    json_t *model = json_object_get(req, "model");
-    c->model = json_is_string(model) && !ctx->strict_model ? json_incref(model) : json_string(ctx->model_id);
+    (void)req;
+    c->model = json_string(ctx->model_id);
     c->created = (long long)time(NULL);
     c->tool_calls = json_array();
     return c;

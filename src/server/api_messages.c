@@ -366,8 +366,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     if (!m) { srv_fail(e, 500, NULL, "out of memory"); return NULL; }
     m->base = (srv_enc){stream, SRV_API_ANTHROPIC, msg_start, msg_event, msg_body, msg_heartbeat, msg_destroy};
     srv_new_id(m->id, sizeof m->id, "msg_");
-    json_t *model = json_object_get(req, "model");
-    m->model = json_is_string(model) && !c->strict_model ? json_incref(model) : json_string(c->model_id);
+    m->model = json_string(c->model_id);
     m->prompt_tokens = j->n_prompt;
     m->content = json_array();
     m->open = -1;

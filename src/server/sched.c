@@ -242,18 +242,33 @@ static srv_finish finish_of(const tern_gen_stats *st, const run *r) {
     }
 }
 
-/* Prefills the prompt up to its boundary and snapshots there, so that a
- * later prompt sharing the conversation up to this turn restores it. */
-static int prefill_to_boundary(slot *sl, const srv_job *j, tern_error *err) {
-    int from = sl->n_toks, to = j->boundary;
-    if (to <= from || to >= j->n_prompt) return 0;
-    if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
-    if (toks_append(sl, j->prompt + from, to - from)) { sl->live = 0; return -1; }
-    tern_snapshot *snap = tern_session_snapshot(sl->s, err);
-    if (!snap) return -1;
-    tern_snapshot_free(sl->snap);
-    sl->snap = snap;
-    sl->snap_pos = to;
+/* Prompt tokens evaluated per call, so a client that leaves during a long
+ * prefill is noticed between pieces (a multiple of the DeltaNet chunk). */
+#define PREFILL_PIECE 4096
+
+/* Prefills all but the prompt's last token (tern_generate evaluates that
+ * one with its first draw) in pieces, and snapshots at the boundary, so a
+ * later prompt sharing the conversation up to this turn restores it.
+ * Returns 1 when the job was cancelled on the way. */
+static int prefill(slot *sl, srv_job *j, tern_error *err) {
+    int end = j->n_prompt - 1;
+    while (sl->n_toks < end) {
+        if (atomic_load(&j->cancel)) return 1;
+        int from = sl->n_toks, to = end - from > PREFILL_PIECE ? from + PREFILL_PIECE : end;
+        if (j->boundary > from && j->boundary < to) to = j->boundary;
+        if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
+        if (toks_append(sl, j->prompt + from, to - from)) {
+            sl->live = 0;
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return -1;
+        }
+        if (to != j->boundary) continue;
+        tern_snapshot *snap = tern_session_snapshot(sl->s, err);
+        if (!snap) return -1;
+        tern_snapshot_free(sl->snap);
+        sl->snap = snap;
+        sl->snap_pos = to;
+    }
     return 0;
 }
 
@@ -271,21 +286,21 @@ static void run_job(srv_sched *s, srv_job *j) {
     int rc = r.parser ? 0 : -1;
     if (rc == 0) rc = slot_prepare(s, sl, reuse, restore, &err);
     u.cached_tokens = rc == 0 ? sl->n_toks : 0;
-    if (rc == 0) rc = prefill_to_boundary(sl, j, &err);
+    if (rc == 0) rc = prefill(sl, j, &err);
+    if (rc == 1) {
+        tern_output_parser_destroy(r.parser);
+        push_done(j, SRV_FINISH_CANCEL, -1, &u);
+        return;
+    }
+    int32_t *last = j->prompt + j->n_prompt - 1;
     tern_gen_params gp = {.sampling = j->sampling, .n_predict = j->max_tokens,
-                          .stop = (const char *const *)j->stop, .n_stop = j->n_stop,
-                          .ignore_eos = j->ignore_eos, .on_token = on_token, .cancelled = is_cancelled};
+                          .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
+                          .on_token = on_token, .cancelled = is_cancelled,
+                          .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
     if (j->logprobs) { gp.on_logprobs = on_logprobs; gp.top_logprobs = j->top_logprobs; }
     tern_gen_stats st = {0};
-    int start = sl->n_toks;
-    if (rc == 0) {
-        gp.history = j->prompt;
-        gp.n_history = (size_t)start;
-        if (toks_append(sl, j->prompt + start, j->n_prompt - start)) rc = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
-    }
-    if (rc == 0)
-        rc = tern_generate(sl->s, s->tok, j->prompt + start, (size_t)(j->n_prompt - start), &gp, on_text, &r,
-                           &st, &err);
+    if (rc == 0 && toks_append(sl, last, 1)) rc = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
+    if (rc == 0) rc = tern_generate(sl->s, s->tok, last, 1, &gp, on_text, &r, &st, &err);
     if (rc == 0 && !r.stop_after_call && tern_output_parser_finish(r.parser, &err)) rc = -1;
     if (rc == 0 && r.failed) { rc = -1; snprintf(err.msg, sizeof err.msg, "the output parser failed"); }
     tern_output_parser_destroy(r.parser);
