@@ -31,7 +31,7 @@ SRV_OBJ := $(SRV_SRC:%.c=$(B)/%.o)
 .DEFAULT_GOAL := all
 -include mk/cuda.mk
 
-.PHONY: all deps test run asan check clean mutation-check bench FORCE
+.PHONY: all deps test run asan check clean mutation-check bench test-server FORCE
 all: $(B)/tern
 
 deps:
@@ -80,7 +80,16 @@ test: deps
 	$(MAKE) check
 	$(MAKE) asan
 	ASAN_OPTIONS=detect_leaks=1 TERN_BIN=build-asan/tern build-asan/tern-tests --jobs 2
+	$(MAKE) test-server
 	python3 tools/mutation_check.py
+
+# tern serve end to end (tests/server, Python): the official SDKs and the real
+# Codex and Claude Code CLIs, installed from PyPI at test time into
+# build/pydeps; then the malformed-request corpus and the concurrency tests
+# again against the ASan build.
+test-server: $(B)/tern
+	TERN_BIN=$(B)/tern tests/server/run.sh
+	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py
 
 # Each classic mistake in the model math must make a fixture test fail.
 mutation-check: $(B)/tern-tests

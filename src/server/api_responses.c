@@ -475,12 +475,14 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     r->store = c->responses;
     char id[64];
     srv_new_id(id, sizeof id, "resp_");
-    r->resp = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:O, s:O, s:O, s:[], s:b, s:O, s:b}", "id", id, "object", "response",
+    json_t *req_tools = json_object_get(req, "tools");
+    r->resp = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:O, s:O, s:O, s:[], s:b, s:o, s:b}", "id", id, "object", "response",
                         "created_at", (json_int_t)time(NULL), "status", "in_progress", "error", "incomplete_details",
                         "instructions", instructions ? instructions : json_null(), "max_output_tokens",
                         json_object_get(req, "max_output_tokens") ? json_object_get(req, "max_output_tokens") : json_null(),
                         "previous_response_id", prev ? prev : json_null(), "output", "parallel_tool_calls", parallel,
-                        "tools", json_object_get(req, "tools") ? json_object_get(req, "tools") : json_null(), "store", store);
+                        "tools", json_is_array(req_tools) ? json_incref(req_tools) : json_array(),
+                        "store", store);
     json_object_set_new(r->resp, "model", json_string(c->model_id));
     json_object_set_new(r->resp, "usage", json_null());
     json_object_set_new(r->resp, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
