@@ -134,6 +134,7 @@ int tern_cli_serve(int argc, char **argv) {
     if (synth_shape) go.model = p.tokenizer_dir;   /* generation_config.json: none for a synthetic model */
     if (cli_gen_params(&go, &gp) != 0) return 2;
     p.sampling = gp.sampling;
+    p.fixed_seed = o.seed >= 0;
     if (o.n_predict != INT_MIN) p.max_tokens = o.n_predict;
     p.ignore_eos = o.ignore_eos;
     return srv_run(&p);

@@ -280,6 +280,8 @@ static int refuse_unsupported(json_t *req, int completions, srv_err *e) {
     if (!srv_absent(req, "functions") || !srv_absent(req, "function_call"))
         return srv_fail(e, 400, "functions", "functions and function_call are deprecated; use tools and tool_choice");
     json_t *mod = json_object_get(req, "modalities");
+    if (mod && !json_is_null(mod) && !json_is_array(mod))
+        return srv_fail(e, 400, "modalities", "modalities must be a list");
     if (mod && !json_is_null(mod)) {
         size_t i;
         json_t *m;

@@ -189,16 +189,36 @@ static json_t *blocks_text(json_t *v, const char *where, srv_err *e) {
     return s;
 }
 
+/* Whether out holds more than system messages. */
+static int conversation_began(json_t *out) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(out, i, m) if (strcmp(json_string_value(json_object_get(m, "role")), "system")) return 1;
+    return 0;
+}
+
 /* One Anthropic message as chat messages: a user turn's tool results
  * become tool messages (in order) before its text; an assistant turn's
- * thinking, text and tool_use blocks one assistant message. */
+ * thinking, text and tool_use blocks one assistant message. A system
+ * message among them (Claude Code sends reminders so) joins the system
+ * prompt before the conversation, and is a user message after it began:
+ * the chat template takes a system message only first. */
 static int convert_message(json_t *msg, size_t i, json_t *out, srv_err *e) {
     char where[64];
     snprintf(where, sizeof where, "messages[%zu]", i);
     const char *role = json_string_value(json_object_get(msg, "role"));
-    if (!json_is_object(msg) || !role || (strcmp(role, "user") && strcmp(role, "assistant")))
-        return srv_fail(e, 400, where, "%s.role must be \"user\" or \"assistant\"", where);
+    if (!json_is_object(msg) || !role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system")))
+        return srv_fail(e, 400, where, "%s.role must be \"user\", \"assistant\" or \"system\"", where);
     json_t *content = json_object_get(msg, "content");
+    if (!strcmp(role, "system")) {
+        char cw[96];
+        snprintf(cw, sizeof cw, "%s.content", where);
+        json_t *text = blocks_text(content, cw, e);
+        if (!text) return -1;
+        json_array_append_new(out, json_pack("{s:s, s:o}", "role", conversation_began(out) ? "user" : "system",
+                                             "content", text));
+        return 0;
+    }
     int user = !strcmp(role, "user");
     if (json_is_string(content)) {
         json_array_append_new(out, json_pack("{s:s, s:O}", "role", role, "content", content));
@@ -340,10 +360,13 @@ fail:
 
 static int refuse_unsupported(json_t *req, srv_err *e) {
     json_t *oc = json_object_get(req, "output_config");
+    if (oc && !json_is_null(oc) && !json_is_object(oc))
+        return srv_fail(e, 400, "output_config", "output_config must be an object");
     if (oc && !json_is_null(oc) && !srv_absent(oc, "format"))
         return srv_fail(e, 400, "output_config.format", "output_config.format: structured output is not supported yet");
     json_t *mcp = json_object_get(req, "mcp_servers");
-    if (json_array_size(mcp)) return srv_fail(e, 400, "mcp_servers", "mcp_servers are not supported");
+    if (mcp && !json_is_null(mcp) && (!json_is_array(mcp) || json_array_size(mcp)))
+        return srv_fail(e, 400, "mcp_servers", "mcp_servers are not supported");
     return 0;
 }
 

@@ -78,6 +78,7 @@ typedef struct resp_enc {
     json_t *resp;                    /* the response object (status, output, usage ...) */
     json_t *conversation;            /* for the store: the messages before this response; NULL: not stored */
     json_t *reply;                   /* the assistant message it adds */
+    json_t *namespaces;              /* function name -> its namespace, for namespaced tools */
     long long seq;
     enum item_kind open;
     char item_id[64];
@@ -170,6 +171,8 @@ static void add_call(resp_enc *r, const srv_event *ev, sbuf *out) {
     srv_new_id(call_id, sizeof call_id, "call_");
     json_t *item = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "status",
                              "in_progress", "call_id", call_id, "name", ev->name, "arguments", "");
+    json_t *ns = json_object_get(r->namespaces, ev->name);
+    if (ns) json_object_set(item, "namespace", ns);
     json_array_append_new(output(r), item);
     int oi = out_index(r);
     emit(r, out, "response.output_item.added", json_pack("{s:i, s:O}", "output_index", oi, "item", item));
@@ -264,34 +267,64 @@ static void resp_destroy(srv_enc *e) {
     json_decref(r->resp);
     json_decref(r->conversation);
     json_decref(r->reply);
+    json_decref(r->namespaces);
     sbuf_free(&r->text);
     free(r);
 }
 
 /* ---- requests ------------------------------------------------------------ */
 
-/* Responses' flat function tools as chat tools. */
-static int convert_tools(json_t *tools, json_t **out, srv_err *e) {
-    *out = NULL;
-    if (!tools || json_is_null(tools)) return 0;
-    if (!json_is_array(tools)) return srv_fail(e, 400, "tools", "tools must be a list");
-    json_t *chat = json_array();
+/* Tools the provider runs itself (search, code execution, ...): this
+ * server has none of them, so they are left out of the prompt and the
+ * model answers without them. */
+static int hosted_tool(const char *type) {
+    static const char *const hosted[] = {"web_search", "web_search_preview", "file_search", "code_interpreter",
+                                         "image_generation", "computer_use_preview", "mcp"};
+    for (size_t i = 0; i < sizeof hosted / sizeof *hosted; i++)
+        if (!strncmp(type, hosted[i], strlen(hosted[i]))) return 1;
+    return 0;
+}
+
+/* Responses' flat function tools as chat tools; a namespace's functions
+ * join the list under their own names (namespaces[name] = the namespace,
+ * for the calls' items). */
+static int add_tools(json_t *tools, const char *ns, json_t *chat, json_t *namespaces, const char *where, srv_err *e) {
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
         const char *type = json_string_value(json_object_get(t, "type"));
-        if (!type || strcmp(type, "function") != 0) {
-            json_decref(chat);
-            return srv_fail(e, 400, "tools", "tools[%zu]: only tools of type \"function\" are supported, got '%.64s'",
-                            i, type ? type : "no type");
+        if (type && !strcmp(type, "namespace") && !ns && json_is_string(json_object_get(t, "name")) &&
+            json_is_array(json_object_get(t, "tools"))) {
+            char inner[96];
+            snprintf(inner, sizeof inner, "%s[%zu].tools", where, i);
+            if (add_tools(json_object_get(t, "tools"), json_string_value(json_object_get(t, "name")), chat,
+                          namespaces, inner, e))
+                return -1;
+            continue;
         }
+        if (type && hosted_tool(type)) continue;
+        if (!type || strcmp(type, "function") != 0)
+            return srv_fail(e, 400, "tools", "%s[%zu]: tools of type '%.64s' are not supported (function tools, "
+                            "namespaces of them, and provider-hosted tools, which are left out)",
+                            where, i, type ? type : "(none)");
         json_t *fn = json_object();
         const char *keys[] = {"name", "description", "parameters"};
         for (int k = 0; k < 3; k++)
             if (json_object_get(t, keys[k])) json_object_set(fn, keys[k], json_object_get(t, keys[k]));
+        if (ns && json_is_string(json_object_get(t, "name")))
+            json_object_set_new(namespaces, json_string_value(json_object_get(t, "name")), json_string(ns));
         json_array_append_new(chat, json_pack("{s:s, s:o}", "type", "function", "function", fn));
     }
-    int rc = srv_check_tools(chat, "tools", out, e);
+    return 0;
+}
+
+static int convert_tools(json_t *tools, json_t **out, json_t *namespaces, srv_err *e) {
+    *out = NULL;
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return srv_fail(e, 400, "tools", "tools must be a list");
+    json_t *chat = json_array();
+    int rc = add_tools(tools, NULL, chat, namespaces, "tools", e);
+    if (rc == 0) rc = srv_check_tools(chat, "tools", out, e);
     json_decref(chat);
     return rc;
 }
@@ -401,6 +434,7 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
     if (srv_get_bool(req, "background", 0, &bg, e)) return -1;
     if (bg) return srv_fail(e, 400, "background", "background responses are not supported");
     json_t *text = json_object_get(req, "text");
+    if (text && !json_is_null(text) && !json_is_object(text)) return srv_fail(e, 400, "text", "text must be an object");
     json_t *fmt = json_object_get(text, "format");
     const char *ft = json_string_value(json_object_get(fmt, "type"));
     if (fmt && !json_is_null(fmt) && (!ft || strcmp(ft, "text")))
@@ -435,13 +469,13 @@ static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err
 srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, store, parallel, use_tools;
     srv_prompt_opts po = {0};
-    json_t *tools = NULL, *msgs = NULL, *conv = NULL, *checked = NULL;
+    json_t *tools = NULL, *msgs = NULL, *conv = NULL, *checked = NULL, *namespaces = json_object();
     json_t *instructions = json_object_get(req, "instructions"), *prev = json_object_get(req, "previous_response_id");
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||
         srv_get_bool(req, "store", 1, &store, e) || srv_get_bool(req, "parallel_tool_calls", 1, &parallel, e) ||
         parse_tool_choice(req, &use_tools, e) || parse_reasoning(c, req, &po.thinking, e) ||
-        convert_tools(json_object_get(req, "tools"), &tools, e))
-        return NULL;
+        convert_tools(json_object_get(req, "tools"), &tools, namespaces, e))
+        goto fail;
     if (instructions && !json_is_null(instructions) && !json_is_string(instructions)) {
         srv_fail(e, 400, "instructions", "instructions must be a string");
         goto fail;
@@ -488,6 +522,7 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     json_object_set_new(r->resp, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(r->resp, "reasoning", json_pack("{s:s}", "effort", po.thinking ? "medium" : "none"));
     r->reply = json_pack("{s:s}", "role", "assistant");
+    r->namespaces = namespaces;
     if (store) r->conversation = json_incref(conv);
     json_decref(tools);
     json_decref(msgs);
@@ -499,5 +534,6 @@ fail:
     json_decref(msgs);
     json_decref(conv);
     json_decref(checked);
+    json_decref(namespaces);
     return NULL;
 }

@@ -166,6 +166,7 @@ static const route *find_route(const char *url, const char *method, int *wrong_m
 typedef struct req {
     srv_http *h;
     const route *rt;
+    srv_api_kind api;                /* the error envelope (also for unknown routes) */
     conn_track *ct;
     sbuf body;
     int too_large;
@@ -194,7 +195,7 @@ static enum MHD_Result send_json(req *r, struct MHD_Connection *c, int status, j
 }
 
 static enum MHD_Result send_error(req *r, struct MHD_Connection *c, const srv_err *e) {
-    return send_json(r, c, e->status, srv_error_json(r->rt ? r->rt->api : SRV_API_OPENAI, e));
+    return send_json(r, c, e->status, srv_error_json(r->api, e));
 }
 
 static enum MHD_Result fail(req *r, struct MHD_Connection *c, int status, const char *param, const char *fmt,
@@ -202,6 +203,21 @@ static enum MHD_Result fail(req *r, struct MHD_Connection *c, int status, const 
     srv_err e;
     srv_fail(&e, status, param, fmt, arg);
     return send_error(r, c, &e);
+}
+
+static enum MHD_Result refuse_too_large(req *r, struct MHD_Connection *c) {
+    char lim[32];
+    snprintf(lim, sizeof lim, "%zu", r->h->p.max_body);
+    return fail(r, c, 413, NULL, "the request body is larger than %s bytes (tern serve --max-body)", lim);
+}
+
+/* libmicrohttpd keeps a header whose name ends in whitespace ("Name :"),
+ * which HTTP/1.1 requires a server to refuse. */
+static enum MHD_Result header_name_ok(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind; (void)value;
+    int *bad = cls;
+    if (strpbrk(key, " \t")) *bad = 1;
+    return *bad ? MHD_NO : MHD_YES;
 }
 
 /* Constant-time comparison of the presented key with the configured one. */
@@ -319,18 +335,22 @@ static enum MHD_Result start_stream(req *r, struct MHD_Connection *c, srv_job *j
 static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *j, srv_enc *enc, int fd) {
     int ended = 0;
     sbuf scratch = {0};
+    double checked = now_s();
     while (!ended) {
         srv_event *ev = srv_job_pop(j, POLL_S);
-        if (!ev) {
+        if (now_s() - checked >= POLL_S) {
+            checked = now_s();
             if (client_gone(fd)) {
+                srv_event_free(ev);
+                sbuf_free(&scratch);
                 srv_sched_cancel(ctx->sched, j);
                 srv_job_release(j);
                 enc->destroy(enc);
                 r->status = 499;
                 return MHD_NO;
             }
-            continue;
         }
+        if (!ev) continue;
         if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) {
             ended = 1;
             log_done(r->h, r->rt, ev, r->t_start);
@@ -435,11 +455,7 @@ static enum MHD_Result dispatch(req *r, struct MHD_Connection *c, const char *ur
     if (!ctx) return fail(r, c, 503, NULL, "%s", "the model is still loading");
     if (atomic_load(&r->h->closing)) return fail(r, c, 503, NULL, "%s", "the server is shutting down");
     if (r->rt->id == R_MODELS || r->rt->id == R_MODEL) return answer_models(r, c, ctx, url);
-    if (r->too_large) {
-        char lim[32];
-        snprintf(lim, sizeof lim, "%zu", r->h->p.max_body);
-        return fail(r, c, 413, NULL, "the request body is larger than %s bytes (tern serve --max-body)", lim);
-    }
+    if (r->too_large) return refuse_too_large(r, c);
     json_error_t je;
     json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &je);
     if (!body) {
@@ -479,17 +495,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int wrong_method;
         r->rt = find_route(url, method, &wrong_method);
         if (!r->rt) {
+            r->api = strncmp(url, "/v1/messages", 12) == 0 ? SRV_API_ANTHROPIC : SRV_API_OPENAI;
             if (wrong_method) return fail(r, c, 405, NULL, "%s is not allowed here", method);
             return fail(r, c, 404, NULL, "no route %.200s", url);
         }
-        if (!authorized(h, c)) {
+        r->api = r->rt->api;
+        int bad_header = 0;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, header_name_ok, &bad_header);
+        if (bad_header) return fail(r, c, 400, NULL, "%s", "a header name holds whitespace");
+        if (r->rt->id != R_HEALTH && !authorized(h, c)) {
             srv_err e;
             srv_fail(&e, 401, NULL, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)");
             e.code = "invalid_api_key";
             return send_error(r, c, &e);
         }
+        /* refused before the body is read (no 100 Continue either) */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) r->too_large = 1;
+        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) return refuse_too_large(r, c);
         return MHD_YES;
     }
     if (*upload_size) {

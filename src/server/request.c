@@ -141,7 +141,7 @@ int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, tern_samp
     if (!isnan(pp)) out->presence_penalty = (float)pp;
     if (!isnan(fp)) out->frequency_penalty = (float)fp;
     if (!isnan(rp)) out->repetition_penalty = (float)rp;
-    out->seed = srv_absent(req, "seed") ? random_u64() : (uint64_t)seed;
+    out->seed = !srv_absent(req, "seed") ? (uint64_t)seed : c->fixed_seed ? c->sampling.seed : random_u64();
     return 0;
 }
 

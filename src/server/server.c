@@ -101,6 +101,7 @@ int srv_run(const srv_params *p) {
     ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
     ctx.think = p->think;
     ctx.sampling = p->sampling;
+    ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
     srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session};

@@ -29,6 +29,7 @@ typedef struct srv_params {
     int strict_model;
     /* generation */
     tern_sampler_params sampling;   /* defaults for requests that do not say */
+    int fixed_seed;                 /* sampling.seed for requests without a seed (else random) */
     int max_tokens;              /* default limit; < 0: the context's end */
     int think;                   /* thinking when a request does not say */
     int ignore_eos;              /* default of the ignore_eos request field */

@@ -1,0 +1,102 @@
+"""The real Codex CLI (openai-codex-cli-bin, `codex exec`) against `tern serve` over the Responses API, offline,
+with a temporary CODEX_HOME holding a custom provider (docs: /work/shared/docs/clients.md). The model's answer is
+nonsense; what matters is that the CLI accepts the server's stream and exits 0."""
+import os
+import subprocess
+
+from helpers import openai_client
+
+SERVER_ARGS = ["--ctx", "32768", "--max-tokens", "1000", "--seed", "1"]
+CLI_TIMEOUT_S = 300
+
+
+def codex_path():
+    from codex_cli_bin import bundled_codex_path
+    return str(bundled_codex_path())
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "CODEX_", "ANTHROPIC_", "CLAUDE_"))}
+    env.update(extra)
+    return env
+
+
+def test_codex_exec(server, tmp_path):
+    home = tmp_path / "codex-home"
+    work = tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(
+        'model = "qwen3.6-35b-a3b"\n'
+        'model_provider = "tern"\n'
+        "[model_providers.tern]\n"
+        'name = "tern"\n'
+        f'base_url = "{server.v1}"\n'
+        'wire_api = "responses"\n')
+    env = clean_env(CODEX_HOME=str(home), HOME=str(tmp_path), OPENAI_API_KEY="anything")
+    try:
+        p = subprocess.run([codex_path(), "exec", "--skip-git-repo-check", "Say hello in one short sentence."],
+                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=CLI_TIMEOUT_S)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = "timeout", e.stdout or "", e.stderr or ""
+    metrics = server.metrics()
+    responses = {dict(k[1]).get("status"): v for k, v in metrics.items()
+                 if k[0] == "tern_requests_total" and dict(k[1]).get("endpoint") == "responses"}
+    diag = (f"codex exit {rc}\n--- codex stdout ---\n{out[-4000:]}\n--- codex stderr ---\n{err[-6000:]}\n"
+            f"--- /v1/responses answers by status: {responses}\n--- server stderr ---\n{server.stderr()[-4000:]}")
+    assert rc == 0, diag
+    assert responses.get("200", 0) >= 1, diag
+    assert not any(s.startswith(("4", "5")) for s in responses), diag
+
+
+def test_codex_shaped_request(server):
+    """What Codex 0.163.0 sends (see test_codex_exec), reduced: besides function tools, a "namespace" tool grouping
+    function tools and the hosted "web_search" tool, plus reasoning {summary: auto}, include
+    ["reasoning.encrypted_content"], store false, prompt_cache_key and client_metadata. Both tool types are in the
+    openai SDK's ToolParam; the server must accept the request (it may ignore the tools it cannot run)."""
+    fn = {"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
+                         "additionalProperties": False}}
+    body = {
+        "model": "qwen3.6-35b-a3b",
+        "instructions": None,
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello"}]},
+        ],
+        "tools": [
+            fn,
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for sub-agents.",
+             "tools": [{"type": "function", "name": "close_agent", "description": "Close an agent.", "strict": False,
+                        "parameters": {"type": "object", "properties": {"target": {"type": "string"}},
+                                       "required": ["target"], "additionalProperties": False}}]},
+            {"type": "web_search", "external_web_access": False},
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199-test",
+        "client_metadata": {"x": "y"},
+        "max_output_tokens": 20,
+        "temperature": 0,
+    }
+    r = server.post("/v1/responses", body)
+    assert r.status == 200, r
+    assert r.json()["status"] in ("completed", "incomplete")
+    status, frames, raw = server.sse("/v1/responses", dict(body, stream=True))
+    assert status == 200, raw[:1000]
+    assert frames[-1][0] in ("response.completed", "response.incomplete"), raw[-1000:]
+
+
+def test_responses_function_tools_only_ok(server):
+    """The same request with its function tools only is answered: the tool types above are the difference."""
+    c = openai_client(server)
+    r = c.responses.create(model="qwen3.6-35b-a3b", input="Say hello", max_output_tokens=10, temperature=0,
+                           tools=[{"type": "function", "name": "exec_command", "description": "Run a command",
+                                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}])
+    assert r.status in ("completed", "incomplete")

@@ -1,0 +1,207 @@
+"""Many clients at once: concurrent streams lose nothing and match the same requests run alone; a client that
+leaves cancels its generation; the queue limit answers 429; waiting streams get heartbeats."""
+import json
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from helpers import chat_body
+
+# --ignore-eos: generations run to max_tokens, so "long" requests are long; --heartbeat 0.2: waiting streams ping.
+SERVER_ARGS = ["--ctx", "32768", "--ignore-eos", "--heartbeat", "0.2"]
+N_CLIENTS = 16
+TOPICS = ["the sea", "the moon", "bread", "kings", "rain", "a lamp", "wisdom", "gold", "sheep", "the desert",
+          "a river", "fire", "friends", "work", "silence", "the harvest"]
+
+
+def run_threads(fn, args_list):
+    results = [None] * len(args_list)
+    barrier = threading.Barrier(len(args_list))
+
+    def worker(i, args):
+        barrier.wait()
+        try:
+            results[i] = fn(*args)
+        except Exception as e:  # noqa: BLE001 -- reported by the caller
+            results[i] = e
+
+    threads = [threading.Thread(target=worker, args=(i, a)) for i, a in enumerate(args_list)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+    return results
+
+
+def stream_text(server, body):
+    """Streams a chat request; returns (content, reasoning, finish, done, n_pings, raw)."""
+    status, frames, raw = server.sse("/v1/chat/completions", dict(body, stream=True), timeout=240)
+    assert status == 200, raw[:500]
+    content = reasoning = ""
+    finish, done = None, False
+    for _, data in frames:
+        if data == "[DONE]":
+            done = True
+            continue
+        assert not done, "data after [DONE]"
+        ch = json.loads(data)
+        for c in ch["choices"]:
+            content += c["delta"].get("content") or ""
+            reasoning += c["delta"].get("reasoning_content") or ""
+            finish = c.get("finish_reason") or finish
+    return content, reasoning, finish, done, raw.count(": ping\n"), raw
+
+
+def test_concurrent_streams_match_sequential(server):
+    bodies = [chat_body(f"Tell me a fortune about {t}.", max_tokens=24 + i) for i, t in enumerate(TOPICS)]
+    assert len(bodies) == N_CLIENTS
+    got = run_threads(lambda b: stream_text(server, b), [(b,) for b in bodies])
+    errors = [g for g in got if isinstance(g, Exception)]
+    assert not errors, errors
+    for i, (b, g) in enumerate(zip(bodies, got)):
+        content, reasoning, finish, done, _, raw = g
+        assert done, f"client {i}: no [DONE]: {raw[-300:]!r}"
+        assert finish == "length", f"client {i}: finish {finish!r}"
+        alone = server.post("/v1/chat/completions", b).json()
+        m = alone["choices"][0]["message"]
+        assert content == m["content"], f"client {i} ({TOPICS[i]}): concurrent stream text differs from alone"
+        assert reasoning == (m.get("reasoning_content") or ""), f"client {i}: reasoning differs"
+        assert alone["usage"]["completion_tokens"] == b["max_tokens"]
+
+
+def wait_generating_zero(server, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.metric("tern_requests_generating") == 0 and server.metric("tern_queue_depth") == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def open_raw(server, path, body):
+    s = socket.create_connection((server.host, server.port), timeout=30)
+    data = json.dumps(body).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+LONG = 8000  # tokens: over 10 s on a CPU, unless cancelled
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_client_leaving_cancels_generation(start_server, stream):
+    srv = start_server(*SERVER_ARGS)
+    s = open_raw(srv, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=LONG,
+                                                        stream=stream))
+    if stream:
+        buf = b""
+        while buf.count(b"data: ") < 6:
+            b = s.recv(65536)
+            assert b, "the stream ended early"
+            buf += b
+        assert buf.startswith(b"HTTP/1.1 200")
+    else:
+        deadline = time.monotonic() + 10
+        while srv.metric("tern_requests_generating") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # well into the generation
+        assert srv.metric("tern_requests_generating") == 1
+    s.close()
+    freed = wait_generating_zero(srv, timeout=3)
+    generated = srv.metric("tern_generated_tokens_total")
+    if not freed:
+        # the abandoned generation runs on: a second signal cancels it, so that the server stops now
+        srv.signal(signal.SIGINT)
+        time.sleep(0.3)
+        srv.signal(signal.SIGINT)
+    assert freed, (f"3 s after the client closed its connection the engine still runs its generation "
+                   f"(max_tokens {LONG}, stream {stream}): tern_requests_generating stays 1")
+    assert generated < LONG / 2, f"{generated} tokens generated: the abandoned generation was not cancelled"
+    t0 = time.monotonic()
+    r = srv.post("/v1/chat/completions", chat_body("Hi", max_tokens=5), timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.status == 200, r
+    assert elapsed < 5, f"the next request took {elapsed:.1f} s"
+    assert wait_generating_zero(srv), "tern_requests_generating did not return to 0"
+
+
+def test_queue_limit_429(start_server):
+    srv = start_server("--ctx", "8192", "--ignore-eos", "--queue-limit", "2")
+    n = 8
+    bodies = [chat_body(f"Fortune number {i}.", max_tokens=300) for i in range(n)]
+    results = run_threads(lambda b: srv.post("/v1/chat/completions", b, timeout=240), [(b,) for b in bodies])
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert not errors, errors
+    statuses = sorted(r.status for r in results)
+    ok = [r for r in results if r.status == 200]
+    busy = [r for r in results if r.status == 429]
+    assert len(ok) + len(busy) == n, statuses
+    assert busy, f"no 429 with 8 requests at once and --queue-limit 2: {statuses}"
+    assert 1 <= len(ok) <= 3, statuses
+    for r in busy:
+        e = r.json()["error"]
+        assert e["type"] == "rate_limit_error", e
+        assert e["message"]
+    for r in ok:
+        assert r.json()["usage"]["completion_tokens"] == 300
+    assert srv.metric("tern_requests_total", endpoint="chat", status="429") == len(busy)
+    assert srv.metric("tern_requests_total", endpoint="chat", status="200") == len(ok)
+
+
+def test_waiting_streams_get_heartbeats(server):
+    # a long first request holds the engine; the streams behind it wait in the queue until it is abandoned
+    first = open_raw(server, "/v1/chat/completions", chat_body("A long story, please.", max_tokens=LONG,
+                                                               stream=True))
+    results = {}
+    try:
+        deadline = time.monotonic() + 10
+        while server.metric("tern_requests_generating") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, capture(waiting_stream, server, k)))
+                   for k in ("openai", "anthropic")]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        assert server.metric("tern_queue_depth") == 2, "the two streams should be waiting"
+    finally:
+        first.close()
+    for t in threads:
+        t.join(120)
+    oa, an = results["openai"], results["anthropic"]
+    assert not isinstance(oa, Exception), oa
+    assert not isinstance(an, Exception), an
+    assert oa["pings"] >= 2, oa["raw"][:600]
+    assert oa["done"], oa["raw"][-300:]
+    assert an["pings"] >= 2, an["raw"][:600]
+    assert an["events"][0] == "message_start" and an["events"][-1] == "message_stop", an["events"]
+    assert wait_generating_zero(server)
+
+
+def capture(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 -- reported by the caller
+        return e
+
+
+def waiting_stream(server, kind):
+    if kind == "openai":
+        status, frames, raw = server.sse("/v1/chat/completions", chat_body("Hello", max_tokens=5, stream=True))
+        assert status == 200
+        first_content = raw.find('"finish_reason":"length"')
+        return {"raw": raw, "pings": raw[:first_content].count(": ping\n\n"),
+                "done": frames[-1][1] == "[DONE]"}
+    body = {"model": "m", "max_tokens": 5, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Hello"}]}
+    status, frames, raw = server.sse("/v1/messages", body)
+    assert status == 200
+    events = [e for e, _ in frames]
+    pings = [json.loads(d) for e, d in frames if e == "ping"]
+    assert all(p == {"type": "ping"} for p in pings), pings
+    start = events.index("content_block_start") if "content_block_start" in events else len(events)
+    return {"raw": raw, "pings": events[:start].count("ping"), "events": [e for e in events if e != "ping"]}
