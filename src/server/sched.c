@@ -92,7 +92,6 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
  * and whether its snapshot must be restored for that. */
 static int slot_reuse(const slot *sl, const int32_t *prompt, int n, int *restore) {
     *restore = 0;
-    if (!sl->s) return 0;
     int L = common_prefix(sl->toks, sl->n_toks, prompt, n);
     int best = 0;
     if (sl->live && L == sl->n_toks && sl->n_toks < n) best = sl->n_toks;
@@ -104,7 +103,7 @@ static int slot_reuse(const slot *sl, const int32_t *prompt, int n, int *restore
 }
 
 /* The slot for a prompt: the one that reuses most (the most recently used
- * on a tie), else an unused one, else the least recently used. */
+ * on a tie), else the least recently used (an unused one first). */
 static slot *pick_slot(srv_sched *s, const int32_t *prompt, int n, int *reuse, int *restore) {
     slot *best = NULL;
     *reuse = 0;
@@ -120,8 +119,6 @@ static slot *pick_slot(srv_sched *s, const int32_t *prompt, int n, int *reuse, i
         }
     }
     if (best) return best;
-    for (int i = 0; i < s->p.n_slots; i++)
-        if (!s->slots[i].s) return &s->slots[i];
     best = &s->slots[0];
     for (int i = 1; i < s->p.n_slots; i++)
         if (s->slots[i].used < best->used) best = &s->slots[i];
@@ -129,8 +126,7 @@ static slot *pick_slot(srv_sched *s, const int32_t *prompt, int n, int *reuse, i
 }
 
 /* Brings the slot's session to the first `reuse` tokens of the prompt. */
-static int slot_prepare(srv_sched *s, slot *sl, int reuse, int restore, tern_error *err) {
-    if (!sl->s && !(sl->s = tern_session_create(s->m, &s->p.session, err))) return -1;
+static int slot_prepare(slot *sl, int reuse, int restore, tern_error *err) {
     if (reuse == 0) {
         if (tern_session_pos(sl->s) > 0 && tern_session_reset(sl->s, err)) return -1;
         tern_snapshot_free(sl->snap);
@@ -284,7 +280,7 @@ static void run_job(srv_sched *s, srv_job *j) {
     tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
     r.parser = tern_output_parser_create(&op, on_event, &r, &err);
     int rc = r.parser ? 0 : -1;
-    if (rc == 0) rc = slot_prepare(s, sl, reuse, restore, &err);
+    if (rc == 0) rc = slot_prepare(sl, reuse, restore, &err);
     u.cached_tokens = rc == 0 ? sl->n_toks : 0;
     if (rc == 0) rc = prefill(sl, j, &err);
     if (rc == 1) {
@@ -304,7 +300,7 @@ static void run_job(srv_sched *s, srv_job *j) {
     if (rc == 0 && !r.stop_after_call && tern_output_parser_finish(r.parser, &err)) rc = -1;
     if (rc == 0 && r.failed) { rc = -1; snprintf(err.msg, sizeof err.msg, "the output parser failed"); }
     tern_output_parser_destroy(r.parser);
-    if (!sl->s || tern_session_pos(sl->s) != sl->n_toks) sl->live = 0;
+    if (tern_session_pos(sl->s) != sl->n_toks) sl->live = 0;
     if (rc != 0) {
         sl->live = 0;
         sl->n_toks = sl->snap ? sl->snap_pos : 0;
@@ -359,10 +355,23 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     s->p = *p;
     s->on_done = on_done;
     s->ud = ud;
+    /* every slot's session now, so no request waits for one (a GPU session
+     * allocates its buffers), and a budget too small fails at start */
+    for (int i = 0; i < p->n_slots; i++) {
+        if ((s->slots[i].s = tern_session_create(m, &p->session, err))) continue;
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, p->n_slots, why);
+        for (int k = 0; k < i; k++) tern_session_destroy(s->slots[k].s);
+        free(s->slots);
+        free(s);
+        return NULL;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err->msg, sizeof err->msg, "could not start the scheduler thread");
+        for (int i = 0; i < p->n_slots; i++) tern_session_destroy(s->slots[i].s);
         free(s->slots);
         free(s);
         return NULL;
