@@ -261,8 +261,10 @@ static void log_done(srv_http *h, const route *rt, const srv_event *ev, double t
         return;
     }
     const srv_usage *u = &ev->usage;
-    fprintf(f, "tern serve: %s prompt %d (cached %d) completion %d, %.2f s, decode %.1f tok/s\n", rt->name,
-            u->prompt_tokens, u->cached_tokens, u->completion_tokens, now_s() - t0,
+    double total = now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
+    fprintf(f, "tern serve: %s prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
+            "first token %.1f ms, decode %.1f tok/s\n", rt->name, u->prompt_tokens, u->cached_tokens,
+            u->completion_tokens, total, (total - engine) * 1e3, u->queue_s * 1e3, u->prefill_s * 1e3,
             u->decode_s > 0 && u->completion_tokens > 1 ? (u->completion_tokens - 1) / u->decode_s : 0.0);
     fflush(f);
 }

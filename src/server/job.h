@@ -39,7 +39,9 @@ typedef struct srv_usage {
     int cached_tokens;       /* of which restored or continued, not prefilled */
     int completion_tokens;   /* generated, the final EOS included */
     int reasoning_tokens;    /* of which inside the reasoning block */
-    double queue_s, prefill_s, decode_s;
+    double queue_s;          /* submitted until the engine took it */
+    double prefill_s;        /* the engine took it until the first token was drawn */
+    double decode_s;         /* the first token until the last */
 } srv_usage;
 
 typedef struct srv_event {
