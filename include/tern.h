@@ -56,6 +56,12 @@ typedef struct tern_load_params {
      * the first GPU when the build, the machine and the model allow it, else
      * the CPU (tern_model_device says which). */
     const char *device;
+    /* 1: the caller uses the model's sessions one call at a time, from one
+     * thread (a server's scheduler). A GPU model then keeps its fastest
+     * decode kernels however many sessions are alive (otherwise only while
+     * there is one: those kernels must not share the GPU with another
+     * session's), and a session's GPU work waits for the previous one's. */
+    int serial_sessions;
 } tern_load_params;
 
 /* Loads a Hugging Face model directory (config.json, generation_config.json,

@@ -12,7 +12,10 @@
 static int no_cuda(tern_error *err) {
     return tern_fail(err, "this tern was built without CUDA: build it with make CUDA=1 for --device cuda");
 }
-int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) { (void)m; (void)device; return no_cuda(err); }
+int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err) {
+    (void)m; (void)device; (void)serial;
+    return no_cuda(err);
+}
 void tern_gpu_model_free(tern_model *m) { (void)m; }
 const char *tern_gpu_name(const tern_model *m) { (void)m; return "cpu"; }
 int tern_gpu_session_init(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
@@ -106,6 +109,11 @@ typedef struct gpu_model {
      * that wait for each other) is used only while there is one, so two
      * such grids never share the SMs */
     atomic_int sessions;
+    /* tern_load_params.serial_sessions: the sessions' calls never overlap,
+     * so the one launch is taken with any number of them; `last` is the
+     * session whose GPU work came last (the next one's waits for it) */
+    int serial;
+    tern_session *last;
     /* per layer: its experts' one launch can route the token itself (shapes,
      * kinds and the device's room; fixed for the model, planned once) */
     unsigned char *moe_self;
@@ -129,6 +137,7 @@ typedef struct gpu_model {
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
+
 
 /* A pointer into the host map of resident.bin, moved to the device copy. */
 static const void *dev_of(const tern_model *m, const gpu_model *g, const void *host) {
@@ -365,10 +374,11 @@ static int plan_router_lin(tern_model *m, tern_error *err);
 static int plan_moe_fx(tern_model *m, tern_error *err);
 static int plan_gdn_proj(tern_model *m, tern_error *err);
 
-int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err) {
+int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
     atomic_init(&g->sessions, 0);
+    g->serial = serial;
     if (build(m, g, device, err) != 0) {
         gpu_model_free(g);
         return -1;
@@ -473,6 +483,19 @@ typedef struct gpu_session {
     struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any */
     int32_t *host_ids;            /* routing observer */
 } gpu_session;
+
+/* Whether a step of s may take the experts' one launch, whose blocks wait
+ * for each other, so no other session's such grid may share the SMs: when
+ * s is the model's only session, or when the sessions' calls never overlap
+ * (serial); then a session's first step after another's waits for that
+ * one's stream. -1 when that wait fails. */
+static int claim_one_launch(tern_session *s, tern_error *err) {
+    gpu_model *gm = s->m->gpu;
+    if (!gm->serial) return atomic_load(&gm->sessions) == 1;
+    if (gm->last && gm->last != s && tern_cuda_sync(((gpu_session *)gm->last->gpu)->stream, err)) return -1;
+    gm->last = s;
+    return 1;
+}
 
 static void print_stats(const stats *st);
 
@@ -654,6 +677,7 @@ void tern_gpu_session_free(tern_session *s) {
     if (!g) return;
     if (g->stream) tern_cuda_sync(g->stream, NULL);
     if (g->counted) atomic_fetch_sub(sessions_of(s->m), 1);   /* its last grid has ended */
+    if (((gpu_model *)s->m->gpu)->last == s) ((gpu_model *)s->m->gpu)->last = NULL;
     const char *trace = getenv("TERN_PHASE_TRACE");   /* a measurement build's records (src/cuda/trace.cuh) */
     tern_error terr;
     if (trace && *trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
@@ -1540,7 +1564,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     int rows = !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
     int graph = small && graphs_allowed(s);
-    g->one_launch = atomic_load(sessions_of(m)) == 1;   /* read once: the whole step (and its graph) agree */
+    if ((g->one_launch = claim_one_launch(s, err)) < 0) return -1;   /* read once: the whole step (and its graph) agree */
     int rc;
     if (graph) rc = replay_step(s, T, rows, NULL, graph_current(s, T, rows, NULL), err);
     else if (small) rc = enqueue_step(s, T, rows, NULL, err);
@@ -1615,7 +1639,7 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);
     int graph = graphs_allowed(s);
-    g->one_launch = atomic_load(sessions_of(s->m)) == 1;
+    if ((g->one_launch = claim_one_launch(s, err)) < 0) return -1;
     int current = graph && graph_current(s, 1, 1, rule);
     if ((!graph || !current) && drain(g, err)) return -1;
     double t0 = tern_now_s() * 1e3;

@@ -15,8 +15,9 @@
 
 #include "engine/engine.h"
 
-/* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model). */
-int tern_gpu_model_init(tern_model *m, const char *device, tern_error *err);
+/* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model).
+ * serial: tern_load_params.serial_sessions. */
+int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err);
 void tern_gpu_model_free(tern_model *m);
 const char *tern_gpu_name(const tern_model *m);   /* "cuda:N (name)" */
 

@@ -129,12 +129,13 @@ int tern_model_finish(tern_model *m, tern_error *err) {
 
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err) {
     const char *dev = params ? params->device : NULL;
+    int serial = params && params->serial_sessions;
     if (!dev || !strcmp(dev, "cpu")) return 0;
-    if (strcmp(dev, "auto") != 0) return tern_gpu_model_init(m, dev, err);
+    if (strcmp(dev, "auto") != 0) return tern_gpu_model_init(m, dev, serial, err);
     /* auto: the first GPU when this build, this machine and this model
      * allow it (packed, experts resident), else the CPU engine */
     tern_error ignored;
-    tern_gpu_model_init(m, "cuda", &ignored);
+    tern_gpu_model_init(m, "cuda", serial, &ignored);
     return 0;
 }
 
