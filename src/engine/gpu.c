@@ -1563,7 +1563,10 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     if (g->st) g->st->n_marks = (g->st->prefill ? T > SUB : decode_marks && T == 1) ? 0 : -1;
     int rows = !logits ? 0 : all ? T : 1;
     int small = T <= SUB && rows <= LOGIT_ROWS;
-    int graph = small && graphs_allowed(s);
+    /* A small piece without logits is a prompt's tail, whose key (T) a
+     * later step rarely repeats: run uncaptured rather than capture a graph
+     * (and evict a decode step's) for one replay. */
+    int graph = small && rows > 0 && graphs_allowed(s);
     if ((g->one_launch = claim_one_launch(s, err)) < 0) return -1;   /* read once: the whole step (and its graph) agree */
     int rc;
     if (graph) rc = replay_step(s, T, rows, NULL, graph_current(s, T, rows, NULL), err);

@@ -383,6 +383,78 @@ static void no_logits_step(const char *dir) {
     tern_model_free(gpu);
 }
 
+/* The server's prefill: the prompt up to its last message boundary, then
+ * its short tail (a small piece without logits, run uncaptured), then
+ * decode steps; against the CPU doing the same. */
+static void tail_pieces(const char *name, const char *dir) {
+    tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
+    int V = tern_model_vocab_size(cpu), P = 600, n = 6;
+    int32_t ids[606];
+    for (int i = 0; i < P + n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    float *out[2];
+    tern_model *ms[2] = {gpu, cpu};
+    for (int k = 0; k < 2; k++) {
+        tern_session_params sp = {.kv_bits = 16};
+        tern_error err;
+        tern_session *s = tern_session_create(ms[k], &sp, &err);
+        out[k] = malloc((size_t)n * V * sizeof(float));
+        int rc = !s || tern_session_eval(s, ids, P - 4, NULL, 0, &err) || tern_session_eval(s, ids + P - 4, 4, NULL, 0, &err);
+        for (int i = 0; !rc && i < n; i++) rc = tern_session_eval(s, ids + P + i, 1, out[k] + (size_t)i * V, 0, &err);
+        if (rc) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+        tern_session_destroy(s);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: a 4-token tail without logits, then 6 steps", name);
+    report(what, rel(out[0], out[1], (size_t)n * V), TOL);
+    free(out[0]);
+    free(out[1]);
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
+/* serial_sessions: two sessions used in turn (the experts' one launch in
+ * both), each against its own CPU run. */
+static void serial_sessions(const char *name, const char *dir) {
+    tern_load_params lp = {.n_threads = 4, .device = "cuda", .serial_sessions = 1};
+    tern_error err;
+    tern_model *gpu = tern_model_load(dir, &lp, &err), *cpu = load(dir, NULL);
+    if (!gpu) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    int V = tern_model_vocab_size(cpu), n = 20;
+    tern_session_params sp = {.kv_bits = 16};
+    tern_session *g[2], *c[2];
+    float *lg[2][2];
+    int32_t ids[2][21];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 21; i++) ids[k][i] = (int32_t)((i * 7919 + 13 + 101 * k) % V);
+        g[k] = tern_session_create(gpu, &sp, &err);
+        c[k] = tern_session_create(cpu, &sp, &err);
+        if (!g[k] || !c[k]) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+        lg[k][0] = malloc((size_t)n * V * sizeof(float));
+        lg[k][1] = malloc((size_t)n * V * sizeof(float));
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++)
+            if (tern_session_eval(g[k], &ids[k][i], 1, lg[k][0] + (size_t)i * V, 0, &err) ||
+                tern_session_eval(c[k], &ids[k][i], 1, lg[k][1] + (size_t)i * V, 0, &err)) {
+                fprintf(stderr, "%s\n", err.msg);
+                exit(2);
+            }
+    double worst = 0;
+    for (int k = 0; k < 2; k++) {
+        double e = rel(lg[k][0], lg[k][1], (size_t)n * V);
+        if (!(e <= worst)) worst = e;
+        tern_session_destroy(g[k]);
+        tern_session_destroy(c[k]);
+        free(lg[k][0]);
+        free(lg[k][1]);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: two sessions in turn, serial_sessions", name);
+    report(what, worst, TOL_DECODE);
+    tern_model_free(cpu);
+    tern_model_free(gpu);
+}
+
 int main(void) {
     char tmpl[] = "/tmp/tern-gpu-XXXXXX";
     char *tmp = mkdtemp(tmpl);
@@ -417,6 +489,8 @@ int main(void) {
     compare("tern-tiny q4", t4, 8);
     compare_decode("tern-tiny q4", t4, 4);
     tiny_greedy(t8);
+    tail_pieces("tern-tiny q8", t8);
+    serial_sessions("tern-tiny q8", t8);
     snapshot(t4);
     no_logits_step(t8);
     gpu_fused("tern-tiny q8 unfused (TERN_GPU_FUSED=0)", t8);
