@@ -30,6 +30,8 @@ static void serve_usage(FILE *f) {
             "  --idle-timeout S       seconds an idle keep-alive connection stays open (default 60)\n"
             "  --heartbeat S          seconds between keep-alive comments on a waiting stream (default 5)\n"
             "  --no-think             thinking off unless a request turns it on (default on)\n"
+            "  --seed N               the seed of every request that gives none (default: a random one each)\n"
+            "  --ignore-eos           the default of the ignore_eos request field (benchmarks)\n"
             "  --synth SHAPE          serve an in-memory synthetic model (tern synth --list); needs --tokenizer\n"
             "  --bits 4|8             --synth: weight bits (default 4)\n"
             "  --tokenizer DIR        tokenizer.json from DIR instead of the model directory\n");
