@@ -91,9 +91,15 @@ int srv_check_tools(json_t *tools, const char *param, json_t **out, srv_err *e);
  * reference). param: how the API names its messages field. */
 json_t *srv_check_conversation(json_t *messages, const char *param, srv_err *e);
 
-/* The content of an OpenAI message (string, null, or text parts) as one
- * string (new reference); other part types are refused naming their type. */
-json_t *srv_text_content(json_t *content, const char *param, srv_err *e);
+/* Whether msgs holds a message other than system and developer ones: the
+ * chat template takes a system message only before the conversation, so
+ * the APIs that allow one later (Responses, Messages) make it a user turn. */
+int srv_conversation_began(json_t *msgs);
+
+/* A message's content (a string, null, or text parts) as one string (new
+ * reference), the parts joined by sep (the chat template joins OpenAI's
+ * with nothing); other part types are refused naming their type. */
+json_t *srv_text_content(json_t *content, const char *param, const char *sep, srv_err *e);
 
 typedef struct srv_prompt_opts {
     int thinking;                    /* enable_thinking */
@@ -126,11 +132,14 @@ struct srv_enc {
     srv_api_kind api;
     /* stream: the frames sent before any event (e.g. message_start) */
     void (*start)(srv_enc *e, sbuf *out);
-    /* stream: the frames for one event; otherwise collects it */
+    /* stream: the frames for one event (an ERROR ends the stream in the
+     * API's own way); otherwise collects it (never an ERROR: http.c answers
+     * a failed whole response with the API's error envelope) */
     void (*event)(srv_enc *e, const srv_event *ev, sbuf *out);
-    /* not stream, after DONE or ERROR: the response body; returns its status */
-    int (*body)(srv_enc *e, sbuf *out);
-    /* stream: a keep-alive while nothing else is sent */
+    /* not stream, after DONE: the response body (status 200) */
+    void (*body)(srv_enc *e, sbuf *out);
+    /* stream: a keep-alive while nothing else is sent; NULL: the SSE
+     * comment ": ping" */
     void (*heartbeat)(srv_enc *e, sbuf *out);
     void (*destroy)(srv_enc *e);
 };

@@ -17,15 +17,13 @@ typedef struct chat_enc {
     int include_usage;
     int logprobs;
     int n_calls;
+    size_t text_len;                 /* answer text so far (the completions API's text_offset) */
     /* collected (not stream) or pending (stream: logprobs wait for the next text) */
     sbuf content, reasoning;
     json_t *tool_calls;
     json_t *lp;                      /* chat: [{token, logprob, bytes, top_logprobs}]; completions: parallel lists */
-    int done;                        /* DONE came: finish and usage hold */
-    srv_finish finish;
+    srv_finish finish;               /* the DONE event's */
     srv_usage usage;
-    srv_err error;
-    int failed;
 } chat_enc;
 
 static json_t *usage_json(const srv_usage *u) {
@@ -50,11 +48,11 @@ static json_t *chat_lp_entry(const srv_event *ev) {
     json_t *top = json_array();
     for (int k = 0; k < ev->lp.n_top; k++)
         json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token",
-                                             srv_json_bytes(ev->top_text[k], ev->top_len[k]), "logprob",
+                                             srv_json_bytes(ev->top[k].p, ev->top[k].n), "logprob",
                                              finite_lp(ev->lp.top_logprobs[k]), "bytes",
-                                             srv_json_byte_list(ev->top_text[k], ev->top_len[k])));
-    return json_pack("{s:o, s:f, s:o, s:o}", "token", srv_json_bytes(ev->text, ev->len), "logprob",
-                     finite_lp(ev->lp.logprob), "bytes", srv_json_byte_list(ev->text, ev->len), "top_logprobs", top);
+                                             srv_json_byte_list(ev->top[k].p, ev->top[k].n)));
+    return json_pack("{s:o, s:f, s:o, s:o}", "token", srv_json_bytes(ev->token.p, ev->token.n), "logprob",
+                     finite_lp(ev->lp.logprob), "bytes", srv_json_byte_list(ev->token.p, ev->token.n), "top_logprobs", top);
 }
 
 /* The completions API's logprobs: tokens, token_logprobs, top_logprobs
@@ -64,11 +62,11 @@ static json_t *completion_lp_new(void) {
 }
 
 static void completion_lp_add(json_t *lp, const srv_event *ev, size_t offset) {
-    json_array_append_new(json_object_get(lp, "tokens"), srv_json_bytes(ev->text, ev->len));
+    json_array_append_new(json_object_get(lp, "tokens"), srv_json_bytes(ev->token.p, ev->token.n));
     json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(finite_lp(ev->lp.logprob)));
     json_t *top = json_object();
     for (int k = 0; k < ev->lp.n_top; k++) {
-        json_t *key = srv_json_bytes(ev->top_text[k], ev->top_len[k]);
+        json_t *key = srv_json_bytes(ev->top[k].p, ev->top[k].n);
         if (key) json_object_set_new(top, json_string_value(key), json_real(finite_lp(ev->lp.top_logprobs[k])));
         json_decref(key);
     }
@@ -78,7 +76,7 @@ static void completion_lp_add(json_t *lp, const srv_event *ev, size_t offset) {
 
 static void lp_add(chat_enc *c, const srv_event *ev) {
     if (!c->lp) c->lp = c->completions ? completion_lp_new() : json_array();
-    if (c->completions) completion_lp_add(c->lp, ev, c->content.len);
+    if (c->completions) completion_lp_add(c->lp, ev, c->text_len);
     else json_array_append_new(c->lp, chat_lp_entry(ev));
 }
 
@@ -150,12 +148,12 @@ static void chat_event(srv_enc *e, const srv_event *ev, sbuf *out) {
     case SRV_EV_CONTENT:
     case SRV_EV_REASONING: {
         int reasoning = ev->kind == SRV_EV_REASONING;
+        if (!reasoning) c->text_len += ev->len;
         if (!e->stream) {
             sbuf_add(reasoning ? &c->reasoning : &c->content, ev->text, ev->len);
             return;
         }
         json_t *delta = json_pack("{s:s%}", reasoning ? "reasoning_content" : "content", ev->text, ev->len);
-        if (c->completions) c->content.len += ev->len;   /* text_offset counts the text streamed */
         sbuf_sse(out, NULL, chunk(c, delta_choice(c, delta, NULL)));
         return;
     }
@@ -173,7 +171,6 @@ static void chat_event(srv_enc *e, const srv_event *ev, sbuf *out) {
         return;
     }
     case SRV_EV_DONE:
-        c->done = 1;
         c->finish = ev->finish;
         c->usage = ev->usage;
         if (!e->stream) return;
@@ -185,23 +182,18 @@ static void chat_event(srv_enc *e, const srv_event *ev, sbuf *out) {
         }
         sbuf_puts(out, "data: [DONE]\n\n");
         return;
-    case SRV_EV_ERROR:
-        c->failed = 1;
-        srv_fail(&c->error, 500, NULL, "generation failed: %.400s", ev->text);
-        if (!e->stream) return;
-        sbuf_sse(out, NULL, srv_error_json(SRV_API_OPENAI, &c->error));
+    case SRV_EV_ERROR: {
+        srv_err err;
+        srv_fail(&err, 500, NULL, "generation failed: %.400s", ev->text);
+        sbuf_sse(out, NULL, srv_error_json(SRV_API_OPENAI, &err));
         sbuf_puts(out, "data: [DONE]\n\n");
         return;
     }
+    }
 }
 
-static int chat_body(srv_enc *e, sbuf *out) {
+static void chat_body(srv_enc *e, sbuf *out) {
     chat_enc *c = (chat_enc *)e;
-    if (c->failed || !c->done) {
-        if (!c->failed) srv_fail(&c->error, 500, NULL, "generation ended without a result");
-        sbuf_json(out, srv_error_json(SRV_API_OPENAI, &c->error));
-        return c->error.status;
-    }
     json_t *choice;
     if (c->completions) {
         choice = json_pack("{s:i, s:s%}", "index", 0, "text", c->content.data ? c->content.data : "", c->content.len);
@@ -220,12 +212,6 @@ static int chat_body(srv_enc *e, sbuf *out) {
                              c->completions ? "text_completion" : "chat.completion", "created", (json_int_t)c->created,
                              "model", c->model, "choices", choice, "usage", usage_json(&c->usage));
     sbuf_json(out, body);
-    return 200;
-}
-
-static void chat_heartbeat(srv_enc *e, sbuf *out) {
-    (void)e;
-    sbuf_puts(out, ": ping\n\n");
 }
 
 static void chat_destroy(srv_enc *e) {
@@ -241,7 +227,7 @@ static void chat_destroy(srv_enc *e) {
 static chat_enc *chat_enc_new(const srv_ctx *ctx, json_t *req, int completions, int stream) {
     chat_enc *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, chat_heartbeat, chat_destroy};
+    c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, NULL, chat_destroy};
     c->completions = completions;
     srv_new_id(c->id, sizeof c->id, completions ? "cmpl-" : "chatcmpl-");
     (void)req;

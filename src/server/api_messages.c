@@ -19,12 +19,9 @@ typedef struct msg_enc {
     sbuf text;                       /* the open text or thinking block's text */
     int n_calls;
     char **stops;                    /* the job's stop strings (for stop_sequence) */
-    int done;
-    const char *stop_reason;
+    const char *stop_reason;         /* from the DONE event */
     json_t *stop_sequence;
     srv_usage usage;
-    int failed;
-    srv_err error;
 } msg_enc;
 
 static void emit(msg_enc *m, sbuf *out, const char *type, json_t *ev) {
@@ -106,7 +103,6 @@ static void msg_event(srv_enc *e, const srv_event *ev, sbuf *out) {
     case SRV_EV_LOGPROBS: return;
     case SRV_EV_DONE:
         close_block(m, out);
-        m->done = 1;
         m->usage = ev->usage;
         m->stop_sequence = json_null();
         switch (ev->finish) {
@@ -123,26 +119,21 @@ static void msg_event(srv_enc *e, const srv_event *ev, sbuf *out) {
                                                 usage_json(&ev->usage, ev->usage.completion_tokens)));
         emit(m, out, "message_stop", json_object());
         return;
-    case SRV_EV_ERROR:
-        m->failed = 1;
-        srv_fail(&m->error, 500, NULL, "generation failed: %.400s", ev->text);
-        if (m->base.stream) sbuf_sse(out, "error", srv_error_json(SRV_API_ANTHROPIC, &m->error));
+    case SRV_EV_ERROR: {
+        srv_err err;
+        srv_fail(&err, 500, NULL, "generation failed: %.400s", ev->text);
+        sbuf_sse(out, "error", srv_error_json(SRV_API_ANTHROPIC, &err));
         return;
+    }
     }
 }
 
-static int msg_body(srv_enc *e, sbuf *out) {
+static void msg_body(srv_enc *e, sbuf *out) {
     msg_enc *m = (msg_enc *)e;
-    if (m->failed || !m->done) {
-        if (!m->failed) srv_fail(&m->error, 500, NULL, "generation ended without a result");
-        sbuf_json(out, srv_error_json(SRV_API_ANTHROPIC, &m->error));
-        return m->error.status;
-    }
     sbuf_json(out, json_pack("{s:s, s:s, s:s, s:O, s:O, s:s, s:O, s:o}", "id", m->id, "type", "message", "role",
                              "assistant", "model", m->model, "content", m->content, "stop_reason", m->stop_reason,
                              "stop_sequence", m->stop_sequence, "usage",
                              usage_json(&m->usage, m->usage.completion_tokens)));
-    return 200;
 }
 
 static void msg_heartbeat(srv_enc *e, sbuf *out) {
@@ -161,41 +152,9 @@ static void msg_destroy(srv_enc *e) {
 
 /* ---- requests ------------------------------------------------------------ */
 
-/* The text of a string or a list of text blocks (tool results, system). */
-static json_t *blocks_text(json_t *v, const char *where, srv_err *e) {
-    if (!v || json_is_null(v)) return json_string("");
-    if (json_is_string(v)) return json_incref(v);
-    if (!json_is_array(v)) {
-        srv_fail(e, 400, where, "%s must be a string or a list of text blocks", where);
-        return NULL;
-    }
-    sbuf b = {0};
-    size_t i;
-    json_t *blk;
-    json_array_foreach(v, i, blk) {
-        const char *type = json_string_value(json_object_get(blk, "type"));
-        json_t *t = json_object_get(blk, "text");
-        if (!type || strcmp(type, "text") || !json_is_string(t)) {
-            srv_fail(e, 400, where, "%s[%zu]: only text blocks are supported here, got '%.64s'", where, i,
-                     type ? type : "no type");
-            sbuf_free(&b);
-            return NULL;
-        }
-        if (b.len) sbuf_puts(&b, "\n\n");
-        sbuf_add(&b, json_string_value(t), json_string_length(t));
-    }
-    json_t *s = json_stringn(b.data ? b.data : "", b.len);
-    sbuf_free(&b);
-    return s;
-}
-
-/* Whether out holds more than system messages. */
-static int conversation_began(json_t *out) {
-    size_t i;
-    json_t *m;
-    json_array_foreach(out, i, m) if (strcmp(json_string_value(json_object_get(m, "role")), "system")) return 1;
-    return 0;
-}
+/* The text of a string or a list of text blocks (tool results, system),
+ * the blocks joined by a blank line. */
+static json_t *blocks_text(json_t *v, const char *where, srv_err *e) { return srv_text_content(v, where, "\n\n", e); }
 
 /* One Anthropic message as chat messages: a user turn's tool results
  * become tool messages (in order) before its text; an assistant turn's
@@ -215,7 +174,7 @@ static int convert_message(json_t *msg, size_t i, json_t *out, srv_err *e) {
         snprintf(cw, sizeof cw, "%s.content", where);
         json_t *text = blocks_text(content, cw, e);
         if (!text) return -1;
-        json_array_append_new(out, json_pack("{s:s, s:o}", "role", conversation_began(out) ? "user" : "system",
+        json_array_append_new(out, json_pack("{s:s, s:o}", "role", srv_conversation_began(out) ? "user" : "system",
                                              "content", text));
         return 0;
     }

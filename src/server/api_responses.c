@@ -83,8 +83,6 @@ typedef struct resp_enc {
     enum item_kind open;
     char item_id[64];
     sbuf text;                       /* the open item's text */
-    int failed;
-    srv_err error;
 } resp_enc;
 
 static void emit(resp_enc *r, sbuf *out, const char *type, json_t *ev) {
@@ -238,29 +236,15 @@ static void resp_event(srv_enc *e, const srv_event *ev, sbuf *out) {
     case SRV_EV_LOGPROBS: return;
     case SRV_EV_DONE: finish(r, ev, out); return;
     case SRV_EV_ERROR:
-        r->failed = 1;
-        srv_fail(&r->error, 500, NULL, "generation failed: %.400s", ev->text);
         json_object_set_new(r->resp, "status", json_string("failed"));
-        json_object_set_new(r->resp, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", r->error.msg));
+        json_object_set_new(r->resp, "error", json_pack("{s:s, s:o}", "code", "server_error", "message",
+                                                        srv_json_bytes(ev->text, ev->len)));
         emit(r, out, "response.failed", json_pack("{s:O}", "response", r->resp));
         return;
     }
 }
 
-static int resp_body(srv_enc *e, sbuf *out) {
-    resp_enc *r = (resp_enc *)e;
-    if (r->failed) {
-        sbuf_json(out, srv_error_json(SRV_API_OPENAI, &r->error));
-        return r->error.status;
-    }
-    sbuf_json(out, json_incref(r->resp));
-    return 200;
-}
-
-static void resp_heartbeat(srv_enc *e, sbuf *out) {
-    (void)e;
-    sbuf_puts(out, ": ping\n\n");
-}
+static void resp_body(srv_enc *e, sbuf *out) { sbuf_json(out, json_incref(((resp_enc *)e)->resp)); }
 
 static void resp_destroy(srv_enc *e) {
     resp_enc *r = (resp_enc *)e;
@@ -354,16 +338,6 @@ static json_t *open_assistant(json_t *msgs) {
     return role && !strcmp(role, "assistant") ? last : NULL;
 }
 
-static int conversation_began(json_t *msgs) {
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role || (strcmp(role, "system") && strcmp(role, "developer"))) return 1;
-    }
-    return 0;
-}
-
 /* Input items as chat messages (appended to msgs). System and developer
  * items after the conversation began become user messages, so the chat
  * template, which takes a system message only first, can render them. */
@@ -386,7 +360,7 @@ int srv_responses_input(json_t *input, json_t *msgs, srv_err *e) {
         if (!strcmp(type, "message")) {
             const char *role = json_string_value(json_object_get(it, "role"));
             if (!role) { json_decref(reasoning); return srv_fail(e, 400, where, "%s.role must be a string", where); }
-            if ((!strcmp(role, "system") || !strcmp(role, "developer")) && conversation_began(msgs)) role = "user";
+            if ((!strcmp(role, "system") || !strcmp(role, "developer")) && srv_conversation_began(msgs)) role = "user";
             json_t *m = json_pack("{s:s, s:O}", "role", role, "content",
                                   json_object_get(it, "content") ? json_object_get(it, "content") : json_null());
             if (!strcmp(role, "assistant") && reasoning) json_object_set_new(m, "reasoning_content", reasoning), reasoning = NULL;
@@ -505,7 +479,7 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     if (tools) j->tools_json = json_dumps(tools, JSON_COMPACT);
     resp_enc *r = calloc(1, sizeof *r);
     if (!r) { srv_fail(e, 500, NULL, "out of memory"); goto fail; }
-    r->base = (srv_enc){stream, SRV_API_OPENAI, resp_start, resp_event, resp_body, resp_heartbeat, resp_destroy};
+    r->base = (srv_enc){stream, SRV_API_OPENAI, resp_start, resp_event, resp_body, NULL, resp_destroy};
     r->store = c->responses;
     char id[64];
     srv_new_id(id, sizeof id, "resp_");

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
+
 /* How often a waiting handler looks at its client's socket and its job. */
 #define POLL_S 0.05
 
@@ -45,12 +47,6 @@ struct srv_http {
     int reaper_quit;
 };
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static void set_deadline(srv_http *h, conn_track *ct, double deadline) {
     if (!ct) return;
     pthread_mutex_lock(&h->mu);
@@ -68,7 +64,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         ct->fd = ci ? ci->connect_fd : -1;
         pthread_mutex_lock(&h->mu);
-        ct->deadline = now_s() + h->p.read_timeout_s;
+        ct->deadline = tern_now_s() + h->p.read_timeout_s;
         ct->next = h->conns;
         if (h->conns) h->conns->prev = ct;
         h->conns = ct;
@@ -90,7 +86,7 @@ static void *reaper_main(void *arg) {
     srv_http *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->reaper_quit) {
-        double t = now_s();
+        double t = tern_now_s();
         for (conn_track *ct = h->conns; ct; ct = ct->next) {
             if (ct->deadline > 0 && t > ct->deadline && ct->fd >= 0) {
                 shutdown(ct->fd, SHUT_RDWR);
@@ -127,21 +123,20 @@ typedef struct route {
     srv_api_kind api;
 } route;
 
+/* Paths after an optional "/v1" (clients configured with or without it). */
 static const route ROUTES[] = {
     {R_HEALTH, "GET", "/health", "health", 0, SRV_API_OPENAI},
-    {R_MODELS, "GET", "/v1/models", "models", 0, SRV_API_OPENAI},
     {R_MODELS, "GET", "/models", "models", 0, SRV_API_OPENAI},
-    {R_MODEL, "GET", "/v1/models/", "models", 1, SRV_API_OPENAI},
+    {R_MODEL, "GET", "/models/", "models", 1, SRV_API_OPENAI},
     {R_METRICS, "GET", "/metrics", "metrics", 0, SRV_API_OPENAI},
-    {R_CHAT, "POST", "/v1/chat/completions", "chat", 0, SRV_API_OPENAI},
     {R_CHAT, "POST", "/chat/completions", "chat", 0, SRV_API_OPENAI},
-    {R_COMPLETIONS, "POST", "/v1/completions", "completions", 0, SRV_API_OPENAI},
     {R_COMPLETIONS, "POST", "/completions", "completions", 0, SRV_API_OPENAI},
-    {R_RESPONSES, "POST", "/v1/responses", "responses", 0, SRV_API_OPENAI},
     {R_RESPONSES, "POST", "/responses", "responses", 0, SRV_API_OPENAI},
-    {R_MESSAGES, "POST", "/v1/messages", "messages", 0, SRV_API_ANTHROPIC},
-    {R_COUNT_TOKENS, "POST", "/v1/messages/count_tokens", "count_tokens", 0, SRV_API_ANTHROPIC},
+    {R_MESSAGES, "POST", "/messages", "messages", 0, SRV_API_ANTHROPIC},
+    {R_COUNT_TOKENS, "POST", "/messages/count_tokens", "count_tokens", 0, SRV_API_ANTHROPIC},
 };
+
+static const char *unversioned(const char *url) { return strncmp(url, "/v1/", 4) ? url : url + 3; }
 #define N_ROUTES (sizeof ROUTES / sizeof *ROUTES)
 
 static int path_matches(const route *rt, const char *url) {
@@ -152,6 +147,7 @@ static int path_matches(const route *rt, const char *url) {
 /* The route for url and method; *wrong_method when only the method differs. */
 static const route *find_route(const char *url, const char *method, int *wrong_method) {
     *wrong_method = 0;
+    url = unversioned(url);
     int head = !strcmp(method, "HEAD");
     for (size_t i = 0; i < N_ROUTES; i++) {
         if (!path_matches(&ROUTES[i], url)) continue;
@@ -206,9 +202,9 @@ static enum MHD_Result fail(req *r, struct MHD_Connection *c, int status, const 
 }
 
 static enum MHD_Result refuse_too_large(req *r, struct MHD_Connection *c) {
-    char lim[32];
-    snprintf(lim, sizeof lim, "%zu", r->h->p.max_body);
-    return fail(r, c, 413, NULL, "the request body is larger than %s bytes (tern serve --max-body)", lim);
+    srv_err e;
+    srv_fail(&e, 413, NULL, "the request body is larger than %zu bytes (tern serve --max-body)", r->h->p.max_body);
+    return send_error(r, c, &e);
 }
 
 /* libmicrohttpd keeps a header whose name ends in whitespace ("Name :"),
@@ -261,7 +257,7 @@ static void log_done(srv_http *h, const route *rt, const srv_event *ev, double t
         return;
     }
     const srv_usage *u = &ev->usage;
-    double total = now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
+    double total = tern_now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
     fprintf(f, "tern serve: %s prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
             "first token %.1f ms, decode %.1f tok/s\n", rt->name, u->prompt_tokens, u->cached_tokens,
             u->completion_tokens, total, (total - engine) * 1e3, u->queue_s * 1e3, u->prefill_s * 1e3,
@@ -269,17 +265,22 @@ static void log_done(srv_http *h, const route *rt, const srv_event *ev, double t
     fflush(f);
 }
 
-/* Encodes what the job has pushed, waiting up to wait_s for the first. */
-static void stream_pump(stream *st, double wait_s) {
+/* Encodes what the job has pushed, waiting up to wait_s for the first.
+ * The ERROR of a whole response stays in *failed (its answer is the API's
+ * error envelope, not the encoder's). */
+static void stream_pump(stream *st, double wait_s, srv_event **failed) {
     srv_event *ev = srv_job_pop(st->job, wait_s);
     while (ev) {
-        st->enc->event(st->enc, ev, &st->out);
-        if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) {
-            st->ended = 1;
-            log_done(st->h, st->rt, ev, st->t0);
+        int end = ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR;
+        if (end) log_done(st->h, st->rt, ev, st->t0);
+        st->ended = end;
+        if (ev->kind == SRV_EV_ERROR && failed) {
+            *failed = ev;
+            return;
         }
+        st->enc->event(st->enc, ev, &st->out);
         srv_event_free(ev);
-        if (st->ended) break;
+        if (end) return;
         ev = srv_job_pop(st->job, 0);
     }
 }
@@ -292,17 +293,19 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
             memcpy(buf, st->out.data + st->off, n);
             st->off += n;
-            st->last_sent = now_s();
+            st->last_sent = tern_now_s();
             return (ssize_t)n;
         }
         sbuf_reset(&st->out);
         st->off = 0;
         if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        stream_pump(st, POLL_S);
+        stream_pump(st, POLL_S, NULL);
         if (st->out.len) continue;
         if (client_gone(st->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (now_s() - st->last_sent >= st->h->p.heartbeat_s) st->enc->heartbeat(st->enc, &st->out);
+        if (tern_now_s() - st->last_sent < st->h->p.heartbeat_s) continue;
+        if (st->enc->heartbeat) st->enc->heartbeat(st->enc, &st->out);
+        else sbuf_puts(&st->out, ": ping\n\n");
     }
 }
 
@@ -319,7 +322,7 @@ static void stream_free(void *cls) {
 static enum MHD_Result start_stream(req *r, struct MHD_Connection *c, srv_job *j, srv_enc *enc, int fd) {
     stream *st = calloc(1, sizeof *st);
     if (!st) { srv_job_release(j); enc->destroy(enc); return MHD_NO; }
-    *st = (stream){.h = r->h, .rt = r->rt, .t0 = r->t_start, .job = j, .enc = enc, .fd = fd, .last_sent = now_s()};
+    *st = (stream){.h = r->h, .rt = r->rt, .t0 = r->t_start, .job = j, .enc = enc, .fd = fd, .last_sent = tern_now_s()};
     enc->start(enc, &st->out);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
                                                                   stream_free);
@@ -333,38 +336,27 @@ static enum MHD_Result start_stream(req *r, struct MHD_Connection *c, srv_job *j
     return rc;
 }
 
-/* Not streamed: waits for the job's end on this thread, then answers. */
+/* Not streamed: waits for the job's end on this thread (the job wakes it
+ * only then; between, it looks at the client every POLL_S), then answers. */
 static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *j, srv_enc *enc, int fd) {
-    int ended = 0;
-    sbuf scratch = {0};
-    double checked = now_s();
-    while (!ended) {
-        srv_event *ev = srv_job_pop(j, POLL_S);
-        if (now_s() - checked >= POLL_S) {
-            checked = now_s();
-            if (client_gone(fd)) {
-                srv_event_free(ev);
-                sbuf_free(&scratch);
-                srv_sched_cancel(ctx->sched, j);
-                srv_job_release(j);
-                enc->destroy(enc);
-                r->status = 499;
-                return MHD_NO;
-            }
-        }
-        if (!ev) continue;
-        if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) {
-            ended = 1;
-            log_done(r->h, r->rt, ev, r->t_start);
-        }
-        enc->event(enc, ev, &scratch);
-        srv_event_free(ev);
+    stream st = {.h = r->h, .rt = r->rt, .t0 = r->t_start, .job = j, .enc = enc, .fd = fd};
+    srv_event *failed = NULL;
+    enum MHD_Result rc = MHD_NO;
+    while (!st.ended && !client_gone(fd)) stream_pump(&st, POLL_S, &failed);
+    if (!st.ended) {
+        srv_sched_cancel(ctx->sched, j);
+        r->status = 499;
+    } else if (failed) {
+        srv_err e;
+        srv_fail(&e, 500, NULL, "generation failed: %.400s", failed->text);
+        rc = send_error(r, c, &e);
+    } else {
+        sbuf_reset(&st.out);   /* a whole response's encoder writes only its body */
+        enc->body(enc, &st.out);
+        rc = st.out.oom ? MHD_NO : send_buffer(r, c, 200, "application/json", &st.out);
     }
-    sbuf_free(&scratch);
-    sbuf body = {0};
-    int status = enc->body(enc, &body);
-    enum MHD_Result rc = body.oom ? MHD_NO : send_buffer(r, c, status, "application/json", &body);
-    sbuf_free(&body);
+    srv_event_free(failed);
+    sbuf_free(&st.out);
     srv_job_release(j);
     enc->destroy(enc);
     return rc;
@@ -388,8 +380,6 @@ static enum MHD_Result generate(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
         return send_error(r, c, &e);
     }
     j->wake_at_end = !enc->stream;
-    j->sampling.n_eos = ctx->sampling.n_eos;
-    memcpy(j->sampling.eos_ids, ctx->sampling.eos_ids, sizeof j->sampling.eos_ids);
     int rc = srv_sched_submit(ctx->sched, j);
     if (rc != SRV_SUBMIT_OK) {
         srv_job_release(j);
@@ -421,7 +411,7 @@ static json_t *model_json(srv_http *h, const char *id) {
 
 static enum MHD_Result answer_models(req *r, struct MHD_Connection *c, srv_ctx *ctx, const char *url) {
     if (r->rt->id == R_MODEL) {
-        const char *id = url + strlen(r->rt->path);
+        const char *id = unversioned(url) + strlen(r->rt->path);
         if (ctx->strict_model && strcmp(id, ctx->model_id) != 0)
             return fail(r, c, 404, "model", "model '%.200s' is not served here", id);
         return send_json(r, c, 200, model_json(r->h, ctx->model_id));
@@ -490,14 +480,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
         r->h = h;
-        r->t_start = now_s();
+        r->t_start = tern_now_s();
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         r->ct = ci ? ci->socket_context : NULL;
         atomic_fetch_add(&h->in_flight, 1);
         int wrong_method;
         r->rt = find_route(url, method, &wrong_method);
         if (!r->rt) {
-            r->api = strncmp(url, "/v1/messages", 12) == 0 ? SRV_API_ANTHROPIC : SRV_API_OPENAI;
+            r->api = strncmp(unversioned(url), "/messages", 9) == 0 ? SRV_API_ANTHROPIC : SRV_API_OPENAI;
             if (wrong_method) return fail(r, c, 405, NULL, "%s is not allowed here", method);
             return fail(r, c, 404, NULL, "no route %.200s", url);
         }
@@ -536,7 +526,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!r) return;
     if (r->rt) srv_metrics_request(h->metrics, r->rt->name, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? r->status : 499);
     else srv_metrics_request(h->metrics, "other", r->status);
-    set_deadline(h, r->ct, now_s() + h->p.idle_timeout_s + h->p.read_timeout_s);
+    set_deadline(h, r->ct, tern_now_s() + h->p.idle_timeout_s + h->p.read_timeout_s);
     atomic_fetch_sub(&h->in_flight, 1);
     sbuf_free(&r->body);
     free(r);
@@ -616,8 +606,8 @@ void srv_http_quiesce(srv_http *h) {
 }
 
 void srv_http_wait_idle(srv_http *h, double timeout_s) {
-    double until = now_s() + timeout_s;
-    while (atomic_load(&h->in_flight) > 0 && now_s() < until) usleep(20 * 1000);
+    double until = tern_now_s() + timeout_s;
+    while (atomic_load(&h->in_flight) > 0 && tern_now_s() < until) usleep(20 * 1000);
 }
 
 void srv_http_stop(srv_http *h) {

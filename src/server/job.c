@@ -5,21 +5,13 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 void srv_event_free(srv_event *ev) {
     if (!ev) return;
     free(ev->text);
     free(ev->name);
     free(ev->arguments);
-    if (ev->top_text)
-        for (int i = 0; i < ev->lp.n_top; i++) free(ev->top_text[i]);
-    free(ev->top_text);
-    free(ev->top_len);
     free(ev);
 }
 
@@ -104,7 +96,7 @@ void srv_job_push(srv_job *j, srv_event *ev) {
     else j->head = ev;
     j->tail = ev;
     if (ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR) j->ended = 1;
-    double t = now_s();
+    double t = tern_now_s();
     if (j->ended || (!j->wake_at_end && t - j->last_wake >= SRV_WAKE_S)) {
         j->last_wake = t;
         pthread_cond_signal(&j->cv);

@@ -44,16 +44,21 @@ typedef struct srv_usage {
     double decode_s;         /* the first token until the last */
 } srv_usage;
 
+typedef struct srv_bytes {
+    const char *p;
+    size_t n;
+} srv_bytes;
+
 typedef struct srv_event {
     struct srv_event *next;
     srv_ev_kind kind;
-    char *text;              /* CONTENT, REASONING, ERROR; LOGPROBS: the token's bytes */
+    char *text;              /* CONTENT, REASONING, ERROR */
     size_t len;
     char *name, *arguments;  /* TOOL_CALL */
     int index;               /* TOOL_CALL */
-    tern_logprobs lp;        /* LOGPROBS */
-    char **top_text;         /* LOGPROBS: the bytes of each top id (lp.n_top) */
-    size_t *top_len;
+    tern_logprobs lp;        /* LOGPROBS, with the bytes of its token and of each top id (the
+                              * tokenizer's own, valid while it lives; not NUL-terminated) */
+    srv_bytes token, top[TERN_MAX_TOP_LOGPROBS];
     srv_finish finish;       /* DONE */
     int stop_index;          /* DONE with SRV_FINISH_STOP */
     srv_usage usage;         /* DONE */

@@ -230,7 +230,7 @@ int srv_check_tools(json_t *tools, const char *param, json_t **out, srv_err *e) 
 
 /* ---- conversations ----------------------------------------------------- */
 
-json_t *srv_text_content(json_t *content, const char *param, srv_err *e) {
+json_t *srv_text_content(json_t *content, const char *param, const char *sep, srv_err *e) {
     if (!content || json_is_null(content)) return json_string("");
     if (json_is_string(content)) return json_incref(content);
     if (!json_is_array(content)) {
@@ -252,6 +252,7 @@ json_t *srv_text_content(json_t *content, const char *param, srv_err *e) {
                 srv_fail(e, 400, param, "%s[%zu].text must be a string", param, i);
                 break;
             }
+            if (i) sbuf_puts(&b, sep);
             sbuf_add(&b, json_string_value(text), json_string_length(text));
         } else if (!strcmp(t, "refusal")) {
             json_t *r = json_object_get(part, "refusal");
@@ -266,6 +267,16 @@ json_t *srv_text_content(json_t *content, const char *param, srv_err *e) {
     if (!out && i == json_array_size(content)) srv_fail(e, 500, NULL, "out of memory");
     sbuf_free(&b);
     return out;
+}
+
+int srv_conversation_began(json_t *msgs) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role || (strcmp(role, "system") && strcmp(role, "developer"))) return 1;
+    }
+    return 0;
 }
 
 /* The ids of the calls an assistant message made, not yet answered. */
@@ -320,7 +331,7 @@ static json_t *check_message(json_t *m, const char *where, int i, pending *p, sr
     if (!role) { srv_fail(e, 400, where, "%s.role must be a string", where); return NULL; }
     char cw[128];
     snprintf(cw, sizeof cw, "%s.content", where);
-    json_t *content = srv_text_content(json_object_get(m, "content"), cw, e);
+    json_t *content = srv_text_content(json_object_get(m, "content"), cw, "", e);
     if (!content) return NULL;
     json_t *out = json_pack("{s:s, s:o}", "role", role, "content", content);
     size_t at;
@@ -379,7 +390,7 @@ json_t *srv_check_conversation(json_t *messages, const char *param, srv_err *e) 
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role || (strcmp(role, "system") && strcmp(role, "developer"))) break;
         snprintf(where, sizeof where, "%s[%zu].content", param, i);
-        json_t *c = srv_text_content(json_object_get(m, "content"), where, e);
+        json_t *c = srv_text_content(json_object_get(m, "content"), where, "", e);
         if (!c) goto fail;
         if (n_sys++) sbuf_puts(&sys, "\n\n");
         sbuf_add(&sys, json_string_value(c), json_string_length(c));

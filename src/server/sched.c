@@ -3,7 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "util/clock.h"
 
 /* One kept session. toks[0..n_toks) are the ids its state holds when live;
  * toks[0..snap_pos) are always the ids of snap (the state after them). */
@@ -34,12 +35,6 @@ struct srv_sched {
     int closed;                  /* no new jobs */
     int quit;                    /* the thread ends once the queue is empty */
 };
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static srv_event *event_new(srv_ev_kind kind) {
     srv_event *ev = calloc(1, sizeof *ev);
@@ -149,9 +144,8 @@ typedef struct run {
     slot *sl;
     tern_output_parser *parser;
     int answer_began;            /* an answer or a call came after the reasoning */
-    int n_calls;
     int stop_after_call;         /* single_tool_call: the call came, end the turn */
-    int n_generated, n_reasoning;
+    int n_reasoning;
     double t_first;              /* when the first token was drawn (0: none yet) */
     int failed;
 } run;
@@ -169,7 +163,6 @@ static int on_event(void *user, const tern_out_event *ev, tern_error *err) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
     }
-    r->n_calls += ev->kind == TERN_OUT_TOOL_CALL;
     srv_job_push(r->j, e);
     if (ev->kind == TERN_OUT_TOOL_CALL && r->j->single_tool_call) r->stop_after_call = 1;
     return 0;
@@ -192,8 +185,7 @@ static int on_text(void *ctx, const char *text, size_t len) {
 
 static void on_token(void *ctx, int32_t id) {
     run *r = ctx;
-    if (!r->t_first) r->t_first = now_s();
-    r->n_generated++;
+    if (!r->t_first) r->t_first = tern_now_s();
     if (r->j->start_in_reasoning && !r->answer_began) r->n_reasoning++;
     if (toks_append(r->sl, &id, 1)) r->sl->live = 0;
 }
@@ -203,10 +195,12 @@ static int is_cancelled(void *ctx) {
     return atomic_load(&r->j->cancel) || r->stop_after_call;
 }
 
-static char *dup_bytes(const char *b, size_t n) {
-    char *c = malloc(n + 1);
-    if (c) { memcpy(c, b, n); c[n] = '\0'; }
-    return c;
+static srv_bytes token_bytes(const tern_tokenizer *tok, int32_t id) {
+    srv_bytes b = {"", 0};
+    const char *p = tern_tokenizer_token_bytes(tok, id, &b.n);
+    if (p) b.p = p;
+    else b.n = 0;
+    return b;
 }
 
 static void on_logprobs(void *ctx, const tern_logprobs *lp) {
@@ -214,18 +208,8 @@ static void on_logprobs(void *ctx, const tern_logprobs *lp) {
     srv_event *e = event_new(SRV_EV_LOGPROBS);
     if (!e) return;
     e->lp = *lp;
-    size_t n = 0;
-    const char *b = tern_tokenizer_token_bytes(r->s->tok, lp->id, &n);
-    e->text = dup_bytes(b ? b : "", b ? n : 0);
-    e->len = b ? n : 0;
-    e->top_text = calloc((size_t)lp->n_top + 1, sizeof *e->top_text);
-    e->top_len = calloc((size_t)lp->n_top + 1, sizeof *e->top_len);
-    if (!e->text || !e->top_text || !e->top_len) { e->lp.n_top = 0; srv_event_free(e); return; }
-    for (int k = 0; k < lp->n_top; k++) {
-        b = tern_tokenizer_token_bytes(r->s->tok, lp->top_ids[k], &n);
-        e->top_text[k] = dup_bytes(b ? b : "", b ? n : 0);
-        e->top_len[k] = b ? n : 0;
-    }
+    e->token = token_bytes(r->s->tok, lp->id);
+    for (int k = 0; k < lp->n_top; k++) e->top[k] = token_bytes(r->s->tok, lp->top_ids[k]);
     srv_job_push(r->j, e);
 }
 
@@ -269,7 +253,7 @@ static int prefill(slot *sl, srv_job *j, tern_error *err) {
 }
 
 static void run_job(srv_sched *s, srv_job *j) {
-    double t0 = now_s();
+    double t0 = tern_now_s();
     srv_usage u = {.prompt_tokens = j->n_prompt, .queue_s = t0 - j->t_submit};
     if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &u); return; }
     tern_error err = {{0}};
@@ -295,7 +279,10 @@ static void run_job(srv_sched *s, srv_job *j) {
                           .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
     if (j->logprobs) { gp.on_logprobs = on_logprobs; gp.top_logprobs = j->top_logprobs; }
     tern_gen_stats st = {0};
-    if (rc == 0 && toks_append(sl, last, 1)) rc = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
+    if (rc == 0 && toks_append(sl, last, 1)) {
+        rc = -1;
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+    }
     if (rc == 0) rc = tern_generate(sl->s, s->tok, last, 1, &gp, on_text, &r, &st, &err);
     if (rc == 0 && !r.stop_after_call && tern_output_parser_finish(r.parser, &err)) rc = -1;
     if (rc == 0 && r.failed) { rc = -1; snprintf(err.msg, sizeof err.msg, "the output parser failed"); }
@@ -309,8 +296,8 @@ static void run_job(srv_sched *s, srv_job *j) {
     }
     u.completion_tokens = st.n_generated;
     u.reasoning_tokens = r.n_reasoning;
-    u.prefill_s = (r.t_first ? r.t_first : now_s()) - t0;
-    u.decode_s = r.t_first ? now_s() - r.t_first : 0;
+    u.prefill_s = (r.t_first ? r.t_first : tern_now_s()) - t0;
+    u.decode_s = r.t_first ? tern_now_s() - r.t_first : 0;
     if (s->on_done) s->on_done(s->ud, &u, r.t_first ? r.t_first - j->t_submit : 0);
     push_done(j, finish_of(&st, &r), st.stop_index, &u);
 }
@@ -404,7 +391,7 @@ int srv_sched_submit(srv_sched *s, srv_job *j) {
     else if (s->n_queued >= s->p.queue_limit && (s->running || s->n_queued > 0)) rc = SRV_SUBMIT_FULL;
     if (rc == SRV_SUBMIT_OK) {
         srv_job_retain(j);
-        j->t_submit = now_s();
+        j->t_submit = tern_now_s();
         j->queued = 1;
         j->qnext = NULL;
         if (s->qtail) s->qtail->qnext = j;
