@@ -215,23 +215,26 @@ def raw_exchange(server, data, timeout=10, shutdown_write=False):
         s.sendall(data)
         if shutdown_write:
             s.shutdown(socket.SHUT_WR)
-        chunks = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                b = s.recv(65536)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                break
-            if not b:
-                break
-            chunks.append(b)
-            if response_complete(b"".join(chunks)):
-                break
-        return b"".join(chunks)
+        return read_response(s, timeout)
     finally:
         s.close()
+
+
+def read_response(s, timeout):
+    """Reads from socket s until one whole response arrived, the server closed, or `timeout` passed."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            b = s.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not b:
+            break
+        buf += b
+        if response_complete(buf):
+            break
+    return buf
 
 
 def response_complete(buf):
@@ -257,6 +260,35 @@ def chat_body(text="Tell me a fortune.", max_tokens=16, **kw):
          "temperature": 0}
     b.update(kw)
     return b
+
+
+def clean_env(**extra):
+    """The environment without any client's API settings, plus extra."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "CODEX_", "ANTHROPIC_", "CLAUDE_"))}
+    env.update(extra)
+    return env
+
+
+def run_cli(argv, cwd, env, timeout):
+    """Runs a client CLI; (exit code or "timeout", stdout, stderr)."""
+    try:
+        p = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        return "timeout", e.stdout or "", e.stderr or ""
+
+
+def check_cli_turn(server, name, endpoint, rc, out, err):
+    """The CLI exited 0 and the server answered its requests to `endpoint` with 200 only."""
+    answers = {dict(k[1]).get("status"): v for k, v in server.metrics().items()
+               if k[0] == "tern_requests_total" and dict(k[1]).get("endpoint") == endpoint}
+    diag = (f"{name} exit {rc}\n--- {name} stdout ---\n{out[-4000:]}\n--- {name} stderr ---\n{err[-6000:]}\n"
+            f"--- /{endpoint} answers by status: {answers}\n--- server stderr ---\n{server.stderr()[-4000:]}")
+    assert rc == 0, diag
+    assert answers.get("200", 0) >= 1, diag
+    assert not any(s.startswith(("4", "5")) for s in answers), diag
 
 
 def openai_client(server, **kw):

@@ -1,11 +1,9 @@
 """The real Claude Code CLI (bundled in claude-agent-sdk) against `tern serve` over the Messages API, offline, with
 a temporary HOME (docs: /work/shared/docs/clients.md). The model's answer is nonsense; what matters is that the CLI
 accepts the server's stream and exits 0."""
-import os
-import subprocess
 from pathlib import Path
 
-from helpers import parse_sse
+from helpers import check_cli_turn, clean_env, parse_sse, run_cli
 
 # Claude Code's first request is ~28 K tokens (its system prompt and 12+ tools) and asks max_tokens 32000.
 SERVER_ARGS = ["--ctx", "65536"]
@@ -19,33 +17,14 @@ def claude_path():
     return str(p)
 
 
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OPENAI_", "CODEX_", "ANTHROPIC_", "CLAUDE_"))}
-    env.update(extra)
-    return env
-
-
 def test_claude_print(server, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = clean_env(HOME=str(tmp_path), ANTHROPIC_BASE_URL=server.base, ANTHROPIC_API_KEY="anything",
                     DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
-    try:
-        p = subprocess.run([claude_path(), "-p", "Say hello in one short sentence.", "--model", "qwen3.6-35b-a3b"],
-                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=CLI_TIMEOUT_S)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = "timeout", e.stdout or "", e.stderr or ""
-    metrics = server.metrics()
-    messages = {dict(k[1]).get("status"): v for k, v in metrics.items()
-                if k[0] == "tern_requests_total" and dict(k[1]).get("endpoint") == "messages"}
-    diag = (f"claude exit {rc}\n--- claude stdout ---\n{out[-4000:]}\n--- claude stderr ---\n{err[-6000:]}\n"
-            f"--- /v1/messages answers by status: {messages}\n--- server stderr ---\n{server.stderr()[-4000:]}")
-    assert rc == 0, diag
-    assert messages.get("200", 0) >= 1, diag
-    assert not any(s.startswith(("4", "5")) for s in messages), diag
+    rc, out, err = run_cli([claude_path(), "-p", "Say hello in one short sentence.", "--model", "qwen3.6-35b-a3b"],
+                           work, env, CLI_TIMEOUT_S)
+    check_cli_turn(server, "claude", "messages", rc, out, err)
 
 
 def test_claude_shaped_request(server):

@@ -1,10 +1,7 @@
 """The real Codex CLI (openai-codex-cli-bin, `codex exec`) against `tern serve` over the Responses API, offline,
 with a temporary CODEX_HOME holding a custom provider (docs: /work/shared/docs/clients.md). The model's answer is
 nonsense; what matters is that the CLI accepts the server's stream and exits 0."""
-import os
-import subprocess
-
-from helpers import openai_client
+from helpers import check_cli_turn, clean_env, openai_client, run_cli
 
 SERVER_ARGS = ["--ctx", "32768", "--max-tokens", "1000", "--seed", "1"]
 CLI_TIMEOUT_S = 300
@@ -13,13 +10,6 @@ CLI_TIMEOUT_S = 300
 def codex_path():
     from codex_cli_bin import bundled_codex_path
     return str(bundled_codex_path())
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OPENAI_", "CODEX_", "ANTHROPIC_", "CLAUDE_"))}
-    env.update(extra)
-    return env
 
 
 def test_codex_exec(server, tmp_path):
@@ -35,21 +25,9 @@ def test_codex_exec(server, tmp_path):
         f'base_url = "{server.v1}"\n'
         'wire_api = "responses"\n')
     env = clean_env(CODEX_HOME=str(home), HOME=str(tmp_path), OPENAI_API_KEY="anything")
-    try:
-        p = subprocess.run([codex_path(), "exec", "--skip-git-repo-check", "Say hello in one short sentence."],
-                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=CLI_TIMEOUT_S)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = "timeout", e.stdout or "", e.stderr or ""
-    metrics = server.metrics()
-    responses = {dict(k[1]).get("status"): v for k, v in metrics.items()
-                 if k[0] == "tern_requests_total" and dict(k[1]).get("endpoint") == "responses"}
-    diag = (f"codex exit {rc}\n--- codex stdout ---\n{out[-4000:]}\n--- codex stderr ---\n{err[-6000:]}\n"
-            f"--- /v1/responses answers by status: {responses}\n--- server stderr ---\n{server.stderr()[-4000:]}")
-    assert rc == 0, diag
-    assert responses.get("200", 0) >= 1, diag
-    assert not any(s.startswith(("4", "5")) for s in responses), diag
+    rc, out, err = run_cli([codex_path(), "exec", "--skip-git-repo-check", "Say hello in one short sentence."],
+                           work, env, CLI_TIMEOUT_S)
+    check_cli_turn(server, "codex", "responses", rc, out, err)
 
 
 def test_codex_shaped_request(server):

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers import body_of, response_complete, status_of
+from helpers import body_of, read_response, status_of
 
 SERVER_ARGS = ["--ctx", "512", "--read-timeout", "2"]
 
@@ -411,20 +411,7 @@ def send(server, kind, payload, path, timeout=20):
                     time.sleep(delay)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server may answer (and close) before the whole request is sent
-        buf = b""
-        while True:
-            try:
-                b = s.recv(1 << 16)
-            except socket.timeout:
-                break
-            except ConnectionResetError:
-                break
-            if not b:
-                break
-            buf += b
-            if response_complete(buf):
-                break
-        return buf, time.monotonic() - t0
+        return read_response(s, timeout), time.monotonic() - t0
     finally:
         s.close()
 
