@@ -438,10 +438,22 @@ int srv_tokenize(srv_ctx *c, const char *text, size_t len, int32_t **ids, size_t
 static int append_ids(srv_job *j, const int32_t *ids, size_t n) {
     int32_t *p = realloc(j->prompt, ((size_t)j->n_prompt + n + 1) * sizeof *p);
     if (!p) return -1;
-    memcpy(p + j->n_prompt, ids, n * sizeof *ids);
+    if (n) memcpy(p + j->n_prompt, ids, n * sizeof *ids);
     j->prompt = p;
     j->n_prompt += (int)n;
     return 0;
+}
+
+/* The start of the generation prompt the template appends after the last
+ * message (its thinking part follows). */
+static const char GEN_PROMPT[] = "<|im_start|>assistant\n";
+
+/* The last occurrence of needle in s[0..n), or NULL. */
+static const char *last_of(const char *s, size_t n, const char *needle) {
+    size_t m = strlen(needle);
+    for (size_t i = n >= m ? n - m + 1 : 0; i-- > 0;)
+        if (memcmp(s + i, needle, m) == 0) return s + i;
+    return NULL;
 }
 
 int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
@@ -451,46 +463,40 @@ int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv
     tern_chat_options_default(&opt);
     opt.enable_thinking = o->thinking;
     opt.preserve_thinking = o->preserve_thinking;
-    tern_error err;
-    char *head = NULL, *whole = NULL;
-    int rc = -1;
-    if (!mj || (tools && !tj)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
-    opt.add_generation_prompt = 0;
-    if (!(head = tern_chat_render(mj, tj, &opt, &err))) { srv_fail(e, 400, "messages", "%s", err.msg); goto done; }
     opt.add_generation_prompt = 1;
-    if (!(whole = tern_chat_render(mj, tj, &opt, &err))) { srv_fail(e, 400, "messages", "%s", err.msg); goto done; }
-    size_t hl = strlen(head), wl = strlen(whole);
-    int split = hl <= wl && memcmp(head, whole, hl) == 0;
+    tern_error err;
+    char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
+    int rc = -1;
+    if (!mj || (tools && !tj)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
+    if (!(text = tern_chat_render(mj, tj, &opt, &err))) { srv_fail(e, 400, "messages", "%s", err.msg); goto done; }
+    size_t len = strlen(text);
+    const char *gen = last_of(text, len, GEN_PROMPT);
+    size_t head = gen ? (size_t)(gen - text) : len;
     /* The generation prompt starts with an added token, so the two halves
-     * tokenize as the whole does. */
-    if (split) {
-        if (srv_tokenize(c, head, hl, &ids, &n, e)) goto done;
-        rc = append_ids(j, ids, n);
-        free(ids);
-        j->boundary = j->n_prompt;
-        ids = NULL;
-        if (rc == 0 && srv_tokenize(c, whole + hl, wl - hl, &ids, &n, e)) { rc = -1; goto done; }
-    } else if (srv_tokenize(c, whole, wl, &ids, &n, e)) {
-        goto done;
-    }
-    if (rc == 0 || !split) rc = append_ids(j, ids, n);
+     * tokenize as the whole does; the boundary is where the last message ends. */
+    if (srv_tokenize(c, text, head, &ids, &n, e)) goto done;
+    if (append_ids(j, ids, n)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
     free(ids);
-    if (rc) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
+    ids = NULL;
+    j->boundary = gen ? j->n_prompt : 0;
+    if (srv_tokenize(c, text + head, len - head, &ids, &n, e)) goto done;
+    if (append_ids(j, ids, n)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
     const char *open = "<think>\n";
-    j->start_in_reasoning = wl >= strlen(open) && !strcmp(whole + wl - strlen(open), open);
+    j->start_in_reasoning = len >= strlen(open) && !strcmp(text + len - strlen(open), open);
     if (j->n_prompt >= c->n_ctx) {
         srv_fail(e, 400, "messages", "the prompt is %d tokens; the context holds %d (tern serve --ctx)", j->n_prompt,
                  c->n_ctx);
         e->code = "context_length_exceeded";
-        rc = -1;
+        goto done;
     }
+    rc = 0;
 done:
     free(mj);
     free(tj);
-    free(head);
-    free(whole);
+    free(text);
+    free(ids);
     return rc;
 }
 
