@@ -102,7 +102,9 @@ int tern_cli_serve(int argc, char **argv) {
         else if (IS("--idle-timeout")) bad = parse_seconds(a, v, &p.idle_timeout_s);
         else if (IS("--heartbeat")) bad = parse_seconds(a, v, &p.heartbeat_s);
         else if (IS("--synth")) synth_shape = v;
-        else if (IS("--bits")) bad = parse_int(a, v, 4, 8, &synth.bits) || (synth.bits != 4 && synth.bits != 8);
+        else if (IS("--bits") && (bad = strcmp(v, "4") && strcmp(v, "8")))
+            fprintf(stderr, "tern serve: --bits must be 4 or 8, got '%s'\n", v);
+        else if (IS("--bits")) synth.bits = atoi(v);
         else if (IS("--tokenizer")) p.tokenizer_dir = v;
         else if (IS("--max-body")) {
             if (tern_parse_size(v, &size, &err) || size < 1024 || size > (1ull << 31)) {
