@@ -573,7 +573,7 @@ srv_http *srv_http_start(const srv_params *p, srv_metrics *metrics, tern_error *
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(p->idle_timeout_s + 0.999),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION,
                             notify_connection, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1,
+                            MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1,
                             MHD_OPTION_END);
     if (!h->d) {
         snprintf(err->msg, sizeof err->msg, "could not listen on %s port %d: %s", p->host, p->port,

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from helpers import body_of, chat_body, openai_client, raw_exchange, status_of
+import subprocess
+
+from helpers import REPO, body_of, chat_body, openai_client, raw_exchange, status_of, tern_bin
 
 SERVER_ARGS = ["--ctx", "4096"]
 
@@ -50,6 +52,15 @@ def test_default_bind_is_loopback_only(server):
     if ip:
         with pytest.raises(OSError):
             socket.create_connection((ip, server.port), timeout=3).close()
+
+
+def test_port_in_use_refused(server):
+    """A second server on a port in use stops with one line (no shared port splitting the traffic)."""
+    p = subprocess.run([str(tern_bin()), "serve", "--port", str(server.port)], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0, p.stderr
+    assert "already in use" in p.stderr, p.stderr
+    assert server.get("/health").status == 200
 
 
 def test_host_all_interfaces_is_visible(start_server):
