@@ -3,6 +3,7 @@
 #   make test       install deps, build, run every test, again under ASan/UBSan, then the mutation check
 #   make run        install deps, build, run tern on the default model
 #   make asan       the tests built with AddressSanitizer/UBSan in build-asan/
+#   make soak       the server under load for 10 minutes (SOAK_SECONDS)
 
 CC      ?= cc
 OPT     ?= -O2
@@ -30,8 +31,9 @@ SRV_OBJ := $(SRV_SRC:%.c=$(B)/%.o)
 # and libraries to the ones above when CUDA=1.
 .DEFAULT_GOAL := all
 -include mk/cuda.mk
+-include mk/fuzz.mk
 
-.PHONY: all deps test run asan check clean mutation-check bench test-server FORCE
+.PHONY: all deps test run asan check clean mutation-check bench test-server soak FORCE
 all: $(B)/tern
 
 deps:
@@ -90,6 +92,13 @@ test: deps
 test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py
+
+# The server under load for SOAK_SECONDS (default 600): 32 streaming clients,
+# disconnects, slow readers and malformed requests; memory and descriptors must
+# stay flat (tools/soak.py, docs/RELIABILITY.md). Not part of make test.
+SOAK_SECONDS ?= 600
+soak: $(B)/tern
+	python3 tools/soak.py --bin $(B)/tern --seconds $(SOAK_SECONDS)
 
 # Each classic mistake in the model math must make a fixture test fail.
 mutation-check: $(B)/tern-tests
