@@ -498,10 +498,11 @@ Test(pack, receipt_fast_path_only_when_bound) {
     int how = -1;
     cr_assert_eq(tern_packed_check_how(in_dir("out"), &m, &how, &err), 0, "%s", err.msg);
     cr_assert_eq(how, TERN_CHECK_RECEIPT);
-    /* same size, other content: the fast path checks sizes only, so it passes */
+    /* same size, other content: the receipt binds the file's mtime, so the fast path refuses it */
     cr_assert_eq(flip_byte(in_dir("out/experts/layer_003.bin"), 100), 0);
-    cr_assert_eq(tern_packed_check_how(in_dir("out"), &m, &how, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_packed_check_how(in_dir("out"), &m, &how, &err), -1);
     cr_assert_eq(how, TERN_CHECK_RECEIPT);
+    cr_assert(strstr(err.msg, "experts/layer_003.bin") && strstr(err.msg, "tern verify"), "%s", err.msg);
     /* moved: the receipt binds the old path, so everything is rehashed */
     cr_assert_eq(rename(in_dir("out"), in_dir("moved")), 0);
     cr_assert_eq(tern_packed_check_how(in_dir("moved"), &m, &how, &err), -1);

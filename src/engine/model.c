@@ -15,6 +15,7 @@
 #include "model/packed.h"
 #include "pack/verify.h"
 #include "util/err.h"
+#include "util/file.h"
 
 static float *rope_frequencies(const tern_config *c) {
     int half = c->rope_dim / 2;
@@ -49,11 +50,12 @@ static int map_experts(tern_model *m, tern_error *err) {
     for (int i = 0; i < nf; i++) {
         char path[4096];
         expert_file(m, i, path, sizeof path);
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        int fd = tern_file_open(path, O_NOFOLLOW, err);
+        if (fd < 0) return -1;
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || (size_t)st.st_size != m->expert_map_size) {
-            if (fd >= 0) close(fd);
-            return tern_fail(err, "%s: missing or not %zu bytes", path, m->expert_map_size);
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != (uint64_t)m->expert_map_size) {
+            close(fd);
+            return tern_fail(err, "%s: not %zu bytes", path, m->expert_map_size);
         }
         void *p = mmap(NULL, m->expert_map_size, PROT_READ, MAP_PRIVATE, fd, 0);
         close(fd);
@@ -70,7 +72,9 @@ static int map_experts(tern_model *m, tern_error *err) {
 
 static int start_streaming(tern_model *m, const tern_load_params *p, tern_error *err) {
     int nf = expert_file_count(m);
-    uint64_t per_slot = m->man.stride * (uint64_t)nf;
+    uint64_t per_slot;
+    if (__builtin_mul_overflow(m->man.stride, (uint64_t)nf, &per_slot))
+        return tern_fail(err, "%s/manifest.json: experts.stride x expert files overflows", m->dir);
     uint64_t slots = p->expert_budget / per_slot;
     if (slots < (uint64_t)m->cfg.top_k)
         return tern_fail(err, "expert budget of %llu bytes gives %llu slots per layer; at least top_k = %d "
@@ -97,14 +101,16 @@ static int start_streaming(tern_model *m, const tern_load_params *p, tern_error 
 
 static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err) {
     m->packed = 1;
-    if (tern_manifest_read(&m->man, m->dir, err) != 0 || tern_packed_check(m->dir, &m->man, err) != 0 ||
-        tern_packed_open(&m->ts, &m->man, m->dir, err) != 0 ||
+    char label[4200];
+    snprintf(label, sizeof label, "%s/manifest.json", m->dir);
+    if (tern_manifest_read(&m->man, m->dir, err) != 0 ||
+        tern_packed_check_config(&m->man, &m->cfg, label, err) != 0 ||
+        tern_packed_check(m->dir, &m->man, err) != 0 || tern_packed_open(&m->ts, &m->man, m->dir, err) != 0 ||
         tern_weights_bind(&m->w, &m->cfg, &m->ts, err) != 0)
         return -1;
-    if (m->man.n_layer_files != m->cfg.n_layers || m->man.n_experts != m->cfg.n_experts)
-        return tern_fail(err, "%s/manifest.json: %d expert files of %d experts, but the config has %d layers "
-                              "of %d experts", m->dir, m->man.n_layer_files, m->man.n_experts, m->cfg.n_layers,
-                         m->cfg.n_experts);
+    /* the MTP layer's routed experts stream from their own file */
+    if (m->w.has_mtp && !m->man.mtp_file)
+        return tern_fail(err, "%s: the model has an MTP layer but experts.mtp names no file", label);
     set_stream_indices(m);
     return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
 }

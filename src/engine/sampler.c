@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 
 /* ---- parameters ------------------------------------------------------------ */
 
@@ -83,11 +84,10 @@ int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
     tern_sampler_params_default(p);
-    json_error_t je;
     /* No file: transformers' defaults, as GenerationConfig has without one. */
     if (access(path, F_OK) != 0) return 0;
-    json_t *cfg = json_load_file(path, 0, &je);
-    if (!cfg) return tern_fail(err, "%s: %s", path, je.text);
+    json_t *cfg = tern_json_load(path, 0, TERN_JSON_SMALL_MAX, err);
+    if (!cfg) return -1;
     int rc = json_is_object(cfg) ? read_fields(cfg, p, path, err)
                                  : tern_fail(err, "%s: not a JSON object", path);
     json_decref(cfg);

@@ -3,12 +3,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 #include "util/clock.h"
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY };
@@ -18,6 +20,8 @@ typedef struct {
     int state;
     int pins;               /* batches using it; pinned slots are never evicted */
     uint64_t last_use;      /* tick of the last request (LRU, and LFU ties) */
+    int io_err;             /* why its last read failed: an errno, or -1 for end of file */
+    uint64_t io_at;         /* bytes of the blob read when it failed */
 } slot_t;
 
 typedef struct {
@@ -48,7 +52,9 @@ struct tern_expert_cache {
 
 /* ---- I/O workers -------------------------------------------------------- */
 
-static int read_blob(tern_expert_cache *c, const read_job *j) {
+/* 0, or why the read failed: an errno, or -1 when the file ended before
+ * the blob did (truncated since it was opened); *at gets the bytes read. */
+static int read_blob(tern_expert_cache *c, const read_job *j, uint64_t *at) {
     const layer_t *L = &c->layers[j->layer];
     uint8_t *dst = L->mem + (size_t)j->slot * c->p.stride;
     off_t off = (off_t)((uint64_t)j->expert * c->p.stride);
@@ -56,7 +62,9 @@ static int read_blob(tern_expert_cache *c, const read_job *j) {
     while (done < c->p.stride) {
         ssize_t n = pread(L->fd, dst + done, c->p.stride - done, off + (off_t)done);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
+        *at = done;
+        if (n < 0) return errno ? errno : EIO;
+        if (n == 0) return -1;
         done += (size_t)n;
     }
     /* Without O_DIRECT, drop what the read left in the page cache so the
@@ -77,7 +85,8 @@ static void *io_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
 
         double t0 = tern_now_s();
-        int rc = read_blob(c, &j);
+        uint64_t at = 0;
+        int rc = read_blob(c, &j, &at);
         double dt = tern_now_s() - t0;
 
         pthread_mutex_lock(&c->mu);
@@ -90,6 +99,8 @@ static void *io_main(void *arg) {
             /* a failed read leaves the slot empty; the waiter reports it */
             L->slots[j.slot].state = SLOT_EMPTY;
             L->slots[j.slot].expert = -1;
+            L->slots[j.slot].io_err = rc;
+            L->slots[j.slot].io_at = at;
             L->where[j.expert] = -1;
         }
         pthread_cond_broadcast(&c->done);
@@ -103,12 +114,12 @@ static void *io_main(void *arg) {
 static int open_layer(tern_expert_cache *c, int l, tern_error *err) {
     layer_t *L = &c->layers[l];
     const char *path = c->p.paths[l];
-    L->fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    L->fd = tern_file_open(path, O_DIRECT, err);
     if (L->fd < 0 && errno == EINVAL) {        /* e.g. tmpfs: no direct I/O */
-        L->fd = open(path, O_RDONLY | O_CLOEXEC);
+        L->fd = tern_file_open(path, 0, err);
         c->st.direct_io = 0;
     }
-    if (L->fd < 0) return tern_fail(err, "%s: cannot open expert file: %s", path, strerror(errno));
+    if (L->fd < 0) return -1;
     struct stat st;
     uint64_t want = (uint64_t)c->p.n_experts * c->p.stride;
     if (fstat(L->fd, &st) != 0 || (uint64_t)st.st_size != want)
@@ -253,6 +264,7 @@ int tern_expert_cache_begin(tern_expert_cache *c, int layer, const int *ids, int
         L->slots[s].pins++;
         L->slots[s].last_use = c->tick;
         b->slot[i] = s;
+        b->expert[i] = e;
         b->pending[i] = L->slots[s].state == SLOT_LOADING;
         b->n = i + 1;
     }
@@ -272,11 +284,18 @@ const uint8_t *tern_expert_batch_wait(tern_expert_batch *b, int i, tern_error *e
         double t0 = tern_now_s();
         pthread_mutex_lock(&c->mu);
         while (x->state == SLOT_LOADING) pthread_cond_wait(&c->done, &c->mu);
-        int failed = x->state != SLOT_READY;
+        int failed = x->state != SLOT_READY, why = x->io_err;
+        uint64_t at = x->io_at;
         c->st.wait_s += tern_now_s() - t0;
         pthread_mutex_unlock(&c->mu);
         if (failed) {
-            tern_fail(err, "%s: reading an expert failed: %s", c->p.paths[b->layer], "short read or I/O error");
+            uint64_t off = (uint64_t)b->expert[i] * c->p.stride + at;
+            if (why < 0)
+                tern_fail(err, "%s: expert %d: the file ends at byte %llu, inside the expert (truncated since "
+                               "the model was loaded?)", c->p.paths[b->layer], b->expert[i], (unsigned long long)off);
+            else
+                tern_fail(err, "%s: expert %d: read failed at byte %llu: %s", c->p.paths[b->layer], b->expert[i],
+                          (unsigned long long)off, strerror(why));
             return NULL;
         }
         b->pending[i] = 0;

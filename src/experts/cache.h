@@ -46,6 +46,7 @@ typedef struct tern_expert_batch {
     tern_expert_cache *c;
     int layer, n;
     int slot[TERN_EXPERT_BATCH_MAX];
+    int expert[TERN_EXPERT_BATCH_MAX];
     int pending[TERN_EXPERT_BATCH_MAX];   /* 1 while its read is in flight */
 } tern_expert_batch;
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 
 typedef struct {
     const char *path;
@@ -193,24 +194,20 @@ int tern_config_load(tern_config *c, const char *dir, tern_error *err) {
     memset(c, 0, sizeof *c);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) {
-        if (access(path, F_OK) != 0) return tern_fail(err, "%s: no such file", path);
-        return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
-    }
+    json_t *root = tern_json_load(path, 0, TERN_JSON_SMALL_MAX, err);
+    if (!root) return errno == ENOENT ? tern_fail(err, "%s: no such file", path) : -1;
     int rc = config_from_json(c, root, path, err);
     json_decref(root);
     if (rc != 0) return rc;
 
     /* generation_config.json's eos list wins over config.json's. */
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    json_t *gen = json_load_file(path, 0, &jerr);
+    json_t *gen = tern_json_load(path, 0, TERN_JSON_SMALL_MAX, err);
     if (gen) {
         read_eos(c, gen);
         json_decref(gen);
-    } else if (access(path, F_OK) == 0) {
-        return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    } else if (errno != ENOENT) {
+        return -1;
     }
     return 0;
 }

@@ -16,10 +16,14 @@
 
 #include "pack/sha256.h"
 #include "util/err.h"
+#include "util/file.h"
 
 /* A manifest of the full model is ~1 MB; anything far larger is not one. */
 #define MAX_MANIFEST_BYTES (64u << 20)
 #define PART_ALIGN 64
+/* Far above any real model; they bound the cross-checks' loops. */
+#define MAX_LAYER_FILES 4096
+#define MAX_FILES 65536
 
 static const char *const enc_names[] = {"f32", "f16", "bf16", "q4", "q8"};
 static const char *const qclass_names[TERN_QC_COUNT] = {"embed", "attn", "router", "shared",
@@ -41,17 +45,25 @@ const char *tern_qclass_name(int q) { return q >= 0 && q < TERN_QC_COUNT ? qclas
 static int enc_bits(int e) { return e == TERN_ENC_Q4 ? 4 : e == TERN_ENC_Q8 ? 8 : 0; }
 static int enc_float_size(int e) { return e == TERN_ENC_F32 ? 4 : 2; }
 
+/* Element counts and byte sizes stay below 2^62, so that every later sum
+ * of an offset and a size, and every signed product, has room. */
+#define MAX_TENSOR_COUNT (1ull << 62)
+
 int tern_pk_tensor_bytes(const tern_pk_tensor *t, uint64_t *data, uint64_t *scales) {
-    uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-    for (int d = 0; d < t->ndim - 1; d++) rows *= (uint64_t)t->shape[d];
+    if (t->ndim < 1 || t->ndim > 4) return -1;
+    uint64_t rows = 1, cols = (uint64_t)t->shape[t->ndim - 1], numel;
+    for (int d = 0; d < t->ndim - 1; d++)
+        if (t->shape[d] <= 0 || __builtin_mul_overflow(rows, (uint64_t)t->shape[d], &rows)) return -1;
+    if (t->shape[t->ndim - 1] <= 0 || __builtin_mul_overflow(rows, cols, &numel) || numel > MAX_TENSOR_COUNT)
+        return -1;
     int bits = enc_bits(t->encoding);
     if (!bits) {
-        *data = rows * cols * (uint64_t)enc_float_size(t->encoding);
+        *data = numel * (uint64_t)enc_float_size(t->encoding);
         *scales = 0;
-        return 0;
+        return *data > MAX_TENSOR_COUNT ? -1 : 0;
     }
     if (t->group <= 0 || cols % (uint64_t)t->group != 0) return -1;
-    *data = rows * cols * (uint64_t)bits / 8;
+    *data = numel / 8 * (uint64_t)bits + numel % 8 * (uint64_t)bits / 8;
     *scales = rows * (cols / (uint64_t)t->group) * 2;
     return 0;
 }
@@ -171,8 +183,8 @@ static int parse_shape(rd *r, json_t *o, const char *where, tern_pk_tensor *t) {
 static int check_sizes(rd *r, const tern_pk_tensor *t, const char *where) {
     uint64_t want_data, want_scales;
     if (tern_pk_tensor_bytes(t, &want_data, &want_scales) != 0)
-        return tern_fail(r->err, "%s: %s: row length %lld is not a multiple of group %d", r->path, where,
-                         (long long)t->shape[t->ndim - 1], t->group);
+        return tern_fail(r->err, "%s: %s: shape too large, or row length %lld not a multiple of group %d", r->path,
+                         where, (long long)t->shape[t->ndim - 1], t->group);
     if (t->data.size != want_data)
         return tern_fail(r->err, "%s: %s: data is %llu bytes but shape x %s needs %llu", r->path, where,
                          (unsigned long long)t->data.size, tern_encoding_name(t->encoding),
@@ -243,7 +255,8 @@ static int parse_experts(rd *r, json_t *o, tern_manifest *m) {
         return tern_fail(r->err, "%s: experts.stride %llu is not a multiple of 4096", r->path,
                          (unsigned long long)m->stride);
     json_t *layers = json_object_get(o, "layers");
-    if (!json_is_array(layers)) return tern_fail(r->err, "%s: experts.layers must be an array", r->path);
+    if (!json_is_array(layers) || json_array_size(layers) > MAX_LAYER_FILES)
+        return tern_fail(r->err, "%s: experts.layers must be an array of at most %d files", r->path, MAX_LAYER_FILES);
     m->layer_files = calloc(json_array_size(layers) + 1, sizeof *m->layer_files);
     if (!m->layer_files) return tern_fail(r->err, "out of memory");
     for (size_t i = 0; i < json_array_size(layers); i++) {
@@ -269,7 +282,8 @@ static int parse_experts(rd *r, json_t *o, tern_manifest *m) {
 }
 
 static int parse_files(rd *r, json_t *o, tern_manifest *m) {
-    if (!json_is_object(o)) return tern_fail(r->err, "%s: 'files' must be an object", r->path);
+    if (!json_is_object(o) || json_object_size(o) > MAX_FILES)
+        return tern_fail(r->err, "%s: 'files' must be an object of at most %d files", r->path, MAX_FILES);
     m->files = calloc(json_object_size(o) + 1, sizeof *m->files);
     if (!m->files) return tern_fail(r->err, "out of memory");
     const char *path;
@@ -400,10 +414,28 @@ static int check_resident(rd *r, const tern_manifest *m) {
 static int check_expert_file(rd *r, const tern_manifest *m, const char *path) {
     const tern_pk_file *f = tern_manifest_file(m, path);
     if (!f) return tern_fail(r->err, "%s: files does not list expert file %s", r->path, path);
-    uint64_t want = (uint64_t)m->n_experts * m->stride;
+    uint64_t want;
+    if (__builtin_mul_overflow((uint64_t)m->n_experts, m->stride, &want) || want > MAX_TENSOR_COUNT)
+        return tern_fail(r->err, "%s: experts.count x experts.stride overflows", r->path);
     if (f->size != want)
         return tern_fail(r->err, "%s: %s is listed with %llu bytes but count x stride is %llu", r->path, path,
                          (unsigned long long)f->size, (unsigned long long)want);
+    return 0;
+}
+
+static const char *expert_path(const tern_manifest *m, int i) {
+    return i < m->n_layer_files ? m->layer_files[i] : m->mtp_file;
+}
+
+/* Expert file i (the MTP one after the layers) is named by no other
+ * expert file and is not resident.bin. */
+static int distinct_expert_file(rd *r, const tern_manifest *m, int i) {
+    const char *p = expert_path(m, i);
+    if (!strcmp(p, "resident.bin") || !strcmp(p, "config.json"))
+        return tern_fail(r->err, "%s: expert file '%s' is not an expert file", r->path, p);
+    for (int j = 0; j < i; j++)
+        if (!strcmp(p, expert_path(m, j)))
+            return tern_fail(r->err, "%s: expert file '%s' is named twice", r->path, p);
     return 0;
 }
 
@@ -425,8 +457,8 @@ static int check_experts(rd *r, const tern_manifest *m) {
     if (!!m->mtp_file != !!m->arch.mtp)
         return tern_fail(r->err, "%s: experts.mtp and arch.mtp disagree", r->path);
     for (int i = 0; i < m->n_layer_files; i++)
-        if (check_expert_file(r, m, m->layer_files[i]) != 0) return -1;
-    return m->mtp_file ? check_expert_file(r, m, m->mtp_file) : 0;
+        if (check_expert_file(r, m, m->layer_files[i]) != 0 || distinct_expert_file(r, m, i) != 0) return -1;
+    return m->mtp_file ? check_expert_file(r, m, m->mtp_file) || distinct_expert_file(r, m, m->n_layer_files) : 0;
 }
 
 static int check_file_paths(rd *r, const tern_manifest *m) {
@@ -459,39 +491,13 @@ static int parse_root(rd *r, json_t *root, tern_manifest *m) {
     return check_file_paths(r, m) || check_resident(r, m) || check_experts(r, m) ? -1 : 0;
 }
 
-static int slurp(const char *path, char **out, size_t *len, tern_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_MANIFEST_BYTES) {
-        close(fd);
-        return tern_fail(err, "%s: not a regular file of at most %u bytes", path, MAX_MANIFEST_BYTES);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (buf && got < (size_t)st.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (!buf || got != (size_t)st.st_size) {
-        free(buf);
-        return tern_fail(err, "%s: read failed", path);
-    }
-    *out = buf;
-    *len = got;
-    return 0;
-}
-
 int tern_manifest_read(tern_manifest *m, const char *dir, tern_error *err) {
     memset(m, 0, sizeof *m);
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     char *text = NULL;
     size_t len = 0;
-    if (slurp(path, &text, &len, err) != 0) return -1;
+    if (tern_file_read(path, O_NOFOLLOW, MAX_MANIFEST_BYTES, &text, &len, err) != 0) return -1;
     if (tern_sha256_buf(text, len, m->manifest_sha256, err) != 0) { free(text); return -1; }
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);

@@ -1,6 +1,7 @@
 #include "model/packed.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 
 int tern_is_packed_dir(const char *dir) {
     char path[4096];
@@ -57,8 +59,8 @@ int tern_packed_open(tern_tensor_set *ts, const tern_manifest *man, const char *
     memset(ts, 0, sizeof *ts);
     char path[4096];
     snprintf(path, sizeof path, "%s/resident.bin", dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = tern_file_open(path, O_NOFOLLOW, err);
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) { close(fd); return tern_fail(err, "%s: cannot stat", path); }
     ts->map_size = (size_t)st.st_size;
@@ -100,6 +102,35 @@ int tern_packed_open_mem(tern_tensor_set *ts, const tern_manifest *man, void *ba
     return 0;
 }
 
+static int same_int(const char *label, const char *field, int have, int want, tern_error *err) {
+    if (have == want) return 0;
+    return tern_fail(err, "%s: %s is %d but config.json says %d", label, field, have, want);
+}
+
+static int check_part(const tern_pk_tensor *t, int64_t rows, int64_t cols, const char *label, tern_error *err) {
+    if (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) return 0;
+    return tern_fail(err, "%s: experts.parts.%s has shape [%lld, %lld] but the config implies [%lld, %lld]", label,
+                     t->name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)rows,
+                     (long long)cols);
+}
+
+int tern_packed_check_config(const tern_manifest *man, const tern_config *c, const char *label, tern_error *err) {
+    const tern_pk_arch *a = &man->arch;
+    if (same_int(label, "arch.hidden_size", a->hidden, c->hidden, err) ||
+        same_int(label, "arch.num_hidden_layers", a->n_layers, c->n_layers, err) ||
+        same_int(label, "arch.num_experts", a->n_experts, c->n_experts, err) ||
+        same_int(label, "arch.num_experts_per_tok", a->top_k, c->top_k, err) ||
+        same_int(label, "arch.moe_intermediate_size", a->expert_inter, c->expert_inter, err) ||
+        same_int(label, "arch.vocab_size", a->vocab, c->vocab, err) ||
+        same_int(label, "the number of experts.layers", man->n_layer_files, c->n_layers, err) ||
+        same_int(label, "experts.count", man->n_experts, c->n_experts, err))
+        return -1;
+    int64_t I = c->expert_inter, H = c->hidden;
+    return check_part(&man->parts[0], I, H, label, err) || check_part(&man->parts[1], I, H, label, err) ||
+                   check_part(&man->parts[2], H, I, label, err)
+               ? -1 : 0;
+}
+
 static void part_view(const tern_pk_tensor *pk, const uint8_t *blob, tern_mat *m) {
     tern_tensor t;
     fill_tensor(&t, pk, blob, NULL);
@@ -114,6 +145,10 @@ void tern_packed_expert_view(const tern_manifest *man, const uint8_t *blob, tern
 }
 
 uint64_t tern_packed_expert_bytes(const tern_manifest *man) {
-    int files = man->n_layer_files + (man->mtp_file ? 1 : 0);
-    return (uint64_t)files * man->n_experts * man->stride;
+    uint64_t files = (uint64_t)man->n_layer_files + (man->mtp_file ? 1 : 0), per_file, total;
+    /* the manifest reader bounds count x stride; saturate all the same */
+    if (__builtin_mul_overflow((uint64_t)man->n_experts, man->stride, &per_file) ||
+        __builtin_mul_overflow(files, per_file, &total))
+        return UINT64_MAX;
+    return total;
 }

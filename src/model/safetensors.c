@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 
 /* A header larger than this is not a model header but a corrupt length. */
 #define MAX_HEADER_BYTES (256ull << 20)
@@ -50,8 +51,8 @@ void tern_st_close(tern_st_file *f) {
 }
 
 static int map_file(tern_st_file *f, const char *path, tern_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = tern_file_open(path, 0, err);
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 
 static int add_file(tern_tensor_set *ts, const char *dir, const char *fname, tern_error *err) {
     /* A shard name comes from a file we were given: it must name a file in
@@ -40,9 +41,8 @@ static int file_index(const tern_tensor_set *ts, const char *dir, const char *fn
 }
 
 static int open_index(tern_tensor_set *ts, const char *dir, const char *index_path, tern_error *err) {
-    json_error_t jerr;
-    json_t *root = json_load_file(index_path, 0, &jerr);
-    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", index_path, jerr.text, jerr.line);
+    json_t *root = tern_json_load(index_path, 0, TERN_JSON_LARGE_MAX, err);
+    if (!root) return -1;
     json_t *map = json_object_get(root, "weight_map");
     int rc = 0;
     if (!json_is_object(map)) rc = tern_fail(err, "%s: missing object 'weight_map'", index_path);

@@ -119,7 +119,8 @@ int tern_open_in(int root, const char *rel, int *missing, tern_error *err) {
     const char *last;
     int dfd = open_parent(root, rel, &last, missing, err);
     if (dfd < 0) return -1;
-    int fd = openat(dfd, last, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a named pipe in its place must not block the open */
+    int fd = openat(dfd, last, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     int e = errno;
     close(dfd);
     if (fd < 0) {
@@ -127,9 +128,17 @@ int tern_open_in(int root, const char *rel, int *missing, tern_error *err) {
         return tern_fail(err, "%s: %s", rel, e == ENOENT ? "missing" : e == ELOOP ? "is a symbolic link (refused)" : strerror(e));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int fstat_rc = fstat(fd, &st);
+    if (fstat_rc != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return tern_fail(err, "%s: not a regular file", rel);
+        return tern_fail(err, "%s: not a regular file%s", rel,
+                         fstat_rc == 0 && S_ISFIFO(st.st_mode) ? " (a named pipe, refused)" : "");
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        e = errno;
+        close(fd);
+        return tern_fail(err, "%s: fcntl failed: %s", rel, strerror(e));
     }
     return fd;
 }

@@ -26,6 +26,7 @@
 #include "pack/verify.h"
 #include "synth/synth.h"
 #include "util/err.h"
+#include "util/file.h"
 #include "util/pool.h"
 
 #define STATE_NAME "pack-state.json"
@@ -210,7 +211,7 @@ static int verify_state_files(pk_job *j, json_t *files) {
 
 static int load_state(pk_job *j) {
     int fd = tern_open_in(j->pdir, STATE_NAME, NULL, NULL);
-    json_t *root = fd >= 0 ? json_loadfd(fd, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    json_t *root = fd >= 0 ? tern_json_load_fd(fd, STATE_NAME, JSON_REJECT_DUPLICATES, TERN_JSON_LARGE_MAX, NULL) : NULL;
     if (fd >= 0) close(fd);
     if (!root) return 0;   /* killed before the first file completed: start over */
     int rc = 0;
@@ -497,8 +498,8 @@ static int copy_sidecar(sink *k) {
     snprintf(path, sizeof path, "%s/%s", k->j->src.dir, k->path);
     /* the source may be a Hugging Face cache snapshot, whose files are
      * symlinks into blobs/: follow them on the reading side */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tern_fail(k->j->err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = tern_file_open(path, 0, k->j->err);
+    if (fd < 0) return -1;
     char buf[1 << 16];
     int rc = 0;
     for (;;) {

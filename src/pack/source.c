@@ -14,6 +14,7 @@
 #include "pack/sha256.h"
 #include "synth/synth.h"
 #include "util/err.h"
+#include "util/file.h"
 #include "util/half.h"
 
 #define MAX_HEADER_BYTES (256ull << 20)
@@ -157,8 +158,8 @@ static int add_raw(hdr_ctx *h, const char *name, json_t *e) {
 }
 
 static int map_shard(pk_shard *f, tern_error *err) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", f->path, strerror(errno));
+    int fd = tern_file_open(f->path, 0, err);
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
         close(fd);
@@ -210,17 +211,16 @@ static int open_shard(pk_source *s, const char *fname, tern_error *err) {
 }
 
 static int read_index(pk_source *s, const char *path, tern_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tern_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = tern_file_open(path, 0, err);
+    if (fd < 0) return -1;
     uint64_t size;
     int rc = tern_sha256_fd(fd, path, NULL, &size, s->index_sha256, err);
     close(fd);
     if (rc != 0) return -1;
     if (size > MAX_INDEX_BYTES) return tern_fail(err, "%s: larger than %u bytes", path, MAX_INDEX_BYTES);
     s->has_index = 1;
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    json_t *root = tern_json_load(path, JSON_REJECT_DUPLICATES, MAX_INDEX_BYTES, err);
+    if (!root) return -1;
     json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) rc = tern_fail(err, "%s: missing object 'weight_map'", path);
     const char *name;
@@ -240,9 +240,8 @@ static int read_index(pk_source *s, const char *path, tern_error *err) {
 static int read_quant_config(pk_source *s, tern_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", s->dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) return tern_fail(err, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
+    json_t *root = tern_json_load(path, 0, TERN_JSON_SMALL_MAX, err);
+    if (!root) return -1;
     s->fp8_block[0] = s->fp8_block[1] = 128;
     json_t *q = json_object_get(root, "quantization");
     if (!q) q = json_object_get(root, "quantization_config");

@@ -17,7 +17,7 @@
 
 #define TERN_TOOL_VERSION "tern 0.1 (packed format 1)"
 #define TERN_RECEIPT_NAME "verified-install.json"
-#define TERN_RECEIPT_SCHEMA 1
+#define TERN_RECEIPT_SCHEMA 2
 
 enum tern_check_how {
     TERN_CHECK_RECEIPT = 0,      /* receipt matched: sizes checked */

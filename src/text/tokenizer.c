@@ -27,6 +27,7 @@
 
 #include "text/utf8.h"
 #include "util/err.h"
+#include "util/file.h"
 
 /* The regex ByteLevel(use_regex=true) applies (GPT-2's), as `tokenizers`
  * hard-codes it. */
@@ -820,12 +821,8 @@ tern_tokenizer *tern_tokenizer_load_files(const char *path, const char *config_p
     uint32_t byte_to_cp[256];
     byte_level_map(byte_to_cp, t->cp_to_byte);
 
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &je);
-    if (!root) {
-        tern_fail(err, "%s:%d: %s", path, je.line, je.text);
-        goto fail;
-    }
+    json_t *root = tern_json_load(path, JSON_ALLOW_NUL, TERN_JSON_LARGE_MAX, err);
+    if (!root) goto fail;
     int rc = load_json(t, root, err);
     json_decref(root);
     if (rc) {
@@ -833,11 +830,8 @@ tern_tokenizer *tern_tokenizer_load_files(const char *path, const char *config_p
         goto fail;
     }
     if (config_path) {
-        json_t *cfg = json_load_file(config_path, 0, &je);
-        if (!cfg) {
-            tern_fail(err, "%s:%d: %s", config_path, je.line, je.text);
-            goto fail;
-        }
+        json_t *cfg = tern_json_load(config_path, 0, TERN_JSON_SMALL_MAX, err);
+        if (!cfg) goto fail;
         rc = config_token(t, cfg, "bos_token", &t->bos_id, err) ||
              config_token(t, cfg, "eos_token", &t->eos_id, err) ||
              config_token(t, cfg, "pad_token", &t->pad_id, err);
@@ -865,9 +859,8 @@ tern_tokenizer *tern_tokenizer_load(const char *dir, tern_error *err) {
     }
     snprintf(tj, n, "%s/tokenizer.json", dir);
     snprintf(cj, n, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(cj, "rb");
-    if (f) fclose(f);
-    tern_tokenizer *t = tern_tokenizer_load_files(tj, f ? cj : NULL, err);
+    int has_config = tern_file_exists(cj);
+    tern_tokenizer *t = tern_tokenizer_load_files(tj, has_config ? cj : NULL, err);
     free(tj);
     free(cj);
     return t;
