@@ -26,6 +26,7 @@ typedef struct {
 
 typedef struct {
     int fd;
+    char *path;             /* a copy: the caller's paths need not outlive create */
     uint8_t *mem;           /* slots x stride, 4 KiB aligned for O_DIRECT */
     slot_t *slots;
     int *where;             /* [n_experts] slot holding the expert, or -1 */
@@ -111,9 +112,10 @@ static void *io_main(void *arg) {
 
 /* ---- create / destroy --------------------------------------------------- */
 
-static int open_layer(tern_expert_cache *c, int l, tern_error *err) {
+static int open_layer(tern_expert_cache *c, int l, const char *path, tern_error *err) {
     layer_t *L = &c->layers[l];
-    const char *path = c->p.paths[l];
+    L->path = strdup(path);
+    if (!L->path) return tern_fail(err, "out of memory");
     L->fd = tern_file_open(path, O_DIRECT, err);
     if (L->fd < 0 && errno == EINVAL) {        /* e.g. tmpfs: no direct I/O */
         L->fd = tern_file_open(path, 0, err);
@@ -152,6 +154,7 @@ tern_expert_cache *tern_expert_cache_create(const tern_expert_cache_params *p, t
     tern_expert_cache *c = calloc(1, sizeof *c);
     if (!c) { tern_fail(err, "out of memory"); return NULL; }
     c->p = *p;
+    c->p.paths = NULL;   /* each layer keeps its own copy */
     c->st.direct_io = 1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->done, NULL);
@@ -163,7 +166,7 @@ tern_expert_cache *tern_expert_cache_create(const tern_expert_cache_params *p, t
     if (!ok) tern_fail(err, "out of memory");
     for (int l = 0; ok && l < p->n_layers; l++) c->layers[l].fd = -1;
     for (int l = 0; ok && l < p->n_layers; l++)
-        if (open_layer(c, l, err) != 0) ok = 0;
+        if (open_layer(c, l, p->paths[l], err) != 0) ok = 0;
     int n_io = p->io_threads > 0 ? p->io_threads : 4;
     c->io = ok ? calloc((size_t)n_io, sizeof *c->io) : NULL;
     for (int i = 0; ok && c->io && i < n_io; i++) {
@@ -188,6 +191,7 @@ void tern_expert_cache_destroy(tern_expert_cache *c) {
     for (int l = 0; c->layers && l < c->p.n_layers; l++) {
         layer_t *L = &c->layers[l];
         if (L->fd >= 0) close(L->fd);
+        free(L->path);
         free(L->mem);
         free(L->slots);
         free(L->where);
@@ -292,9 +296,9 @@ const uint8_t *tern_expert_batch_wait(tern_expert_batch *b, int i, tern_error *e
             uint64_t off = (uint64_t)b->expert[i] * c->p.stride + at;
             if (why < 0)
                 tern_fail(err, "%s: expert %d: the file ends at byte %llu, inside the expert (truncated since "
-                               "the model was loaded?)", c->p.paths[b->layer], b->expert[i], (unsigned long long)off);
+                               "the model was loaded?)", L->path, b->expert[i], (unsigned long long)off);
             else
-                tern_fail(err, "%s: expert %d: read failed at byte %llu: %s", c->p.paths[b->layer], b->expert[i],
+                tern_fail(err, "%s: expert %d: read failed at byte %llu: %s", L->path, b->expert[i],
                           (unsigned long long)off, strerror(why));
             return NULL;
         }

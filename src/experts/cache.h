@@ -23,7 +23,7 @@ enum tern_expert_policy { TERN_EXPERT_LFU = 0, TERN_EXPERT_LRU = 1 };
 
 typedef struct tern_expert_cache_params {
     int n_layers;                 /* expert files (decoder layers, + 1 for the MTP layer) */
-    const char *const *paths;     /* [n_layers] absolute or cwd-relative paths */
+    const char *const *paths;     /* [n_layers] absolute or cwd-relative paths (copied) */
     int n_experts;                /* blobs per file */
     uint64_t stride;              /* bytes per blob, multiple of 4096 */
     int slots;                    /* per layer, top_k <= slots <= n_experts */
