@@ -2,8 +2,9 @@
 # Installs the Debian packages tern's build and tests need. Idempotent: does
 # nothing when every package is already present.
 set -euo pipefail
+# clang and libclang-rt-dev (libFuzzer, only recommended by clang) for make fuzz.
 pkgs=(build-essential pkg-config libjansson-dev libcriterion-dev libpcre2-dev
-      libutf8proc-dev libssl-dev libmicrohttpd-dev)
+      libutf8proc-dev libssl-dev libmicrohttpd-dev clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

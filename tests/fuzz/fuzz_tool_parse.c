@@ -32,7 +32,7 @@ static int on_event(void *user, const tern_out_event *ev, tern_error *err) {
         ev_text(&s->log, ev->kind, ev->text, ev->len);
     } else if (ev->kind == TERN_OUT_TOOL_CALL) {
         FUZZ_CHECK(ev->name && ev->name[0], "a tool call without a name");
-        json_t *args = json_loads(ev->arguments, JSON_DECODE_ANY, NULL);
+        json_t *args = json_loads(ev->arguments, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
         FUZZ_CHECK(json_is_object(args), "arguments are not a JSON object: %s", ev->arguments);
         json_decref(args);
         char idx[16];
