@@ -144,6 +144,11 @@ Test(hardening_model, gate_shape_from_manifest_refused) {
     cr_assert(rc != 0 && rc != 124, "verify exited %d: %s", rc, out);
     cr_assert(strstr(out, "experts.parts.gate"), "%s", out);
     free(out);
+    snprintf(args, sizeof args, "info -m %s", d);
+    out = cli(args, &rc);
+    cr_assert(rc != 0 && rc != 124, "info exited %d: %s", rc, out);
+    cr_assert(strstr(out, "experts.parts.gate"), "%s", out);
+    free(out);
 }
 
 Test(hardening_model, down_shape_from_manifest_refused) {

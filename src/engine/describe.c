@@ -161,7 +161,13 @@ static const char *qclass_names[TERN_QC_COUNT] = {"embed", "attn", "router", "sh
  * expert budget gives. */
 static int describe_packed(const char *dir, const tern_config *c, uint64_t budget, FILE *out, tern_error *err) {
     tern_manifest man;
+    char label[4200];
+    snprintf(label, sizeof label, "%s/manifest.json", dir);
     if (tern_manifest_read(&man, dir, err) != 0) return -1;
+    if (tern_packed_check_config(&man, c, label, err) != 0) {
+        tern_manifest_free(&man);
+        return -1;
+    }
     fprintf(out, "packed format v%d, quantization:", man.version);
     for (int q = 0; q < TERN_QC_COUNT; q++)
         fprintf(out, " %s %d%s", qclass_names[q], man.quant[q].bits, man.quant[q].bits == 16 ? "(float)" : "");
