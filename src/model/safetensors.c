@@ -25,6 +25,8 @@ static const struct {
     [TERN_DTYPE_I16] = {"I16", 2},       [TERN_DTYPE_I8] = {"I8", 1},
     [TERN_DTYPE_U8] = {"U8", 1},         [TERN_DTYPE_BOOL] = {"BOOL", 1},
     [TERN_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [TERN_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
+    [TERN_DTYPE_U16] = {"U16", 2},       [TERN_DTYPE_U32] = {"U32", 4},
+    [TERN_DTYPE_U64] = {"U64", 8},
 };
 
 const char *tern_dtype_name(int dtype) {
@@ -107,6 +109,9 @@ static int parse_entry(tern_st_file *f, const char *name, json_t *e, uint64_t da
         t->shape[d] = (int64_t)n;
     }
     t->numel = (int64_t)numel;
+    size_t esz = tern_dtype_size(t->dtype);
+    if (numel > UINT64_MAX / esz)
+        return tern_fail(err, "%s: tensor '%s': shape x %s overflows 64 bits", p, name, tern_dtype_name(t->dtype));
     uint64_t begin, end;
     if (!json_is_array(jo) || json_array_size(jo) != 2 ||
         get_u64(json_array_get(jo, 0), &begin) != 0 || get_u64(json_array_get(jo, 1), &end) != 0)
@@ -115,7 +120,6 @@ static int parse_entry(tern_st_file *f, const char *name, json_t *e, uint64_t da
         return tern_fail(err, "%s: tensor '%s': data_offsets [%llu, %llu] out of range (data is %llu bytes)",
                          p, name, (unsigned long long)begin, (unsigned long long)end,
                          (unsigned long long)data_size);
-    size_t esz = tern_dtype_size(t->dtype);
     if (end - begin != numel * esz)
         return tern_fail(err, "%s: tensor '%s': %llu bytes of data but shape x %s needs %llu", p, name,
                          (unsigned long long)(end - begin), tern_dtype_name(t->dtype),
@@ -136,21 +140,32 @@ static int cmp_by_offset(const void *a, const void *b) {
     return px < py ? -1 : px > py;
 }
 
-static int check_overlaps(tern_st_file *f, tern_error *err) {
-    if (f->n_tensors < 2) return 0;
-    tern_tensor *sorted = malloc((size_t)f->n_tensors * sizeof *sorted);
+/* The tensors must tile the data section: a gap or trailing bytes mean the
+ * header does not describe the file (a header length off by a few bytes
+ * shows up here when the elements are bytes). */
+static int check_tiling(tern_st_file *f, const uint8_t *data, uint64_t data_size, tern_error *err) {
+    tern_tensor *sorted = malloc((size_t)f->n_tensors * sizeof *sorted + 1);
     if (!sorted) return tern_fail(err, "%s: out of memory", f->path);
     memcpy(sorted, f->tensors, (size_t)f->n_tensors * sizeof *sorted);
     qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, cmp_by_offset);
     int rc = 0;
+    uint64_t cursor = 0;
     const tern_tensor *prev = NULL;
     for (int i = 0; i < f->n_tensors && rc == 0; i++) {
         const tern_tensor *t = &sorted[i];
         if (t->nbytes == 0) continue;
-        if (prev && (const uint8_t *)t->data < (const uint8_t *)prev->data + prev->nbytes)
+        uint64_t begin = (uint64_t)((const uint8_t *)t->data - data);
+        if (begin < cursor)
             rc = tern_fail(err, "%s: tensors '%s' and '%s' overlap", f->path, prev->name, t->name);
+        else if (begin > cursor)
+            rc = tern_fail(err, "%s: data bytes [%llu, %llu) before tensor '%s' belong to no tensor", f->path,
+                           (unsigned long long)cursor, (unsigned long long)begin, t->name);
+        cursor = begin + t->nbytes;
         prev = t;
     }
+    if (rc == 0 && cursor != data_size)
+        rc = tern_fail(err, "%s: %llu data bytes after the last tensor belong to no tensor (is the header length "
+                       "right?)", f->path, (unsigned long long)(data_size - cursor));
     free(sorted);
     return rc;
 }
@@ -187,7 +202,7 @@ static int parse_header(tern_st_file *f, tern_error *err) {
         if (rc == 0) f->n_tensors++;
     }
     json_decref(root);
-    if (rc == 0) rc = check_overlaps(f, err);
+    if (rc == 0) rc = check_tiling(f, data, data_size, err);
     return rc;
 }
 

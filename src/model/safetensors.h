@@ -2,7 +2,10 @@
  * JSON ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__":
  * {...}}), then the raw tensor bytes. The file is mmapped read-only; every
  * offset and size in the header is checked against the file before a tensor
- * points into it. */
+ * points into it, with the rules of the reference `safetensors` reader: the
+ * tensors tile the data exactly (no overlap, no gap, nothing after the
+ * last), and each is aligned to its element size. Both the loader and
+ * `tern pack` read sources through this parser. */
 #ifndef TERN_MODEL_SAFETENSORS_H
 #define TERN_MODEL_SAFETENSORS_H
 
@@ -24,6 +27,9 @@ enum tern_dtype {
     TERN_DTYPE_BOOL,
     TERN_DTYPE_F8_E4M3,
     TERN_DTYPE_F8_E5M2,
+    TERN_DTYPE_U16,            /* the unsigned ones carry MLX's packed words */
+    TERN_DTYPE_U32,
+    TERN_DTYPE_U64,
     TERN_DTYPE_COUNT
 };
 
