@@ -14,10 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/config.h"
+#include "model/packed.h"
+#include "model/weights.h"
 #include "pack/install.h"
 #include "pack/plan.h"
 #include "pack/progress.h"
@@ -136,7 +139,7 @@ static int plan_fingerprint(pk_job *j) {
         int n = snprintf(line, sizeof line, "%s %llu\n", j->plan.out_paths[i], (unsigned long long)j->plan.out_sizes[i]);
         tern_sha256_update(&h, line, (size_t)n);
     }
-    for (int i = 0; i < j->src.n_shards; i++) hash_stat(&h, j->src.shards[i].path);
+    for (int i = 0; i < j->src.ts.n_files; i++) hash_stat(&h, j->src.ts.files[i].path);
     for (int i = j->plan.first_sidecar; i < j->plan.n_out; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", j->src.dir, j->plan.out_paths[i]);
@@ -144,6 +147,26 @@ static int plan_fingerprint(pk_job *j) {
     }
     tern_sha256_final(&h, j->plan_sha);
     return 0;
+}
+
+/* The loader's own checks on the planned model: its resident tensors,
+ * bound to the config over zero pages that are never written, must have
+ * every tensor and every shape `tern run` asks for, before a byte is
+ * written. */
+static int check_binding(pk_job *j) {
+    size_t size = j->plan.resident_size ? (size_t)j->plan.resident_size : 1;
+    void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return tern_fail(j->err, "out of address space for %zu bytes", size);
+    tern_tensor_set ts;
+    memset(&ts, 0, sizeof ts);
+    if (tern_packed_open_mem(&ts, &j->plan.man, base, size, j->err) != 0) return -1;
+    /* a misfit names the source file, not the resident.bin still to come */
+    for (int i = 0; i < ts.n_owned; i++) ts.owned[i].file = j->plan.items[i].src.w->file;
+    tern_weights w;
+    int rc = tern_weights_bind(&w, &j->cfg, &ts, j->err);
+    if (rc == 0) tern_weights_free(&w, &j->cfg);
+    tern_tensors_close(&ts);
+    return rc;
 }
 
 static int job_plan(pk_job *j) {
@@ -154,7 +177,7 @@ static int job_plan(pk_job *j) {
     else if (tern_config_load(&j->cfg, j->src.dir, j->err) != 0) return -1;
     if (pk_plan_build(&j->plan, &j->src, &j->cfg, &j->opt, j->err) != 0) return -1;
     j->have_plan = 1;
-    return plan_fingerprint(j);
+    return check_binding(j) || plan_fingerprint(j) ? -1 : 0;
 }
 
 /* ---- pack-state.json ---------------------------------------------------- */

@@ -17,24 +17,26 @@
 #include "util/file.h"
 #include "util/half.h"
 
-#define MAX_HEADER_BYTES (256ull << 20)
 #define MAX_INDEX_BYTES (64u << 20)
 
-static const struct {
-    const char *name;
-    int dtype;
-    size_t size;
-} dtypes[] = {
-    {"F32", PK_F32, 4}, {"F16", PK_F16, 2}, {"BF16", PK_BF16, 2}, {"U32", PK_U32, 4},
-    {"F8_E4M3", PK_F8E4M3, 1}, {"F64", PK_OTHER, 8}, {"I64", PK_OTHER, 8}, {"U64", PK_OTHER, 8},
-    {"I32", PK_OTHER, 4}, {"I16", PK_OTHER, 2}, {"U16", PK_OTHER, 2}, {"I8", PK_OTHER, 1},
-    {"U8", PK_OTHER, 1}, {"BOOL", PK_OTHER, 1}, {"F8_E5M2", PK_OTHER, 1},
-};
-
 size_t pk_dtype_size(int dtype) {
-    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (dtypes[i].dtype == dtype) return dtypes[i].size;
-    return 0;
+    switch (dtype) {
+    case PK_F32: case PK_U32: return 4;
+    case PK_F16: case PK_BF16: return 2;
+    case PK_F8E4M3: return 1;
+    default: return 0;
+    }
+}
+
+static int pk_dtype_of(int dtype) {
+    switch (dtype) {
+    case TERN_DTYPE_F32: return PK_F32;
+    case TERN_DTYPE_F16: return PK_F16;
+    case TERN_DTYPE_BF16: return PK_BF16;
+    case TERN_DTYPE_U32: return PK_U32;
+    case TERN_DTYPE_F8_E4M3: return PK_F8E4M3;
+    default: return PK_OTHER;
+    }
 }
 
 /* ---- names -------------------------------------------------------------- */
@@ -80,63 +82,12 @@ static char *canonical_name(const char *n) {
     return NULL;
 }
 
-/* ---- safetensors headers ------------------------------------------------ */
+/* ---- tensors ---------------------------------------------------------- */
 
-typedef struct {
-    pk_source *s;
-    const pk_shard *f;
-    const uint8_t *data;
-    uint64_t data_size;
-    tern_error *err;
-} hdr_ctx;
-
-static int parse_dims(hdr_ctx *h, const char *name, json_t *js, pk_raw *t) {
-    if (!json_is_array(js) || json_array_size(js) > 8)
-        return tern_fail(h->err, "%s: tensor '%s': shape must be an array of at most 8 dims", h->f->path, name);
-    t->ndim = (int)json_array_size(js);
-    uint64_t numel = 1;
-    for (int d = 0; d < t->ndim; d++) {
-        json_t *v = json_array_get(js, (size_t)d);
-        if (!json_is_integer(v) || json_integer_value(v) < 0)
-            return tern_fail(h->err, "%s: tensor '%s': shape[%d] is not a non-negative integer", h->f->path, name, d);
-        uint64_t n = (uint64_t)json_integer_value(v);
-        if (n && numel > (1ull << 62) / n) return tern_fail(h->err, "%s: tensor '%s': shape overflows", h->f->path, name);
-        numel *= n;
-        t->shape[d] = (int64_t)n;
-    }
-    t->numel = (int64_t)numel;
-    return 0;
-}
-
-static int parse_entry(hdr_ctx *h, const char *name, json_t *e, pk_raw *t) {
-    const char *p = h->f->path;
-    const char *dt = json_string_value(json_object_get(e, "dtype"));
-    json_t *jo = json_object_get(e, "data_offsets");
-    if (!json_is_object(e) || !dt) return tern_fail(h->err, "%s: tensor '%s': missing dtype", p, name);
-    size_t esz = 0;
-    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (!strcmp(dt, dtypes[i].name)) { t->dtype = dtypes[i].dtype; esz = dtypes[i].size; }
-    if (!esz) return tern_fail(h->err, "%s: tensor '%s': unknown dtype '%s'", p, name, dt);
-    snprintf(t->dtype_name, sizeof t->dtype_name, "%s", dt);
-    if (parse_dims(h, name, json_object_get(e, "shape"), t) != 0) return -1;
-    json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
-    if (json_array_size(jo) != 2 || !json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
-        json_integer_value(en) < json_integer_value(b) || (uint64_t)json_integer_value(en) > h->data_size)
-        return tern_fail(h->err, "%s: tensor '%s': data_offsets missing or outside the file", p, name);
-    uint64_t begin = (uint64_t)json_integer_value(b), end = (uint64_t)json_integer_value(en);
-    if (end - begin != (uint64_t)t->numel * esz)
-        return tern_fail(h->err, "%s: tensor '%s': %llu bytes of data but shape x %s needs %llu", p, name,
-                         (unsigned long long)(end - begin), dt, (unsigned long long)((uint64_t)t->numel * esz));
-    t->data = h->data + begin;
-    t->nbytes = end - begin;
-    t->file = h->f->path;
-    return 0;
-}
-
-static int add_raw(hdr_ctx *h, const char *name, json_t *e) {
-    pk_source *s = h->s;
-    if (pk_check_tensor_name(name, h->f->path, h->err) != 0) return -1;
-    char *canon = canonical_name(name);
+/* One tensor the loader's parser accepted, under its canonical name. */
+static int add_raw(pk_source *s, const tern_tensor *t, tern_error *err) {
+    if (pk_check_tensor_name(t->name, t->file, err) != 0) return -1;
+    char *canon = canonical_name(t->name);
     if (!canon) {
         s->n_dropped++;
         return 0;
@@ -145,72 +96,29 @@ static int add_raw(hdr_ctx *h, const char *name, json_t *e) {
         /* a per-expert checkpoint of the full model has ~31 K tensors: grow geometrically */
         int cap = s->cap_raw ? 2 * s->cap_raw : 1024;
         pk_raw *grown = realloc(s->raw, (size_t)cap * sizeof *grown);
-        if (!grown) { free(canon); return tern_fail(h->err, "out of memory"); }
+        if (!grown) { free(canon); return tern_fail(err, "out of memory"); }
         s->raw = grown;
         s->cap_raw = cap;
     }
-    pk_raw *t = &s->raw[s->n_raw++];
-    memset(t, 0, sizeof *t);
-    t->name = canon;
-    t->src_name = strdup(name);
-    if (!t->src_name) return tern_fail(h->err, "out of memory");
-    return parse_entry(h, name, e, t);
-}
-
-static int map_shard(pk_shard *f, tern_error *err) {
-    int fd = tern_file_open(f->path, 0, err);
-    if (fd < 0) return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
-        close(fd);
-        return tern_fail(err, "%s: not a safetensors file (too short or not a regular file)", f->path);
-    }
-    f->size = (size_t)st.st_size;
-    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        return tern_fail(err, "%s: mmap failed: %s", f->path, strerror(errno));
-    }
+    pk_raw *r = &s->raw[s->n_raw++];
+    memset(r, 0, sizeof *r);
+    r->name = canon;
+    r->src_name = strdup(t->name);
+    if (!r->src_name) return tern_fail(err, "out of memory");
+    r->dtype = pk_dtype_of(t->dtype);
+    snprintf(r->dtype_name, sizeof r->dtype_name, "%s", tern_dtype_name(t->dtype));
+    r->ndim = t->ndim;
+    memcpy(r->shape, t->shape, sizeof r->shape);
+    r->numel = t->numel;
+    r->data = t->data;
+    r->nbytes = t->nbytes;
+    r->file = t->file;
     return 0;
 }
 
-static int open_shard(pk_source *s, const char *fname, tern_error *err) {
-    if (!*fname || strchr(fname, '/') || !strcmp(fname, ".") || !strcmp(fname, ".."))
-        return tern_fail(err, "%s/model.safetensors.index.json: shard name '%s' is not a plain file name", s->dir, fname);
-    for (int i = 0; i < s->n_shards; i++)
-        if (!strcmp(strrchr(s->shards[i].path, '/') + 1, fname)) return 0;
-    pk_shard *g = realloc(s->shards, (size_t)(s->n_shards + 1) * sizeof *g);
-    if (!g) return tern_fail(err, "out of memory");
-    s->shards = g;
-    pk_shard *f = &s->shards[s->n_shards++];
-    memset(f, 0, sizeof *f);
-    if (asprintf(&f->path, "%s/%s", s->dir, fname) < 0) { f->path = NULL; return tern_fail(err, "out of memory"); }
-    if (map_shard(f, err) != 0) return -1;
-    s->total_bytes += f->size;
-    const uint8_t *b = f->map;
-    uint64_t hl = 0;
-    for (int i = 0; i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
-    if (hl > MAX_HEADER_BYTES || hl > f->size - 8)
-        return tern_fail(err, "%s: header length %llu is past the end of the file", f->path, (unsigned long long)hl);
-    json_error_t jerr;
-    json_t *root = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return tern_fail(err, "%s: header is not valid JSON (%s)", f->path, jerr.text);
-    }
-    hdr_ctx h = {s, f, b + 8 + hl, f->size - 8 - hl, err};
-    const char *name;
-    json_t *e;
-    int rc = 0;
-    json_object_foreach(root, name, e) {
-        if (strcmp(name, "__metadata__") != 0 && (rc = add_raw(&h, name, e)) != 0) break;
-    }
-    json_decref(root);
-    return rc;
-}
-
-static int read_index(pk_source *s, const char *path, tern_error *err) {
+/* The index's hash goes into the manifest; its contents are the loader's
+ * to read. */
+static int hash_index(pk_source *s, const char *path, tern_error *err) {
     int fd = tern_file_open(path, 0, err);
     if (fd < 0) return -1;
     uint64_t size;
@@ -219,23 +127,33 @@ static int read_index(pk_source *s, const char *path, tern_error *err) {
     if (rc != 0) return -1;
     if (size > MAX_INDEX_BYTES) return tern_fail(err, "%s: larger than %u bytes", path, MAX_INDEX_BYTES);
     s->has_index = 1;
-    json_t *root = tern_json_load(path, JSON_REJECT_DUPLICATES, MAX_INDEX_BYTES, err);
-    if (!root) return -1;
-    json_t *map = json_object_get(root, "weight_map");
-    if (!json_is_object(map)) rc = tern_fail(err, "%s: missing object 'weight_map'", path);
-    const char *name;
-    json_t *v;
-    json_object_foreach(map, name, v) {
-        if (rc != 0) break;
-        if (pk_check_tensor_name(name, path, err) != 0) { rc = -1; break; }
-        if (!json_is_string(v)) rc = tern_fail(err, "%s: weight_map['%s'] is not a file name", path, name);
-        else rc = open_shard(s, json_string_value(v), err);
+    return 0;
+}
+
+/* The shards through the loader's own reader (model/tensors.h), so that a
+ * source `tern pack` accepts is one `tern run` would read. */
+static int read_tensors(pk_source *s, tern_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->dir);
+    if (tern_file_exists(path) && hash_index(s, path, err) != 0) return -1;
+    if (tern_tensors_open(&s->ts, s->dir, 0, err) != 0) return -1;
+    for (int i = 0; i < s->ts.n_files; i++) {
+        const tern_st_file *f = &s->ts.files[i];
+        s->total_bytes += f->size;
+        for (int k = 0; k < f->n_tensors; k++)
+            if (add_raw(s, &f->tensors[k], err) != 0) return -1;
     }
-    json_decref(root);
-    return rc;
+    return 0;
 }
 
 /* ---- config: MLX quantization, FP8 block size --------------------------- */
+
+/* A config integer narrowed to int; a value out of range becomes -1, which
+ * every check after it refuses. */
+static int small_int(json_t *v) {
+    json_int_t x = json_integer_value(v);
+    return json_is_integer(v) && x >= 0 && x <= (1 << 20) ? (int)x : -1;
+}
 
 static int read_quant_config(pk_source *s, tern_error *err) {
     char path[4096];
@@ -247,8 +165,8 @@ static int read_quant_config(pk_source *s, tern_error *err) {
     if (!q) q = json_object_get(root, "quantization_config");
     json_t *bs = json_object_get(q, "weight_block_size");
     if (json_is_array(bs) && json_array_size(bs) == 2) {
-        s->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
-        s->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+        s->fp8_block[0] = small_int(json_array_get(bs, 0));
+        s->fp8_block[1] = small_int(json_array_get(bs, 1));
     }
     int rc = 0;
     if (s->fp8_block[0] <= 0 || s->fp8_block[1] <= 0)
@@ -257,8 +175,8 @@ static int read_quant_config(pk_source *s, tern_error *err) {
         const char *mode = json_string_value(json_object_get(q, "mode"));
         if (mode && strcmp(mode, "affine") != 0)
             rc = tern_fail(err, "%s: quantization mode '%s' is not supported (affine only)", path, mode);
-        s->mlx_bits = (int)json_integer_value(json_object_get(q, "bits"));
-        s->mlx_group = (int)json_integer_value(json_object_get(q, "group_size"));
+        s->mlx_bits = small_int(json_object_get(q, "bits"));
+        s->mlx_group = json_object_get(q, "group_size") ? small_int(json_object_get(q, "group_size")) : 0;
         s->mlx_quant = json_incref(q);
     }
     json_decref(root);
@@ -274,9 +192,8 @@ int pk_mlx_params(const pk_source *s, const pk_raw *w, const pk_raw *sc, int *bi
     *bits = s->mlx_bits;
     *group = s->mlx_group;
     if (json_is_object(over)) {
-        if (json_is_integer(json_object_get(over, "bits"))) *bits = (int)json_integer_value(json_object_get(over, "bits"));
-        if (json_is_integer(json_object_get(over, "group_size")))
-            *group = (int)json_integer_value(json_object_get(over, "group_size"));
+        if (json_is_integer(json_object_get(over, "bits"))) *bits = small_int(json_object_get(over, "bits"));
+        if (json_is_integer(json_object_get(over, "group_size"))) *group = small_int(json_object_get(over, "group_size"));
     }
     if (!*bits || !*group)
         return tern_fail(err, "%s: '%s' is MLX-quantized but config.json has no 'quantization' bits/group_size", w->file,
@@ -284,6 +201,9 @@ int pk_mlx_params(const pk_source *s, const pk_raw *w, const pk_raw *sc, int *bi
     if (*bits != 4 && *bits != 8)
         return tern_fail(err, "%s: '%s' is %d-bit; the packed format holds 4- and 8-bit (and float) only", w->file,
                          w->src_name, *bits);
+    if (*group != 32 && *group != 64 && *group != 128)
+        return tern_fail(err, "%s: '%s': group_size %d is not one of MLX's 32, 64, 128", w->file, w->src_name, *group);
+    /* each dimension is bounded by the file's size: these products fit */
     int64_t words = w->shape[w->ndim - 1], ngroups = sc->shape[sc->ndim - 1];
     if (words * 32 != (int64_t)*bits * ngroups * *group)
         return tern_fail(err, "%s: '%s': %lld packed words per row do not match %lld groups of %d at %d bits", w->file,
@@ -321,18 +241,8 @@ int pk_source_open(pk_source *s, const char *dir, tern_error *err) {
     memset(s, 0, sizeof *s);
     s->dir = realpath(dir, NULL);
     if (!s->dir) return tern_fail(err, "%s: cannot resolve the source directory: %s", dir, strerror(errno));
-    char path[4096];
     int rc = read_quant_config(s, err);
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->dir);
-    if (rc == 0) {
-        if (access(path, F_OK) == 0) {
-            rc = read_index(s, path, err);
-        } else {
-            snprintf(path, sizeof path, "%s/model.safetensors", s->dir);
-            rc = access(path, F_OK) == 0 ? open_shard(s, "model.safetensors", err)
-                                         : tern_fail(err, "%s: no model.safetensors or model.safetensors.index.json", s->dir);
-        }
-    }
+    if (rc == 0) rc = read_tensors(s, err);
     if (rc == 0) rc = finish_names(s, err);
     if (rc != 0) pk_source_close(s);
     return rc;
@@ -388,11 +298,7 @@ void pk_source_close(pk_source *s) {
         free(s->raw[i].src_name);
     }
     free(s->raw);
-    for (int i = 0; i < s->n_shards; i++) {
-        if (s->shards[i].map) munmap(s->shards[i].map, s->shards[i].size);
-        free(s->shards[i].path);
-    }
-    free(s->shards);
+    tern_tensors_close(&s->ts);
     json_decref(s->mlx_quant);
     free(s->dir);
     memset(s, 0, sizeof *s);

@@ -1,9 +1,9 @@
 /* The checkpoint `tern pack` reads: a Hugging Face directory (one
  * model.safetensors or an index + shards) in bf16/f16/f32, an MLX
- * affine-quantized one, or an FP8 block-quantized one. This reader parses
- * the safetensors headers itself because it needs dtypes the engine's
- * loader has no use for (U32 packed words, F8_E4M3), validates every tensor
- * name, and maps each name to its canonical Hugging Face form:
+ * affine-quantized one, or an FP8 block-quantized one. The shards are read
+ * by the loader's own parser (model/tensors.h: the same offset, alignment
+ * and index checks `tern run` applies); this reader then validates every
+ * tensor name and maps each name to its canonical Hugging Face form:
  *
  *   model.language_model.X        kept
  *   model.X, language_model.model.X   -> model.language_model.X  (X = layers.*, embed_tokens.*, norm.*)
@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/tensors.h"
 #include "tern.h"
 
 enum pk_dtype { PK_F32, PK_F16, PK_BF16, PK_U32, PK_F8E4M3, PK_OTHER };
@@ -38,16 +39,9 @@ typedef struct pk_raw {
     const struct synth_tensor *synth;   /* a synthetic tensor: values drawn, not read (data NULL) */
 } pk_raw;
 
-typedef struct pk_shard {
-    char *path;
-    void *map;
-    size_t size;
-} pk_shard;
-
 typedef struct pk_source {
     char *dir;                   /* real path */
-    pk_shard *shards;
-    int n_shards;
+    tern_tensor_set ts;          /* the shards, read and checked by the loader's parser */
     pk_raw *raw;                 /* sorted by canonical name */
     int n_raw, cap_raw;
     int n_dropped;               /* vision/audio tensors left out */
