@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,29 +27,42 @@ void tern_sampler_params_default(tern_sampler_params *p) {
     };
 }
 
-static int read_float(json_t *cfg, const char *key, float *out, const char *path,
+/* The ranges are those the tern command line accepts for the same settings
+ * (--temp, --top-p, --min-p, --repeat-penalty, --top-k): a file may not
+ * ask for what a flag may not. */
+static int read_float(json_t *cfg, const char *key, double lo, double hi, float *out, const char *path,
                       tern_error *err) {
     json_t *v = json_object_get(cfg, key);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) return tern_fail(err, "%s: \"%s\" must be a number", path, key);
-    *out = (float)json_number_value(v);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return tern_fail(err, "%s: \"%s\" must be in [%g, %g], got %g", path, key, lo, hi, x);
+    *out = (float)x;
     return 0;
 }
 
 static int read_int(json_t *cfg, const char *key, int *out, const char *path, tern_error *err) {
     json_t *v = json_object_get(cfg, key);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v)) return tern_fail(err, "%s: \"%s\" must be an integer", path, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return tern_fail(err, "%s: \"%s\" must be an integer in [0, %d]", path, key, INT32_MAX);
     *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int eos_id(json_t *v, int32_t *out, const char *path, size_t i, tern_error *err) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return tern_fail(err, "%s: eos_token_id[%zu] must be a token id (an integer >= 0)", path, i);
+    *out = (int32_t)json_integer_value(v);
     return 0;
 }
 
 static int read_eos(json_t *cfg, tern_sampler_params *p, const char *path, tern_error *err) {
     json_t *v = json_object_get(cfg, "eos_token_id");
     if (!v || json_is_null(v)) return 0;
-    if (json_is_integer(v)) {
+    if (json_is_number(v)) {
+        if (eos_id(v, &p->eos_ids[0], path, 0, err) != 0) return -1;
         p->n_eos = 1;
-        p->eos_ids[0] = (int32_t)json_integer_value(v);
         return 0;
     }
     if (!json_is_array(v) || json_array_size(v) > TERN_SAMPLER_MAX_EOS)
@@ -57,9 +71,7 @@ static int read_eos(json_t *cfg, tern_sampler_params *p, const char *path, tern_
     size_t i;
     json_t *id;
     json_array_foreach(v, i, id) {
-        if (!json_is_integer(id))
-            return tern_fail(err, "%s: eos_token_id[%zu] must be an integer", path, i);
-        p->eos_ids[i] = (int32_t)json_integer_value(id);
+        if (eos_id(id, &p->eos_ids[i], path, i, err) != 0) return -1;
     }
     p->n_eos = (int)json_array_size(v);
     return 0;
@@ -71,11 +83,11 @@ static int read_fields(json_t *cfg, tern_sampler_params *p, const char *path, te
         if (!json_is_boolean(ds)) return tern_fail(err, "%s: \"do_sample\" must be true/false", path);
         p->do_sample = json_is_true(ds);
     }
-    if (read_float(cfg, "temperature", &p->temperature, path, err) ||
+    if (read_float(cfg, "temperature", 0, 100, &p->temperature, path, err) ||
         read_int(cfg, "top_k", &p->top_k, path, err) ||
-        read_float(cfg, "top_p", &p->top_p, path, err) ||
-        read_float(cfg, "min_p", &p->min_p, path, err) ||
-        read_float(cfg, "repetition_penalty", &p->repetition_penalty, path, err))
+        read_float(cfg, "top_p", 0, 1, &p->top_p, path, err) ||
+        read_float(cfg, "min_p", 0, 1, &p->min_p, path, err) ||
+        read_float(cfg, "repetition_penalty", 0.01, 100, &p->repetition_penalty, path, err))
         return -1;
     return read_eos(cfg, p, path, err);
 }

@@ -2,6 +2,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -91,17 +92,30 @@ static int read_rope(reader *r, tern_config *c) {
     return 0;
 }
 
-static void read_eos(tern_config *c, json_t *obj) {
+static int eos_id(const tern_config *c, json_t *v, const char *path, size_t i, tern_error *err) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->vocab)
+        return tern_fail(err, "%s: eos_token_id[%zu] must be a token id in [0, %d)", path, i, c->vocab);
+    return (int)json_integer_value(v);
+}
+
+/* eos_token_id of obj (an id or a list of ids), each a token of the
+ * vocabulary; absent or null leaves c's list as it is. */
+static int read_eos(tern_config *c, json_t *obj, const char *path, tern_error *err) {
     json_t *e = json_object_get(obj, "eos_token_id");
-    if (json_is_integer(e)) {
+    if (!e || json_is_null(e)) return 0;
+    if (!json_is_array(e)) {
+        int id = eos_id(c, e, path, 0, err);
+        if (id < 0) return -1;
         c->n_eos = 1;
-        c->eos[0] = (int)json_integer_value(e);
-    } else if (json_is_array(e)) {
-        c->n_eos = 0;
-        for (size_t i = 0; i < json_array_size(e) && c->n_eos < TERN_MAX_EOS; i++)
-            if (json_is_integer(json_array_get(e, i)))
-                c->eos[c->n_eos++] = (int)json_integer_value(json_array_get(e, i));
+        c->eos[0] = id;
+        return 0;
     }
+    if (json_array_size(e) > TERN_MAX_EOS)
+        return tern_fail(err, "%s: eos_token_id lists %zu ids (at most %d)", path, json_array_size(e), TERN_MAX_EOS);
+    for (size_t i = 0; i < json_array_size(e); i++)
+        if ((c->eos[i] = eos_id(c, json_array_get(e, i), path, i, err)) < 0) return -1;
+    c->n_eos = (int)json_array_size(e);
+    return 0;
 }
 
 static int check_arch(reader *r, tern_config *c) {
@@ -139,11 +153,14 @@ static int read_fields(reader *r, tern_config *c) {
         return -1;
     if (c->head_dim == 0) c->head_dim = c->hidden / c->n_heads;
     json_t *mtp = field(r, "mtp_num_hidden_layers");
-    c->mtp_layers = json_is_integer(mtp) ? (int)json_integer_value(mtp) : 0;
-    if (c->mtp_layers < 0 || c->mtp_layers > 1)
-        return tern_fail(r->err, "%s: mtp_num_hidden_layers %d is not supported (0 or 1)", r->path, c->mtp_layers);
+    if (mtp && (!json_is_integer(mtp) || json_integer_value(mtp) < 0 || json_integer_value(mtp) > 1))
+        return tern_fail(r->err, "%s: mtp_num_hidden_layers must be 0 or 1 (the layers tern supports)", r->path);
+    c->mtp_layers = mtp ? (int)json_integer_value(mtp) : 0;
     double eps;
     if (opt_num(r, r->text, "rms_norm_eps", 1e-6, &eps) != 0) return -1;
+    /* as a float: a positive double below float's range would become 0 */
+    if (!(eps < 1) || !((float)eps > 0))
+        return tern_fail(r->err, "%s: rms_norm_eps must be in (0, 1), got %g", r->path, eps);
     c->norm_eps = (float)eps;
     json_t *tie = field(r, "tie_word_embeddings");
     c->tie_embeddings = json_is_true(tie);
@@ -152,8 +169,7 @@ static int read_fields(reader *r, tern_config *c) {
     const char *dt = json_string_value(field(r, "dtype"));
     if (!dt) dt = json_string_value(field(r, "torch_dtype"));
     snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "bfloat16");
-    read_eos(c, r->text);
-    return 0;
+    return read_eos(c, r->text, r->path, r->err);
 }
 
 static int check_consistency(reader *r, tern_config *c) {
@@ -163,6 +179,12 @@ static int check_consistency(reader *r, tern_config *c) {
     if (c->gdn_v_heads % c->gdn_k_heads != 0)
         return tern_fail(r->err, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
                          r->path, c->gdn_v_heads, c->gdn_k_heads);
+    /* the derived sizes are ints: each must fit with room to spare */
+    int64_t heads = c->n_heads, kv = c->n_kv_heads, hd = c->head_dim;
+    int64_t kdim = (int64_t)c->gdn_k_heads * c->gdn_k_dim, vdim = (int64_t)c->gdn_v_heads * c->gdn_v_dim;
+    if (2 * heads * hd > (1 << 30) || kv * hd > (1 << 30) || 2 * kdim + vdim > (1 << 30))
+        return tern_fail(r->err, "%s: the attention or linear-attention sizes (heads x head dims) exceed 2^30",
+                         r->path);
     if (c->top_k > c->n_experts)
         return tern_fail(r->err, "%s: num_experts_per_tok %d exceeds num_experts %d", r->path, c->top_k,
                          c->n_experts);
@@ -204,8 +226,9 @@ int tern_config_load(tern_config *c, const char *dir, tern_error *err) {
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     json_t *gen = tern_json_load(path, 0, TERN_JSON_SMALL_MAX, err);
     if (gen) {
-        read_eos(c, gen);
+        rc = json_is_object(gen) ? read_eos(c, gen, path, err) : tern_fail(err, "%s: not a JSON object", path);
         json_decref(gen);
+        if (rc != 0) return rc;
     } else if (errno != ENOENT) {
         return -1;
     }
