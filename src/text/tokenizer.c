@@ -713,21 +713,25 @@ static int load_model(tern_tokenizer *t, builder *b, json_t *model, json_t *adde
 
     json_t *vocab = json_object_get(model, "vocab");
     if (!json_is_object(vocab)) return tern_fail(err, "model.vocab is not an object");
-    /* ids: the largest of the vocabulary and the added tokens */
-    json_int_t max_id = -1;
+    /* ids: the largest of the vocabulary and the added tokens. The file's
+     * own counts bound them (ids may leave holes, but not more ids than
+     * entries), so a small file cannot ask for a huge table. */
+    json_int_t max_id = -1, n_ids = (json_int_t)(json_object_size(vocab) + json_array_size(added));
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 ||
-            json_integer_value(val) > INT32_MAX / 2)
-            return tern_fail(err, "model.vocab[\"%s\"] is not a valid id", key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= n_ids)
+            return tern_fail(err, "model.vocab[\"%s\"] is not an id in [0, %lld) (the vocabulary and added "
+                             "tokens hold %lld entries)", key, (long long)n_ids, (long long)n_ids);
         if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
     }
     for (size_t i = 0; i < json_array_size(added); i++) {
         json_t *id = json_object_get(json_array_get(added, i), "id");
-        if (json_is_integer(id) && json_integer_value(id) > max_id &&
-            json_integer_value(id) <= INT32_MAX / 2)
-            max_id = json_integer_value(id);
+        if (json_is_integer(id) && (json_integer_value(id) < 0 || json_integer_value(id) >= n_ids))
+            return tern_fail(err, "added_tokens[%zu].id %lld is not an id in [0, %lld) (the vocabulary and added "
+                             "tokens hold %lld entries)", i, (long long)json_integer_value(id), (long long)n_ids,
+                             (long long)n_ids);
+        if (json_is_integer(id) && json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
     t->n_tok = (int32_t)(max_id + 1);
     t->tok = calloc((size_t)t->n_tok + 1, sizeof *t->tok);
@@ -1131,7 +1135,12 @@ static int pre_tokenize(const tern_tokenizer *t, scratch *sc, size_t level, cons
             return tern_fail(err, "pre-tokenizer regex %zu: %s", level, (char *)msg);
         }
         size_t ms = ov[0], me = ov[1];
-        if (me == ms) {     /* empty match: step over one character */
+        if (me == ms) {
+            /* An empty match still splits, as in `tokenizers` (Oniguruma's
+             * find_iter): the gap before it is a piece of its own. Then
+             * step over one character. */
+            if (ms > start && pre_tokenize(t, sc, level + 1, s + start, ms - start, out, err)) return -1;
+            if (ms > start) start = ms;
             if (ms >= len) break;
             pos = ms + 1;
             while (pos < len && ((unsigned char)s[pos] & 0xC0) == 0x80) pos++;
