@@ -44,6 +44,15 @@ void cli_usage(FILE *f);
 int32_t *cli_parse_ids(const char *s, size_t *n);
 
 tern_model *cli_load_model(const cli_opts *o);
+/* The context a command runs with: --ctx, else dflt, else (0) the model's
+ * max_position_embeddings. More than the model's positions is refused with
+ * one line on stderr (-1). */
+int cli_context(const cli_opts *o, const tern_model *m, int dflt);
+/* The whole of a text file (malloc'd, NUL-terminated), read with a cap so
+ * that a device or pipe that never ends is refused, not read until memory
+ * runs out. `why` says what the cap stands for in the message. NULL after
+ * one line on stderr. */
+char *cli_read_text(const char *path, size_t max_bytes, const char *why, size_t *len);
 /* The model's generation defaults with the command-line overrides. */
 int cli_gen_params(const cli_opts *o, tern_gen_params *p);
 

@@ -10,18 +10,9 @@
 
 #include "cli/cli.h"
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
-    fclose(f);
-    if (buf) { buf[n] = '\0'; *len = (size_t)n; }
-    return buf;
-}
+/* Scored in windows, so the text is not bounded by the context; this cap
+ * only keeps a device that never ends from being read forever. */
+#define MAX_TEXT_BYTES ((size_t)64 << 20)
 
 /* -log softmax(row)[target], in double */
 static double nll(const float *row, int V, int32_t target) {
@@ -35,22 +26,25 @@ static double nll(const float *row, int V, int32_t target) {
 int cmd_perplexity(const cli_opts *o) {
     if (!o->prompt_file) { fprintf(stderr, "tern perplexity: -f FILE is required\n"); return 2; }
     size_t len;
-    char *text = slurp(o->prompt_file, &len);
-    if (!text) { fprintf(stderr, "tern: cannot read %s\n", o->prompt_file); return 1; }
+    char *text = cli_read_text(o->prompt_file, MAX_TEXT_BYTES, "the most tern perplexity reads", &len);
+    if (!text) return 1;
     tern_model *m = cli_load_model(o);
+    int win = m ? cli_context(o, m, 512) : -1;
+    if (m && win >= 0 && win < 2) fprintf(stderr, "tern: perplexity needs windows of at least 2 tokens (--ctx %d)\n", win);
     tern_error err;
-    tern_tokenizer *tok = m ? tern_tokenizer_load(cli_model_dir(o), &err) : NULL;
+    tern_tokenizer *tok = win >= 2 ? tern_tokenizer_load(cli_model_dir(o), &err) : NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     int rc = 1;
-    if (m && !tok) fprintf(stderr, "tern: %s\n", err.msg);
-    if (tok && tern_tokenizer_encode(tok, text, len, 0, &ids, &n, &err) != 0) {
+    int encoded = 0;
+    if (win >= 2 && !tok) fprintf(stderr, "tern: %s\n", err.msg);
+    if (tok && !(encoded = tern_tokenizer_encode(tok, text, len, 0, &ids, &n, &err) == 0))
         fprintf(stderr, "tern: %s\n", err.msg);
-        ids = NULL;
-    }
-    int win = o->ctx ? o->ctx : 512, V = m ? tern_model_vocab_size(m) : 0;
-    float *logits = ids ? malloc((size_t)win * V * sizeof(float)) : NULL;
-    if (logits && n < 2) fprintf(stderr, "tern: %s has fewer than 2 tokens\n", o->prompt_file);
+    if (encoded && n < 2) fprintf(stderr, "tern: %s has %zu tokens; perplexity needs at least 2\n", o->prompt_file, n);
+    int V = m ? tern_model_vocab_size(m) : 0;
+    float *logits = encoded && n >= 2 ? malloc((size_t)win * (size_t)V * sizeof(float)) : NULL;
+    if (encoded && n >= 2 && !logits)
+        fprintf(stderr, "tern: out of memory for %d x %d logits (try a smaller --ctx)\n", win, V);
     if (logits && n >= 2) {
         double sum = 0;
         long scored = 0;

@@ -27,11 +27,13 @@ typedef struct {
     int keep;                    /* accumulate (--json output, chat transcript) */
     char *text;
     size_t len, cap;
+    int wrote;                   /* something was echoed */
 } sink;
 
 static int on_text(void *ctx, const char *text, size_t len) {
     sink *k = ctx;
     if (k->echo) {
+        k->wrote |= len > 0;
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
@@ -90,29 +92,31 @@ static void print_json(const sink *k, const tern_gen_stats *st) {
     json_decref(j);
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "tern: %s: %s\n", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while (buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (n + 1 == cap) { char *b = realloc(buf, cap *= 2); if (!b) { free(buf); buf = NULL; } else buf = b; }
+/* No text longer than ctx times this fits in ctx tokens: each token covers
+ * at most its own bytes, and NFC (which may shorten the text before it is
+ * split) never shrinks it by 4x. */
+static size_t bytes_per_token_bound(const tern_tokenizer *tok) {
+    size_t most = 1;
+    for (int32_t id = 0; id < tern_tokenizer_vocab_size(tok); id++) {
+        size_t len = 0;
+        if (tern_tokenizer_token_bytes(tok, id, &len) && len > most) most = len;
     }
-    fclose(f);
-    if (buf) { buf[n] = '\0'; *len = n; }
-    return buf;
+    return 4 * most;
 }
 
 /* The prompt of `tern run` as ids: --tokens, or -p / -f text. */
-static int32_t *run_prompt(const cli_opts *o, tern_tokenizer *tok, size_t *n) {
+static int32_t *run_prompt(const cli_opts *o, tern_tokenizer *tok, int ctx, size_t *n) {
     if (o->tokens) return cli_parse_ids(o->tokens, n);
     size_t len = 0;
     char *owned = NULL;
     const char *text = o->prompt;
-    if (o->prompt_file) text = owned = read_file(o->prompt_file, &len);
-    else if (text) len = strlen(text);
+    if (o->prompt_file) {
+        char why[96];
+        snprintf(why, sizeof why, "the most a %d-token context can hold", ctx);
+        text = owned = cli_read_text(o->prompt_file, (size_t)ctx * bytes_per_token_bound(tok), why, &len);
+    } else if (text) {
+        len = strlen(text);
+    }
     if (!text) return NULL;
     int32_t *ids = NULL;
     tern_error err;
@@ -135,6 +139,11 @@ int cmd_run(const cli_opts *o) {
     }
     tern_model *m = cli_load_model(o);
     if (!m) return 1;
+    int ctx = cli_context(o, m, 0);
+    if (ctx < 0) {
+        tern_model_free(m);
+        return 2;
+    }
     tern_error err;
     tern_tokenizer *tok = NULL;
     if (!o->tokens && !(tok = tern_tokenizer_load(cli_model_dir(o), &err))) {
@@ -143,27 +152,30 @@ int cmd_run(const cli_opts *o) {
         return 1;
     }
     size_t n_prompt = 0;
-    int32_t *prompt = run_prompt(o, tok, &n_prompt);
+    int32_t *prompt = run_prompt(o, tok, ctx, &n_prompt);
     tern_gen_params gp;
-    tern_session_params sp = {.max_context = o->ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
-    tern_session *s = prompt && cli_gen_params(o, &gp) == 0 ? tern_session_create(m, &sp, &err) : NULL;
+    tern_session_params sp = {.max_context = ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
+    int params_ok = prompt && cli_gen_params(o, &gp) == 0;   /* a bad one printed its line */
+    tern_session *s = params_ok ? tern_session_create(m, &sp, &err) : NULL;
     int rc = 1, ids_printed = 0;
     if (s) {
         gp.n_predict = o->n_predict == INT_MIN ? 256 : o->n_predict;
         if (o->tokens) gp.on_token = print_id;
-        sink k = {!o->json, o->json, NULL, 0, 0};
+        sink k = {!o->json, o->json, NULL, 0, 0, 0};
         tern_gen_stats st;
         install_sigint();
-        void *ctx = o->tokens ? (void *)&ids_printed : (void *)&k;
-        rc = tern_generate(s, o->tokens ? NULL : tok, prompt, n_prompt, &gp, on_text, ctx, &st, &err) ? 1 : 0;
-        if (rc) fprintf(stderr, "\ntern: %s\n", err.msg);
-        if (o->json && !o->tokens) print_json(&k, &st);
-        else if (o->tokens) printf("\n");
+        void *out = o->tokens ? (void *)&ids_printed : (void *)&k;
+        rc = tern_generate(s, o->tokens ? NULL : tok, prompt, n_prompt, &gp, on_text, out, &st, &err) ? 1 : 0;
+        if (rc) fprintf(stderr, "%stern: %s\n", ids_printed || k.wrote ? "\n" : "", err.msg);
+        if (o->json && !o->tokens && rc == 0) print_json(&k, &st);
+        else if (o->tokens && (rc == 0 || ids_printed)) printf("\n");
         fflush(stdout);
-        footer(o, m, &st);
+        if (rc == 0) footer(o, m, &st);   /* after an error its numbers mean nothing */
         free(k.text);
-    } else if (prompt) {
+    } else if (params_ok) {
         fprintf(stderr, "tern: %s\n", err.msg);
+    } else if (prompt) {
+        rc = 1;
     } else {
         rc = 2;   /* the prompt itself was bad */
     }
@@ -255,7 +267,7 @@ static int chat_turn(chat_state *c, const cli_opts *o, const char *user, int *tu
     tern_gen_params gp;
     if (cli_gen_params(o, &gp) != 0) { free(ids); return -1; }
     gp.n_predict = o->n_predict == INT_MIN ? 1024 : o->n_predict;
-    sink k = {!o->json, 1, NULL, 0, 0};   /* keep the reply for the transcript */
+    sink k = {!o->json, 1, NULL, 0, 0, 0};   /* keep the reply for the transcript */
     tern_gen_stats st;
     interrupted = 0;
     rc = tern_generate(c->s, c->tok, ids, n, &gp, on_text, &k, &st, &err);
@@ -276,7 +288,9 @@ int cmd_chat(const cli_opts *o) {
     tern_error err;
     if (!(c.m = cli_load_model(o))) return 1;
     int rc = 1;
-    tern_session_params sp = {.max_context = o->ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
+    int ctx = cli_context(o, c.m, 0);
+    if (ctx < 0) goto done;
+    tern_session_params sp = {.max_context = ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
     if (!(c.tok = tern_tokenizer_load(cli_model_dir(o), &err)) || !(c.s = tern_session_create(c.m, &sp, &err))) {
         fprintf(stderr, "tern: %s\n", err.msg);
         goto done;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -186,6 +187,45 @@ tern_model *cli_load_model(const cli_opts *o) {
     tern_model *m = tern_model_load(dir, &lp, &err);
     if (!m) fprintf(stderr, "tern: %s\n", err.msg);
     return m;
+}
+
+int cli_context(const cli_opts *o, const tern_model *m, int dflt) {
+    int most = tern_model_max_context(m), ctx = o->ctx ? o->ctx : dflt ? dflt : most;
+    if (ctx > most) {
+        fprintf(stderr, "tern: --ctx %d is more than the model's %d positions (max_position_embeddings)\n", ctx, most);
+        return -1;
+    }
+    return ctx;
+}
+
+char *cli_read_text(const char *path, size_t max_bytes, const char *why, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "tern: %s: %s\n", path, strerror(errno)); return NULL; }
+    struct stat st;
+    const char *bad = NULL;
+    if (fstat(fileno(f), &st) != 0) bad = strerror(errno);
+    else if (S_ISDIR(st.st_mode)) bad = "is a directory";
+    else if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > max_bytes) bad = "too long";
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = bad ? NULL : malloc(cap);
+    if (!bad && !buf) bad = "out of memory";
+    while (buf && n <= max_bytes && (r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (n + 1 < cap) continue;
+        char *b = realloc(buf, cap *= 2);
+        if (!b) { free(buf); buf = NULL; bad = "out of memory"; } else buf = b;
+    }
+    if (buf && ferror(f)) bad = strerror(errno);
+    if (buf && n > max_bytes) bad = "too long";
+    fclose(f);
+    if (bad && !strcmp(bad, "too long"))
+        fprintf(stderr, "tern: %s: longer than %zu bytes, %s\n", path, max_bytes, why);
+    else if (bad)
+        fprintf(stderr, "tern: %s: %s\n", path, bad);
+    if (bad) { free(buf); return NULL; }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }
 
 int cli_gen_params(const cli_opts *o, tern_gen_params *p) {
