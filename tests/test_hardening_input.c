@@ -413,6 +413,11 @@ Test(hardening_input, cli_edge_values_one_line_each) {
     expect_one_line(cmd, "is a directory");
     snprintf(cmd, sizeof cmd, "%s run -f %s/missing.txt -n 1 -t 1", T, dir);
     expect_one_line(cmd, "missing.txt: No such file");
+    snprintf(cmd, sizeof cmd, "%s pack models/tern-tiny %s --group 0", T, in_dir("p"));
+    expect_one_line(cmd, "--group needs a positive number, got '0'");
+    snprintf(cmd, sizeof cmd, "%s pack models/tern-tiny/config.json %s", T, in_dir("p"));
+    expect_one_line(cmd, "config.json: not a directory");
+    cr_assert_eq(access(in_dir("p"), F_OK), -1);
     /* an engine error: its line only, no footer of meaningless numbers */
     snprintf(cmd, sizeof cmd, "%s run --tokens 999999 -n 1 -t 1", T);
     expect_one_line(cmd, "999999");

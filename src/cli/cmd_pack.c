@@ -38,8 +38,9 @@ static int parse_int(const char *cmd, const char *flag, const char *s, int *out)
     char *end;
     errno = 0;
     long v = strtol(s ? s : "", &end, 10);
-    if (!s || !*s || *end || errno || v < 0 || v > 1 << 20) {
-        fprintf(stderr, "tern %s: %s needs a number, got '%s'\n", cmd, flag, s ? s : "");
+    /* 0 would silently mean "the default": a flag given asks for a value */
+    if (!s || !*s || *end || errno || v < 1 || v > 1 << 20) {
+        fprintf(stderr, "tern %s: %s needs a positive number, got '%s'\n", cmd, flag, s ? s : "");
         return -1;
     }
     *out = (int)v;

@@ -241,6 +241,11 @@ int pk_source_open(pk_source *s, const char *dir, tern_error *err) {
     memset(s, 0, sizeof *s);
     s->dir = realpath(dir, NULL);
     if (!s->dir) return tern_fail(err, "%s: cannot resolve the source directory: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(s->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        pk_source_close(s);
+        return tern_fail(err, "%s: not a directory (the source is a checkpoint directory)", dir);
+    }
     int rc = read_quant_config(s, err);
     if (rc == 0) rc = read_tensors(s, err);
     if (rc == 0) rc = finish_names(s, err);
