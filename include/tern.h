@@ -296,8 +296,10 @@ void tern_sampler_params_default(tern_sampler_params *p);
  * present: do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
  * eos_token_id (an integer or a list). No file: the defaults (generation
  * then stops at config.json's EOS ids). Fails (p keeps the defaults and
- * whatever was read) on a file that is not JSON or a field of the wrong
- * type. */
+ * whatever was read) on a file that is not JSON, a field of the wrong
+ * type, or a value outside the range the tern command line accepts for it
+ * (temperature [0, 100], top_k >= 0, top_p and min_p [0, 1],
+ * repetition_penalty [0.01, 100], EOS ids >= 0). */
 int tern_sampler_params_load(tern_sampler_params *p, const char *model_dir, tern_error *err);
 
 int tern_sampler_is_eos(const tern_sampler_params *p, int32_t id);
