@@ -429,4 +429,6 @@ Test(hardening_input, cli_edge_values_one_line_each) {
     /* an engine error: its line only, no footer of meaningless numbers */
     snprintf(cmd, sizeof cmd, "%s run --tokens 999999 -n 1 -t 1", T);
     expect_one_line(cmd, "999999");
+    snprintf(cmd, sizeof cmd, "%s run -p hi -n 1 -t 1 --device gpu0", T);
+    expect_one_line(cmd, "device \"gpu0\": expected auto, cpu, cuda or cuda:N");
 }

@@ -10,7 +10,7 @@
 #ifndef TERN_CUDA
 
 static int no_cuda(tern_error *err) {
-    return tern_fail(err, "this tern was built without CUDA: build it with make CUDA=1 for --device cuda");
+    return tern_fail(err, "this tern was built without CUDA (make CUDA=1 builds the GPU engine)");
 }
 int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err) {
     (void)m; (void)device; (void)serial;
@@ -331,7 +331,7 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     if (parse_device(device, &g->device, err) || tern_cuda_init(g->device, name, sizeof name, err)) return -1;
     snprintf(g->name, sizeof g->name, "cuda:%d (%s)", g->device, name);
     if (!m->packed) return tern_fail(err, "%s: the GPU path runs packed models: tern pack it first", m->dir);
-    if (m->experts) return tern_fail(err, "GPU: streaming experts (--expert-budget) is not on the GPU yet");
+    if (m->experts) return tern_fail(err, "GPU: streaming experts under an expert budget is not on the GPU yet");
     tern_cuda_gdn_w gw = gdn_w_of(c, NULL);
     if (!tern_cuda_gdn_supported(&gw))
         return tern_fail(err, "%s: GPU: DeltaNet heads %d/%d x %d/%d are outside the GPU kernels' shapes", m->dir,

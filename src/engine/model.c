@@ -133,10 +133,21 @@ int tern_model_finish(tern_model *m, tern_error *err) {
     return m->inv_freq ? 0 : tern_fail(err, "out of memory");
 }
 
+/* "auto", "cpu", "cuda" or "cuda:N" */
+static int device_name_valid(const char *dev) {
+    if (!strcmp(dev, "auto") || !strcmp(dev, "cpu") || !strcmp(dev, "cuda")) return 1;
+    if (strncmp(dev, "cuda:", 5) != 0 || !dev[5] || strlen(dev + 5) > 4) return 0;
+    for (const char *c = dev + 5; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    return 1;
+}
+
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err) {
     const char *dev = params ? params->device : NULL;
     int serial = params && params->serial_sessions;
     if (!dev || !strcmp(dev, "cpu")) return 0;
+    if (!device_name_valid(dev))
+        return tern_fail(err, "device \"%s\": expected auto, cpu, cuda or cuda:N", dev);
     if (strcmp(dev, "auto") != 0) return tern_gpu_model_init(m, dev, serial, err);
     /* auto: the first GPU when this build, this machine and this model
      * allow it (packed, experts resident), else the CPU engine */
@@ -154,7 +165,7 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
         rc = open_packed(m, params, err);
     } else if (rc == 0) {
         if (params && params->expert_budget)
-            rc = tern_fail(err, "%s: --expert-budget needs a packed model (tern pack)", dir);
+            rc = tern_fail(err, "%s: an expert budget needs a packed model (tern pack)", dir);
         else
             rc = tern_tensors_open(&m->ts, dir, 0, err) || tern_weights_bind(&m->w, &m->cfg, &m->ts, err) ? -1 : 0;
     }
