@@ -39,14 +39,14 @@ MUTATIONS = {
         ("src/cpu/gdn.c", "gdn_chunk(io, j, j / group, t0, n, S, &s);", "gdn_chunk(io, j, j % io->nk, t0, n, S, &s);"),
     ],
     "topk_renormalise": [
-        ("src/engine/forward.c", "if (c->norm_topk)", "if (0)"),
+        ("src/cpu/moe.c", "if (renorm)", "if (0)"),
     ],
     "shared_expert_sigmoid_gate": [
         ("src/engine/forward.c", "float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, sg, H));", "float s = 1.0f;"),
     ],
     "gdn_qk_l2norm": [
-        ("src/engine/forward.c", "            l2norm(qh, dk);\n", ""),
-        ("src/engine/forward.c", "            l2norm(k + (size_t)t * kd + (size_t)h * dk, dk);\n", ""),
+        ("src/cpu/gdn.c", "            tern_l2norm(qh, dk);\n", ""),
+        ("src/cpu/gdn.c", "            tern_l2norm(k + (size_t)t * kd + (size_t)h * dk, dk);\n", ""),
     ],
 }
 

@@ -6,6 +6,64 @@
 
 #include "cpu/ops.h"
 
+void tern_gdn_conv(const float *w, float *state, const float *qkv, int T, int C, int K, float *out) {
+#define IN(i, ch) ((i) >= 0 ? qkv[(size_t)(i) * C + (ch)] : state[(size_t)((K - 1) + (i)) * C + (ch)])
+    for (int t = 0; t < T; t++)
+        for (int ch = 0; ch < C; ch++) {
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) acc += w[(size_t)ch * K + j] * IN(t - (K - 1) + j, ch);
+            out[(size_t)t * C + ch] = tern_silu(acc);
+        }
+#undef IN
+    /* the last K-1 rows of [state; qkv] */
+    size_t keep = (size_t)(K - 1), row = (size_t)C * sizeof(float);
+    if ((size_t)T >= keep) {
+        memcpy(state, qkv + ((size_t)T - keep) * C, keep * row);
+    } else {
+        memmove(state, state + (size_t)T * C, (keep - (size_t)T) * row);
+        memcpy(state + (keep - (size_t)T) * C, qkv, (size_t)T * row);
+    }
+}
+
+void tern_l2norm(float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+void tern_gdn_inputs(const float *c, const float *b, const float *a, const float *A_log, const float *dt_bias, int T,
+                     int nk, int nv, int dk, int dv, float *q, float *k, float *v, float *g, float *beta) {
+    int kd = nk * dk, vd = nv * dv, C = 2 * kd + vd;
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < T; t++) {
+        const float *row = c + (size_t)t * C;
+        memcpy(q + (size_t)t * kd, row, (size_t)kd * sizeof(float));
+        memcpy(k + (size_t)t * kd, row + kd, (size_t)kd * sizeof(float));
+        memcpy(v + (size_t)t * vd, row + 2 * kd, (size_t)vd * sizeof(float));
+        for (int h = 0; h < nk; h++) {
+            float *qh = q + (size_t)t * kd + (size_t)h * dk;
+            tern_l2norm(qh, dk);
+            for (int i = 0; i < dk; i++) qh[i] *= qscale;
+            tern_l2norm(k + (size_t)t * kd + (size_t)h * dk, dk);
+        }
+        for (int j = 0; j < nv; j++) {
+            size_t i = (size_t)t * nv + j;
+            beta[i] = tern_sigmoid(b[i]);
+            g[i] = -expf(A_log[j]) * tern_softplus(a[i] + dt_bias[j]);
+        }
+    }
+}
+
+void tern_gdn_gated_norm(float *o, const float *z, const float *w, size_t rows, int dv, float eps) {
+    for (size_t i = 0; i < rows; i++) {
+        float *oh = o + i * dv;
+        const float *zh = z + i * dv;
+        tern_rmsnorm(oh, oh, w, dv, eps);
+        for (int d = 0; d < dv; d++) oh[d] *= tern_silu(zh[d]);
+    }
+}
+
 void tern_gdn_recurrent(const tern_gdn_io *io, int h0, int h1) {
     int dk = io->dk, dv = io->dv, group = io->nv / io->nk;
     float *mem = malloc((size_t)dv * sizeof(float));

@@ -3,6 +3,8 @@
 #ifndef TERN_ENGINE_ENGINE_H
 #define TERN_ENGINE_ENGINE_H
 
+#include <stdlib.h>
+
 #include "cpu/kvquant.h"
 #include "experts/cache.h"
 #include "model/config.h"
@@ -36,6 +38,19 @@ tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
 /* Moves the model to params->device (engine/gpu.c) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);
+
+/* y[T, W.rows] = x[T, W.cols] @ W^T for the CPU engine: the SIMD kernels
+ * (cpu/qmatvec.h) when the model runs them, else the reference product
+ * tern_matmul. forward.c. */
+void tern_mm(tern_model *m, float *y, const float *x, int64_t T, const tern_mat *W);
+
+/* Scratch of n floats for a forward step, which must not fail midway: an
+ * allocation failure there is not a recoverable input error, so it aborts. */
+static inline float *tern_scratch_f(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) abort();
+    return p;
+}
 
 /* KV cache of one full-attention layer: one row of n_kv_heads * head_dim
  * values per position (k after q/k-norm and RoPE, v as projected), stored

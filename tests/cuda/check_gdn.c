@@ -1,8 +1,7 @@
-/* tern_cuda_gdn_step against forward.c's gdn_layer between the projections
- * and out_proj: the causal conv + SiLU (a copy of forward.c's static
- * gdn_conv), l2norm, g and beta, tern_gdn_recurrent (cpu/gdn.h), then
- * tern_rmsnorm times silu(z). Checked: the output, the state S and the conv
- * state after the call.
+/* tern_cuda_gdn_step against forward.c's gdn_block between the projections
+ * and out_proj, through the same cpu/gdn.h calls: tern_gdn_conv,
+ * tern_gdn_inputs, tern_gdn_recurrent, tern_gdn_gated_norm. Checked: the
+ * output, the state S and the conv state after the call.
  * Tolerance 1e-5 of max |ref|: fp32 everywhere; the 128-term sums S^T k
  * and S^T q run in another order, and expf / log1pf / sqrtf differ from
  * glibc's by an ulp or two, compounded over at most a few tokens. */
@@ -19,30 +18,6 @@ typedef struct {
     int nk, nv, dk, dv, K, T;
 } gdn_dims;
 
-/* forward.c's gdn_conv: state rows are the previous K - 1 inputs. */
-static void conv_ref(const float *w, float *state, const float *qkv, int T, int C, int K, float *out) {
-#define IN(i, ch) ((i) >= 0 ? qkv[(size_t)(i) * C + (ch)] : state[(size_t)((K - 1) + (i)) * C + (ch)])
-    for (int t = 0; t < T; t++)
-        for (int ch = 0; ch < C; ch++) {
-            float acc = 0.0f;
-            for (int j = 0; j < K; j++) acc += w[(size_t)ch * K + j] * IN(t - (K - 1) + j, ch);
-            out[(size_t)t * C + ch] = tern_silu(acc);
-        }
-    float *next = xmalloc((size_t)(K - 1) * C * sizeof(float) + 1);
-    for (int r = 0; r < K - 1; r++)
-        for (int ch = 0; ch < C; ch++) next[(size_t)r * C + ch] = IN(T - (K - 1) + r, ch);
-#undef IN
-    memcpy(state, next, (size_t)(K - 1) * C * sizeof(float));
-    free(next);
-}
-
-static void l2n(float *x, int n) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss + 1e-6f);
-    for (int i = 0; i < n; i++) x[i] *= r;
-}
-
 typedef struct {
     float *qkv, *z, *a, *b, *conv, *A_log, *dt_bias, *norm, *state, *S;
 } gdn_host;
@@ -58,39 +33,19 @@ static void ref_heads(void *ctx, int64_t b, int64_t e) {
     else tern_gdn_recurrent(j->io, (int)b, (int)e);
 }
 
-/* forward.c's gdn_layer between the projections and out_proj, on T tokens
+/* forward.c's gdn_block between the projections and out_proj, on T tokens
  * from the state in h (updated): the recurrence or the chunked form, value
  * heads spread over the pool. */
 static void gdn_ref_mode(checker *ck, const gdn_dims *g, gdn_host *h, float *out, int chunked) {
     int T = g->T, kd = g->nk * g->dk, vd = g->nv * g->dv, C = 2 * kd + vd;
     float *c = xmalloc((size_t)T * C * 4), *q = xmalloc((size_t)T * kd * 4), *k = xmalloc((size_t)T * kd * 4);
     float *v = xmalloc((size_t)T * vd * 4), *gg = xmalloc((size_t)T * g->nv * 4), *beta = xmalloc((size_t)T * g->nv * 4);
-    conv_ref(h->conv, h->state, h->qkv, T, C, g->K, c);
-    float qscale = 1.0f / sqrtf((float)g->dk);
-    for (int t = 0; t < T; t++) {
-        memcpy(q + (size_t)t * kd, c + (size_t)t * C, (size_t)kd * 4);
-        memcpy(k + (size_t)t * kd, c + (size_t)t * C + kd, (size_t)kd * 4);
-        memcpy(v + (size_t)t * vd, c + (size_t)t * C + 2 * kd, (size_t)vd * 4);
-        for (int m = 0; m < g->nk; m++) {
-            float *qh = q + (size_t)t * kd + (size_t)m * g->dk;
-            l2n(qh, g->dk);
-            for (int i = 0; i < g->dk; i++) qh[i] *= qscale;
-            l2n(k + (size_t)t * kd + (size_t)m * g->dk, g->dk);
-        }
-        for (int j = 0; j < g->nv; j++) {
-            size_t i = (size_t)t * g->nv + j;
-            beta[i] = tern_sigmoid(h->b[i]);
-            gg[i] = -expf(h->A_log[j]) * tern_softplus(h->a[i] + h->dt_bias[j]);
-        }
-    }
+    tern_gdn_conv(h->conv, h->state, h->qkv, T, C, g->K, c);
+    tern_gdn_inputs(c, h->b, h->a, h->A_log, h->dt_bias, T, g->nk, g->nv, g->dk, g->dv, q, k, v, gg, beta);
     tern_gdn_io io = {T, g->nk, g->nv, g->dk, g->dv, q, k, v, gg, beta, h->S, out};
     heads_job job = {&io, chunked};
     tern_pool_for(ck->pool, g->nv, ref_heads, &job);
-    for (size_t i = 0; i < (size_t)T * g->nv; i++) {
-        float *o = out + i * g->dv;
-        tern_rmsnorm(o, o, h->norm, g->dv, 1e-6f);
-        for (int d = 0; d < g->dv; d++) o[d] *= tern_silu(h->z[i * g->dv + d]);
-    }
+    tern_gdn_gated_norm(out, h->z, h->norm, (size_t)T * g->nv, g->dv, 1e-6f);
     free(c); free(q); free(k); free(v); free(gg); free(beta);
 }
 

@@ -1,6 +1,7 @@
 /* tern_cuda_moe against the MoE block of engine/forward.c computed with
  * tern_matmul: out = sum_k w_k (silu(x G^T) * (x U^T)) D^T + sigmoid(x .
- * w_sg) * shared(x), and tern_cuda_route against forward.c's router rule.
+ * w_sg) * shared(x), and tern_cuda_route against the router rule
+ * (tern_moe_topk, cpu/moe.h).
  * Experts live in blobs laid out as docs/FORMAT.md's experts/layer_NNN.bin.
  * Tolerances: fp32 throughout (1e-5 of max |out|, as for the GEMV: only
  * the summation order differs); the router's ids exactly. */
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu/moe.h"
 #include "cpu/ops.h"
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -65,7 +67,7 @@ static void swiglu_ref(checker *ck, const tern_mat *g, const tern_mat *u, const 
     float *y = xmalloc((size_t)H * sizeof(float));
     tern_matmul(ck->pool, a, x, 1, g);
     tern_matmul(ck->pool, b, x, 1, u);
-    for (int64_t i = 0; i < I; i++) a[i] = tern_silu(a[i]) * b[i];
+    tern_swiglu(a, a, b, (size_t)I);
     tern_matmul(ck->pool, y, a, 1, d);
     for (int64_t i = 0; i < H; i++) out[i] += scale * y[i];
     free(a);
@@ -314,8 +316,6 @@ static void moe_check(checker *ck, const moe_case *c, int timed) {
     free(got);
 }
 
-static void route_ref(float *probs, int E, int K, int renorm, int *idx, float *wt);
-
 static int switched_off(const char *name) {
     const char *e = getenv(name);
     return e && !strcmp(e, "0");
@@ -434,7 +434,7 @@ static void moe_route_check(checker *ck, const moe_case *c, int must, int ties) 
         for (int e = 0; e < E; e++) l[e] = roundf(l[e] * 4.0f) / 4.0f;
     rnd_floats(ck, x, (size_t)c->H, 1.0f);
     memcpy(p, l, (size_t)E * sizeof(float));
-    route_ref(p, E, K, 1, idx, wt);
+    tern_moe_topk(p, E, K, 1, idx, wt);
     memset(ref, 0, (size_t)c->H * sizeof(float));
     for (int k = 0; k < K; k++) fixture_ref(ck, &f, idx[k], x, wt[k], ref);
     if (f.has_shared) fixture_ref_shared(ck, &f, x, ref);
@@ -611,7 +611,7 @@ static void moe_lin_check(checker *ck, const moe_case *c, int64_t D, int obits, 
     int idx[32];
     float wt[32], gw[32];
     int32_t gi[32];
-    route_ref(p, E, K, 1, idx, wt);
+    tern_moe_topk(p, E, K, 1, idx, wt);
     memset(ref, 0, nh * sizeof(float));
     for (int k = 0; k < K; k++) fixture_ref(ck, &f, idx[k], xn, wt[k], ref);
     if (f.has_shared) fixture_ref_shared(ck, &f, xn, ref);
@@ -713,26 +713,6 @@ void check_moe(checker *ck) {
 
 /* ---- router ------------------------------------------------------------------ */
 
-/* forward.c's route(): softmax over all experts, the top k (largest first,
- * ties to the lower index), renormalised. */
-static void route_ref(float *probs, int E, int K, int renorm, int *idx, float *wt) {
-    tern_softmax(probs, E);
-    float sum = 0.0f;
-    for (int r = 0; r < K; r++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int q = 0; q < r; q++) taken |= idx[q] == e;
-            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-        }
-        idx[r] = best;
-        wt[r] = probs[best];
-        sum += wt[r];
-    }
-    if (renorm)
-        for (int r = 0; r < K; r++) wt[r] /= sum;
-}
-
 typedef struct {
     const float *logits;
     int T, E, K;
@@ -760,7 +740,7 @@ static void route_case(checker *ck, int T, int E, int K, int timed, int ties) {
     int *idx = xmalloc((size_t)T * K * sizeof(int));
     float *wt = xmalloc((size_t)T * K * sizeof(float)), *gw = xmalloc((size_t)T * K * sizeof(float));
     int32_t *gi = xmalloc((size_t)T * K * sizeof(int32_t));
-    for (int t = 0; t < T; t++) route_ref(p + (size_t)t * E, E, K, 1, idx + t * K, wt + t * K);
+    for (int t = 0; t < T; t++) tern_moe_topk(p + (size_t)t * E, E, K, 1, idx + t * K, wt + t * K);
     float *dl = dev_upload(l, (size_t)T * E * sizeof(float)), *dw = dev_poison((size_t)T * K);
     int32_t *di = dev_alloc((size_t)T * K * sizeof(int32_t));
     tern_error err;
