@@ -103,6 +103,31 @@ static int parse_pack(int argc, char **argv, tern_pack_params *p) {
     return 0;
 }
 
+void tern_cli_pack_flags(char *msg, size_t cap) {
+    /* a parameter that opens the message, then phrases */
+    static const char *const param[][2] = {
+        {"bits", "--bits"}, {"group", "--group"}, {"embed_bits", "--embed-bits"}, {"attn_bits", "--attn-bits"},
+        {"router_bits", "--router-bits"}, {"shared_bits", "--shared-bits"}, {"expert_bits", "--expert-bits"},
+        {"head_bits", "--head-bits"}, {"mtp_fc_bits", "--mtp-fc-bits"},
+    };
+    static const char *const phrase[][2] = {{"set resume", "pass --resume"}};
+    char out[sizeof ((tern_error *)0)->msg];
+    for (size_t i = 0; i < sizeof param / sizeof param[0]; i++) {
+        size_t n = strlen(param[i][0]);
+        if (!strncmp(msg, param[i][0], n) && !strncmp(msg + n, " must", 5)) {
+            snprintf(out, sizeof out, "%s%s", param[i][1], msg + n);
+            snprintf(msg, cap, "%s", out);
+            break;
+        }
+    }
+    for (size_t i = 0; i < sizeof phrase / sizeof phrase[0]; i++) {
+        char *at = strstr(msg, phrase[i][0]);
+        if (!at) continue;
+        snprintf(out, sizeof out, "%.*s%s%s", (int)(at - msg), msg, phrase[i][1], at + strlen(phrase[i][0]));
+        snprintf(msg, cap, "%s", out);
+    }
+}
+
 int tern_cli_pack(int argc, char **argv) {
     tern_pack_params p;
     int rc = parse_pack(argc, argv, &p);
@@ -110,6 +135,7 @@ int tern_cli_pack(int argc, char **argv) {
     if (rc != 0) return rc;
     tern_error err;
     if (tern_pack(&p, &err) != 0) {
+        tern_cli_pack_flags(err.msg, sizeof err.msg);
         fprintf(stderr, "tern pack: %s\n", err.msg);
         return 1;
     }

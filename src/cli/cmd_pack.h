@@ -5,10 +5,17 @@
 #ifndef TERN_CLI_CMD_PACK_H
 #define TERN_CLI_CMD_PACK_H
 
+#include <stddef.h>
+
 int tern_cli_pack(int argc, char **argv);
 int tern_cli_verify(int argc, char **argv);
 int tern_cli_synth(int argc, char **argv);   /* cmd_synth.c */
 int tern_cli_bench(int argc, char **argv);   /* cmd_bench.c */
 int tern_cli_serve(int argc, char **argv);   /* cmd_serve.c */
+
+/* Rewrites a tern_pack / tern_synth error, which names tern_pack_params
+ * fields, in the flags' words (bits -> --bits, set resume -> pass
+ * --resume), in place (cap bytes). */
+void tern_cli_pack_flags(char *msg, size_t cap);
 
 #endif

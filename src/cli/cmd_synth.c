@@ -83,6 +83,7 @@ int tern_cli_synth(int argc, char **argv) {
     if (rc != 0) return rc;
     tern_error err;
     if (tern_synth(&p, &err) != 0) {
+        tern_cli_pack_flags(err.msg, sizeof err.msg);
         fprintf(stderr, "tern synth: %s\n", err.msg);
         return 1;
     }

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/sample_limits.h"
 #include "engine/engine.h"
 #include "engine/gpu.h"
 #include "engine/sampler.h"

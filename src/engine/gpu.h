@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda/sample_limits.h"   /* TERN_GPU_SAMPLE_MAX_K: the most top-k the GPU sampler keeps */
 #include "engine/engine.h"
 
 /* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model).

@@ -13,7 +13,7 @@
 #include "engine/gpu.h"
 #include "cpu/qmatvec.h"
 #include "model/packed.h"
-#include "pack/verify.h"
+#include "model/packed_check.h"
 #include "util/err.h"
 #include "util/file.h"
 

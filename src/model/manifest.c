@@ -14,9 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pack/sha256.h"
 #include "util/err.h"
 #include "util/file.h"
+#include "util/sha256.h"
 
 /* A manifest of the full model is ~1 MB; anything far larger is not one. */
 #define MAX_MANIFEST_BYTES (64u << 20)

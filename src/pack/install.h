@@ -1,7 +1,7 @@
 /* File-system steps of installing a model directory (docs/FORMAT.md,
- * "Writing"): an exclusive lock, paths that refuse symlinks, durable writes
- * (fsync of the file, then of the directory that names it), atomic
- * replacement by rename, and a free-space check. Every path tern creates
+ * "Writing"): an exclusive lock, paths that refuse symlinks (util/path.h),
+ * durable writes (fsync of the file, then of the directory that names it),
+ * atomic replacement by rename, and a free-space check. Every path tern creates
  * goes through these, so a symlink planted at any of them is refused
  * rather than followed. */
 #ifndef TERN_PACK_INSTALL_H
@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "tern.h"
+#include "util/path.h"
 
 /* ---- locking ---- */
 
@@ -25,26 +26,6 @@ int tern_lock_acquire(tern_install_lock *l, const char *path, tern_error *err);
 /* Removes the lock file (while still holding it, so nobody can take a
  * lock on a file that is about to vanish) and releases it. */
 void tern_lock_release(tern_install_lock *l);
-
-/* ---- paths ---- */
-
-/* 0 if path does not exist or is not a symlink; an error naming it if it
- * is one. *exists gets 1 if something is there (may be NULL). */
-int tern_refuse_symlink(const char *path, int *exists, tern_error *err);
-
-/* Opens (creating with mkdirat if `create`) directory `name` inside dfd
- * (AT_FDCWD for a path) without following a symlink. Returns the fd. */
-int tern_open_dir(int dfd, const char *name, int create, const char *label, tern_error *err);
-
-/* Opens relative path `rel` under directory fd `root` for reading, one
- * component at a time with O_NOFOLLOW: no symlink anywhere inside the
- * model directory is followed. Returns the fd, or -1 with err naming rel
- * (*missing set to 1 when it does not exist). */
-int tern_open_in(int root, const char *rel, int *missing, tern_error *err);
-
-/* Creates (truncating) `rel` under root for writing; the directories of
- * rel must exist. O_NOFOLLOW on every component. */
-int tern_create_in(int root, const char *rel, tern_error *err);
 
 /* ---- durable writes ---- */
 

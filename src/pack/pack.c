@@ -23,14 +23,14 @@
 #include "model/weights.h"
 #include "pack/install.h"
 #include "pack/plan.h"
-#include "pack/progress.h"
-#include "pack/sha256.h"
 #include "pack/source.h"
 #include "pack/verify.h"
 #include "synth/synth.h"
 #include "util/err.h"
 #include "util/file.h"
 #include "util/pool.h"
+#include "util/progress.h"
+#include "util/sha256.h"
 
 #define STATE_NAME "pack-state.json"
 #define STATE_SCHEMA 1
@@ -60,11 +60,11 @@ typedef struct pk_job {
 
 /* ---- options and paths -------------------------------------------------- */
 
-static int class_bits(pk_job *j, int q, int given, const char *flag) {
+static int class_bits(pk_job *j, int q, int given, const char *param) {
     int all = j->prm->bits;
     int b = given ? given : all ? all : q == TERN_QC_EXPERTS ? 4 : 8;
     if (b != 4 && b != 8 && b != 16)
-        return tern_fail(j->err, "%s bits must be 4, 8 or 16 (got %d)", flag, b);
+        return tern_fail(j->err, "%s must be 4, 8 or 16 (got %d)", param, b);
     j->opt.bits[q] = b;
     j->opt.explicit_bits[q] = given ? given : all;
     return 0;
@@ -73,17 +73,17 @@ static int class_bits(pk_job *j, int q, int given, const char *flag) {
 static int job_options(pk_job *j) {
     const tern_pack_params *p = j->prm;
     if ((!p->src && !j->synth) || !p->dst) return tern_fail(j->err, "pack: source and destination are required");
-    if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(j->err, "--bits must be 4 or 8 (got %d)", p->bits);
+    if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(j->err, "bits must be 4 or 8 (got %d)", p->bits);
     j->opt.group = p->group ? p->group : 64;
     if (j->opt.group != 32 && j->opt.group != 64 && j->opt.group != 128)
-        return tern_fail(j->err, "--group must be 32, 64 or 128 (got %d)", p->group);
-    return class_bits(j, TERN_QC_EMBED, p->embed_bits, "--embed-bits") ||
-           class_bits(j, TERN_QC_ATTN, p->attn_bits, "--attn-bits") ||
-           class_bits(j, TERN_QC_ROUTER, p->router_bits, "--router-bits") ||
-           class_bits(j, TERN_QC_SHARED, p->shared_bits, "--shared-bits") ||
-           class_bits(j, TERN_QC_EXPERTS, p->expert_bits, "--expert-bits") ||
-           class_bits(j, TERN_QC_HEAD, p->head_bits, "--head-bits") ||
-           class_bits(j, TERN_QC_MTP_FC, p->mtp_fc_bits, "--mtp-fc-bits")
+        return tern_fail(j->err, "group must be 32, 64 or 128 (got %d)", p->group);
+    return class_bits(j, TERN_QC_EMBED, p->embed_bits, "embed_bits") ||
+           class_bits(j, TERN_QC_ATTN, p->attn_bits, "attn_bits") ||
+           class_bits(j, TERN_QC_ROUTER, p->router_bits, "router_bits") ||
+           class_bits(j, TERN_QC_SHARED, p->shared_bits, "shared_bits") ||
+           class_bits(j, TERN_QC_EXPERTS, p->expert_bits, "expert_bits") ||
+           class_bits(j, TERN_QC_HEAD, p->head_bits, "head_bits") ||
+           class_bits(j, TERN_QC_MTP_FC, p->mtp_fc_bits, "mtp_fc_bits")
                ? -1 : 0;
 }
 
@@ -223,7 +223,7 @@ static int verify_state_files(pk_job *j, json_t *files) {
             break;
         memcpy(want.sha256, sha, 65);
         tern_error e;
-        if (tern_check_file(j->pdir, j->partial, &want, NULL, &e) != 0) {
+        if (tern_check_file(j->pdir, j->partial, &want, NULL, NULL, &e) != 0) {
             if (j->prm->progress) fprintf(j->prm->progress, "resume: redoing from %s (%s)\n", path, e.msg);
             break;
         }
@@ -252,7 +252,7 @@ static int open_partial(pk_job *j) {
     int exists;
     if (tern_refuse_symlink(j->partial, &exists, j->err) != 0) return -1;
     if (exists && !j->prm->resume)
-        return tern_fail(j->err, "%s: exists (an earlier pack was interrupted): pass --resume to continue it, or "
+        return tern_fail(j->err, "%s: exists (an earlier pack was interrupted): set resume to continue it, or "
                          "remove it", j->partial);
     j->pdir = tern_open_dir(AT_FDCWD, j->partial, 1, j->partial, j->err);
     if (j->pdir < 0) return -1;
@@ -669,9 +669,9 @@ static int pack_run(const tern_pack_params *p, const tern_synth_params *sp, tern
 int tern_pack(const tern_pack_params *p, tern_error *err) { return pack_run(p, NULL, err); }
 
 int tern_synth(const tern_synth_params *p, tern_error *err) {
-    if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(err, "--bits must be 4 or 8 (got %d)", p->bits);
+    if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(err, "bits must be 4 or 8 (got %d)", p->bits);
     if (p->expert_bits && p->expert_bits != 4 && p->expert_bits != 8)
-        return tern_fail(err, "--expert-bits must be 4 or 8 (got %d)", p->expert_bits);
+        return tern_fail(err, "expert_bits must be 4 or 8 (got %d)", p->expert_bits);
     tern_pack_params pp = {.dst = p->dst, .bits = p->bits ? p->bits : 4, .expert_bits = p->expert_bits, .resume = p->resume,
                            .n_threads = p->n_threads, .progress = p->progress, .min_free_bytes = p->min_free_bytes};
     return pack_run(&pp, p, err);

@@ -11,11 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pack/sha256.h"
 #include "synth/synth.h"
 #include "util/err.h"
 #include "util/file.h"
 #include "util/half.h"
+#include "util/sha256.h"
 
 #define MAX_INDEX_BYTES (64u << 20)
 

@@ -1,6 +1,7 @@
-/* Integrity of a packed model directory (docs/FORMAT.md): rehashing every
- * file against the manifest, the install receipt (verified-install.json)
- * that lets a later load check sizes only, and the check the loader runs.
+/* Integrity of a packed model directory (docs/FORMAT.md), the writing
+ * side: the install receipt (verified-install.json) that lets a later load
+ * check sizes only, and tern verify, which rehashes every file and writes
+ * it. The loader's check, which reads the receipt, is model/packed_check.h.
  *
  * The receipt binds three things: the SHA-256 of manifest.json, the real
  * path of the directory, and the list of files with their sizes and
@@ -13,33 +14,15 @@
 #include <stdint.h>
 
 #include "model/manifest.h"
-#include "pack/progress.h"
+#include "model/packed_check.h"
+#include "util/progress.h"
 
 #define TERN_TOOL_VERSION "tern 0.1 (packed format 1)"
-#define TERN_RECEIPT_NAME "verified-install.json"
-#define TERN_RECEIPT_SCHEMA 2
-
-enum tern_check_how {
-    TERN_CHECK_RECEIPT = 0,      /* receipt matched: sizes checked */
-    TERN_CHECK_REHASH = 1,       /* every file rehashed */
-};
-
-/* The loader's check of dir against its manifest m (already read with
- * tern_manifest_read): with a matching receipt, sizes only; otherwise a
- * full rehash. Returns 0, or -1 with err naming the bad file. */
-int tern_packed_check(const char *dir, const tern_manifest *m, tern_error *err);
-/* The same; *how (may be NULL) tells which path was taken. */
-int tern_packed_check_how(const char *dir, const tern_manifest *m, int *how, tern_error *err);
 
 /* Writes dfd's receipt atomically for manifest m, whose bytes hash to
  * manifest_sha256 and are manifest_size long; model_dir is the directory's
  * real path (where it will be found when loaded). */
 int tern_receipt_write(int dfd, const tern_manifest *m, const char *model_dir, const char *manifest_sha256,
                        uint64_t manifest_size, tern_error *err);
-
-/* Rehashes relative path rel under directory fd root (O_NOFOLLOW on every
- * component) and compares it with f; err names the file as label/rel.
- * bar (may be NULL) advances by the bytes read. */
-int tern_check_file(int root, const char *label, const tern_pk_file *f, tern_progress *bar, tern_error *err);
 
 #endif

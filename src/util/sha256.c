@@ -1,5 +1,4 @@
-#include "pack/sha256.h"
-#include "pack/progress.h"
+#include "util/sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +8,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/progress.h"
 
 int tern_sha256_init(tern_sha256 *s, tern_error *err) {
     EVP_MD_CTX *c = EVP_MD_CTX_new();

@@ -1,9 +1,9 @@
-/* A progress bar for long work (packing, verifying): percentage, MB done,
- * MB/s and ETA. On a terminal it redraws one line with \r (at most ~10
- * times a second); otherwise (a log file, CI) it prints a plain line every
+/* A progress bar for long work (packing, verifying, hashing): percentage,
+ * MB done, MB/s and ETA. On a terminal it redraws one line with \r (at
+ * most ~10 times a second); otherwise (a log file, CI) it prints a plain line every
  * ~5% so the log stays readable. */
-#ifndef TERN_PACK_PROGRESS_H
-#define TERN_PACK_PROGRESS_H
+#ifndef TERN_UTIL_PROGRESS_H
+#define TERN_UTIL_PROGRESS_H
 
 #include <stdint.h>
 #include <stdio.h>

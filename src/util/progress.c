@@ -1,4 +1,4 @@
-#include "pack/progress.h"
+#include "util/progress.h"
 
 #include <stdlib.h>
 #include <string.h>
