@@ -260,15 +260,6 @@ static void prep_queries(const tern_kvq *L, const float *q, int nq, size_t q_str
 
 /* ==== AVX2 =============================================================== */
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-AVX2 INLINE float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AVX2 INLINE float h2f_avx2(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
 
 /* A slice's scales and biases (n_g groups) widened once per row: per
@@ -412,8 +403,6 @@ INSTANTIATE_Q(accum_avx2, accum_avx2_t, AVX2,
               L, head, p, V, v_stride, n, o, o_stride)
 
 /* ==== AVX-512 ============================================================ */
-
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 /* As widen_sb_avx2; n_g <= 16 (head_dim <= 512, groups >= 32). */
 AVX512 INLINE void widen_sb_avx512(head_slice h, int n_g, float *sv, float *bv) {

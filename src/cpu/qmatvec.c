@@ -264,15 +264,6 @@ static inline int64_t chunk_groups(int T, int64_t G) {
 
 /* ==== AVX2 + FMA ========================================================= */
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-AVX2 INLINE float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Quantized rows, 8 lanes: groups [g0, g1) of one row into the per-token
  * running sums tot (vector) and bsum (bias * sum(x)). 4-bit: the 16 bytes
  * of a 32-element block widen in two halves (bytes 0-7, 8-15); their low
@@ -463,8 +454,6 @@ AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
 }
 
 /* ==== AVX-512 ============================================================ */
-
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 /* Quantized rows, 16 lanes: groups [g0, g1) of one row into the per-token
  * running sums tot (vector) and bsum (bias * sum(x)). 4-bit: the low
