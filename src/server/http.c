@@ -259,8 +259,9 @@ static void log_done(srv_http *h, const route *rt, const srv_event *ev, double t
     const srv_usage *u = &ev->usage;
     double total = tern_now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
     fprintf(f, "tern serve: %s prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
-            "first token %.1f ms, decode %.1f tok/s\n", rt->name, u->prompt_tokens, u->cached_tokens,
-            u->completion_tokens, total, (total - engine) * 1e3, u->queue_s * 1e3, u->prefill_s * 1e3,
+            "first token %.1f ms (restore %.1f, prefill %.1f, snapshot %.1f), decode %.1f tok/s\n", rt->name,
+            u->prompt_tokens, u->cached_tokens, u->completion_tokens, total, (total - engine) * 1e3,
+            u->queue_s * 1e3, u->prefill_s * 1e3, u->restore_s * 1e3, u->eval_s * 1e3, u->snapshot_s * 1e3,
             u->decode_s > 0 && u->completion_tokens > 1 ? (u->completion_tokens - 1) / u->decode_s : 0.0);
     fflush(f);
 }

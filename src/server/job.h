@@ -40,7 +40,10 @@ typedef struct srv_usage {
     int completion_tokens;   /* generated, the final EOS included */
     int reasoning_tokens;    /* of which inside the reasoning block */
     double queue_s;          /* submitted until the engine took it */
-    double prefill_s;        /* the engine took it until the first token was drawn */
+    double prefill_s;        /* the engine took it until the first token was drawn, of which: */
+    double restore_s;        /*   a kept session reset or its snapshot restored */
+    double eval_s;           /*   the prompt evaluated, all but its last token */
+    double snapshot_s;       /*   the snapshot taken at the prompt's boundary */
     double decode_s;         /* the first token until the last */
 } srv_usage;
 

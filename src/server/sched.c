@@ -230,20 +230,24 @@ static srv_finish finish_of(const tern_gen_stats *st, const run *r) {
  * one with its first draw) in pieces, and snapshots at the boundary, so a
  * later prompt sharing the conversation up to this turn restores it.
  * Returns 1 when the job was cancelled on the way. */
-static int prefill(slot *sl, srv_job *j, tern_error *err) {
+static int prefill(slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
     int end = j->n_prompt - 1;
     while (sl->n_toks < end) {
         if (atomic_load(&j->cancel)) return 1;
         int from = sl->n_toks, to = end - from > PREFILL_PIECE ? from + PREFILL_PIECE : end;
         if (j->boundary > from && j->boundary < to) to = j->boundary;
+        double t0 = tern_now_s();
         if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
+        u->eval_s += tern_now_s() - t0;
         if (toks_append(sl, j->prompt + from, to - from)) {
             sl->live = 0;
             snprintf(err->msg, sizeof err->msg, "out of memory");
             return -1;
         }
         if (to != j->boundary) continue;
+        t0 = tern_now_s();
         tern_snapshot *snap = tern_session_snapshot(sl->s, err);
+        u->snapshot_s += tern_now_s() - t0;
         if (!snap) return -1;
         tern_snapshot_free(sl->snap);
         sl->snap = snap;
@@ -265,8 +269,9 @@ static void run_job(srv_sched *s, srv_job *j) {
     r.parser = tern_output_parser_create(&op, on_event, &r, &err);
     int rc = r.parser ? 0 : -1;
     if (rc == 0) rc = slot_prepare(sl, reuse, restore, &err);
+    u.restore_s = tern_now_s() - t0;
     u.cached_tokens = rc == 0 ? sl->n_toks : 0;
-    if (rc == 0) rc = prefill(sl, j, &err);
+    if (rc == 0) rc = prefill(sl, j, &u, &err);
     if (rc == 1) {
         tern_output_parser_destroy(r.parser);
         push_done(j, SRV_FINISH_CANCEL, -1, &u);
