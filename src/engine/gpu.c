@@ -32,6 +32,7 @@ int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err) {
     (void)dst; (void)src; (void)n;
     return no_cuda(err);
 }
+int tern_gpu_wait(tern_error *err) { return no_cuda(err); }
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all, tern_error *err) {
     (void)s; (void)tokens; (void)T; (void)logits; (void)all;
     return no_cuda(err);
@@ -747,9 +748,10 @@ void *tern_gpu_alloc(size_t n, tern_error *err) { return tern_cuda_alloc(n, err)
 void tern_gpu_free(void *p) { tern_cuda_free(p); }
 
 int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err) {
-    if (tern_cuda_sync(NULL, err) != 0 || tern_cuda_copy(dst, src, n, NULL, err) != 0) return -1;
-    return tern_cuda_sync(NULL, err);
+    return tern_cuda_copy(dst, src, n, NULL, err);
 }
+
+int tern_gpu_wait(tern_error *err) { return tern_cuda_sync(NULL, err); }
 
 int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err) {
     if (tern_cuda_sync(NULL, err) != 0) return -1;

@@ -34,10 +34,13 @@ int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *e
 /* Copies between a device pointer and host memory (to_host picks the way). */
 int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err);
 /* Device memory for a GPU session's snapshots (taking and restoring one are
- * device copies), and copies between device pointers. */
+ * device copies), and copies between device pointers: enqueued in order on
+ * the default stream, done once tern_gpu_wait returns. They read state the
+ * session's last piece or step left, which ends synchronised. */
 void *tern_gpu_alloc(size_t n, tern_error *err);
 void tern_gpu_free(void *p);
 int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err);
+int tern_gpu_wait(tern_error *err);
 
 /* tern_forward on the GPU: T tokens at s->pos; logits as tern_forward. */
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,

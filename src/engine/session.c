@@ -271,6 +271,7 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
         return NULL;
     }
     walk_state(ms, snap->data, snap->on_dev, s->pos, s->mtp_pos, 1, &failed);
+    if (snap->on_dev && !failed && tern_gpu_wait(NULL)) failed = 1;
     if (failed) {
         tern_fail(err, "GPU: the session state could not be copied");
         tern_snapshot_free(snap);
@@ -286,6 +287,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     if (tern_session_reserve(s, snap->pos, err) || tern_session_reserve_mtp(s, snap->mtp_pos, err)) return -1;
     int failed = 0;
     walk_state(s, snap->data, snap->on_dev, snap->pos, snap->mtp_pos, 0, &failed);
+    if (snap->on_dev && !failed && tern_gpu_wait(NULL)) failed = 1;
     if (failed) {
         s->broken = 1;
         return tern_fail(err, "GPU: the snapshot could not be copied to the device");
