@@ -48,9 +48,8 @@
  * (pdl_wait) before their first read of what attn_prep writes and let the
  * next kernel launch (pdl_trigger) right after it; the tensor-core split
  * kernel requests its first chunks of rows before pos0 (the cache of earlier
- * steps) before it waits (TERN_ATTN_PRE=0: after). One token at up to 16
- * splits merges its splits in a cluster instead of the combine kernel (see
- * att_cluster_merge; TERN_ATTN_CLUSTER=0: the combine kernel). */
+ * steps) before it waits. One token at up to 16 splits merges its splits in
+ * a cluster instead of the combine kernel (see att_cluster_merge). */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -550,7 +549,7 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
 template <int HD, bool CL>
 __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     attn_split_tc_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg, const uint8_t *kc, const uint8_t *vc,
-                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out, int pre) {
+                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out) {
     constexpr int KS = HD / 16, VB = HD * 2, ROWST = 2 * VB + 16, STAGE = TC_R * ROWST;
     extern __shared__ __align__(16) uint8_t smem[];
     /* the position is the step's (copied in before the step's kernels
@@ -569,7 +568,7 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
     int nchunks = (len + TC_R - 1) / TC_R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
     int kpre = 0;   /* chunks requested before the wait: a prefix (commit groups stay in chunk order) */
-    for (; pre && live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0;
+    for (; live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0;
          kpre++) {
         tc_issue(wst + kpre * STAGE, ROWST, VB, L, kc, vc, j0, warp + kpre * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
@@ -687,13 +686,11 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     if constexpr (CL) att_cluster_merge(mo, tot, HD, nq, ns, qg, t, nh, h0, out);
 }
 
-/* 1 if the tensor-core split kernel takes these dims (TERN_ATTN_TC=0
- * turns it off: the FP32 kernel for every layout). */
+/* 1 if the tensor-core split kernel takes these dims (else the FP32
+ * kernel). */
 static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
-    static int off = -1;
-    if (off < 0) off = env_off("TERN_ATTN_TC");
     int hd = d.head_dim;
-    return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
+    return L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }
 
 template <int HD> static size_t tc_smem() {
@@ -711,10 +708,8 @@ static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cud
     auto kern = attn_split_tc_kernel<HD, CL>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (CL && ns > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    static int pre_on = -1;   /* TERN_ATTN_PRE=0: every chunk requested after the wait */
-    const int pre = switch_on(&pre_on, "TERN_ATTN_PRE");
     return launch_pdl_cluster(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, CL ? (unsigned)ns : 0u, s, d,
-                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
+                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o);
 }
 
 template <bool CL>
@@ -770,12 +765,10 @@ static int tc_cluster_max_hd(int hd, int n_kv) {
 
 /* The cluster form's splits for one token planned for contexts up to n:
  * as many as att_splits plans, at most the largest cluster, when that
- * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form.
- * TERN_ATTN_CLUSTER=0 turns it off. */
+ * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form. */
 #define ATT_CL_LEN 64
 static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
-    static int on = -1;
-    if (!switch_on(&on, "TERN_ATTN_CLUSTER") || T != 1) return 0;
+    if (T != 1) return 0;
     int cl = tc_cluster_max_hd(d->head_dim, d->n_kv), ncl = ns < cl ? ns : cl;
     if (ncl < 1 || (int64_t)n > (int64_t)ncl * ATT_CL_LEN) return 0;
     return ncl;
