@@ -6,9 +6,9 @@
  * split's max, exp-sum and unnormalised output; a second kernel merges the
  * splits (log-sum-exp) and applies the output gate.
  *
- * The split kernel (v2). v1 scored the split into shared memory, then a
- * thread per dimension walked the rows serially for V: a chain of
- * dependent row loads, ~0.7 TB/s at 32 K. Now each warp streams its own
+ * The split kernel. Scoring the split into shared memory and then walking
+ * the rows serially for V, a thread per dimension, made a chain of
+ * dependent row loads. Instead each warp streams its own
  * chunks of R rows (chunk c of the split goes to warp c % W) through a
  * pipeline of S stages in shared memory filled by cp.async (K, V and their
  * scales; 2-3 chunks in flight per warp, no registers held by them), with
@@ -24,12 +24,10 @@
  *   - the chunk's probabilities and the queries' rescale factors go
  *     through shared memory to every lane for the weighted sum of V.
  * At the end the warps' (max, sum, output) are merged in a fixed order in
- * shared memory (no atomics: results do not depend on timing).
- * H200, 16 query / 2 KV heads x 256, T = 1, split + combine per call:
- * 16-bit KV 94 -> 37 us at 32 K (1.8 TB/s), 18 -> 8 us at 1000; 8/4-bit
- * 100 -> 55 us at 32 K, 17 -> 11 us at 1000 (not DRAM-bound: apparently
- * the FP32 work of 8 queries per K/V value and the dequantization). Six
- * stages, or four planned blocks per SM, measured slower.
+ * shared memory (no atomics: results do not depend on timing). At 8/4-bit
+ * KV the kernel is not DRAM-bound (the FP32 work of 8 queries per K/V
+ * value and the dequantization). Six stages, or four planned blocks per
+ * SM, measured slower (timings: docs/experiments/cuda-attention.md).
  *
  * Splits: their count ns is planned on the host from n_plan (about two
  * blocks per SM, at least 32 positions a split); their length sl is
@@ -408,8 +406,8 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
 
 /* ---- the split kernel on tensor cores (16-bit KV) -----------------------------
  * The FP32 kernel above does 16 multiply-adds per K/V value (8 queries, the
- * score and the output) and is bound by them at long contexts (37 us for the
- * 67 MB of a 32 K context, 1.8 TB/s). Here the products run on mma.sync:
+ * score and the output) and is bound by them at long contexts
+ * (docs/experiments/cuda-attention.md). Here the products run on mma.sync:
  *   scores S^T [16 x 8] = Q [16 x hd] K^T [hd x 8 rows]: the block's 8
  *     queries padded to 16 (rows 8..15 zero), a chunk of 8 K rows as B
  *     (ldmatrix of the staged rows);
@@ -483,8 +481,8 @@ __device__ __forceinline__ void tc_issue(uint8_t *st, int rowst, int vb, const k
 
 /* ---- the splits merged inside a cluster (one token, few splits) -----------
  * At a short context the combine kernel is a launch of its own in the
- * step's chain: its boundary and its read of the records cost ~3.8 us a
- * layer (docs/PERFORMANCE.md step 70). When the
+ * step's chain: its boundary and its read of the records cost time on
+ * every layer (docs/experiments/cuda-attention.md). When the
  * splits of a KV head fit one thread-block cluster (ns <= 16 blocks, one
  * token), each block keeps its record (the warps' merge, in place over
  * warp 0's outputs, and its (max, sum) per query) in shared memory; after

@@ -17,7 +17,7 @@ __global__ void embed_kernel(const uint8_t *__restrict__ data, const uint16_t *_
     /* the successor (the first input projections, a PDL launch that waits
      * before it reads x) may launch at once: its blocks become resident and
      * request their weights while this one reads its row
-     * (docs/experiments/cuda-step-timeline.md, step 81) */
+     * (docs/experiments/cuda-step-timeline.md) */
     pdl_trigger();
     int64_t r = ids[blockIdx.x];
     if (r == -1 && prev) r = *prev;   /* the step before's draw, on the device (tern_cuda_embed_prev) */

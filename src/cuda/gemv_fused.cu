@@ -171,7 +171,7 @@ __device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, i
 
 /* The staged kernel's first GS_STAGES - 1 tiles, requested in g1_input
  * once the input's loads are issued: a load issued behind a block's tile
- * requests waits for them (docs/experiments/cuda-gemv.md, step 60). */
+ * requests waits for them (docs/experiments/cuda-gemv.md). */
 template <int KIND>
 __device__ __forceinline__ void gs_issue_post(const g1_args &a, const gs_layout &L, uint8_t *stages, int64_t tiles) {
 #pragma unroll 1
@@ -234,7 +234,7 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
 /* The norm's weights are constant: requested into shared memory before
  * the wait, as a commit group of their own, so that the norm does not wait
  * a DRAM round trip after the input arrives (they were read after the
- * block's sum of squares; docs/PERFORMANCE.md step 37). They land where the
+ * block's sum of squares; docs/experiments/cuda-step-timeline.md). They land where the
  * input will go (xs4): in g1_input each thread reads the entries it later
  * writes, and the permuted layout of g1_stage writes after a barrier. */
 __device__ __forceinline__ const float4 *g1_norm_prefetch(const g1_args &a, float4 *xs4) {
@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
 
 /* ---- the staged variant: weights through shared memory -------------------
  * The register tiles above keep at most two tiles per lane in flight, and
- * registers bound the warps per SM: measured, a q4 12352 x 2048 projection
- * ran at ~1.3 TB/s. Here a block's tile of RT = 8 x RW whole rows (~16 KB
+ * registers bound the warps per SM, which leaves a large projection well
+ * below the read rate (docs/experiments/cuda-gemv.md). Here a block's tile of RT = 8 x RW whole rows (~16 KB
  * with their scales and biases) is copied into shared memory with
  * cp.async (no registers held while in flight), GS_STAGES tiles deep: the
  * first GS_STAGES - 1 are requested as soon as the input's loads are issued,
@@ -554,7 +554,7 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
                  kind_row_bytes(kind, W->cols), *in, y, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
-    /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
+    /* Which kernel (measured: docs/experiments/cuda-gemv.md): below
      * ~8 MB of weights the register tiles (all of a lane's loads issued at
      * once, one wave); above, the staged kernel (weights through shared
      * memory, cp.async), at 4 bits with the input as digits and integer dots

@@ -1,5 +1,6 @@
 /* The MoE block at decode: the router's top-k, then the routed experts and
- * the shared expert in two launches.
+ * the shared expert in two launches (one token's in one launch where it
+ * applies: "gate/up and down in one launch" below).
  *
  * Segments: for each token t the top_k routed experts and (if present) the
  * shared expert are segments t * S + k, S = top_k + 1 (or top_k). Expert
@@ -28,18 +29,11 @@
  * The integer-dot gate/up is launched with programmatic dependent launch
  * (common.cuh) behind the router: its blocks are resident before the
  * router ends, and the shared expert's request their weights before the
- * wait. The down kernel is launched the ordinary way (with PDL a replayed
- * graph of MoE blocks measured slower on the H200: staged gate/up and
- * down, T = 1, 26.5 us against 19.6 us; with gate/up in one wave and the
- * down blocks requesting all their weights before waiting, MoE op 18.2 ->
- * 23.2 us, 4-bit decode 445 -> 403 tok/s; waiting at its start, 476.3 /
- * 480.2 against 476.7 / 476.8 tok/s; as a PDL launch requesting its rows
- * before the wait, with gate/up letting it launch once its blocks had
- * built their digits: 497 -> 485 tok/s, docs/PERFORMANCE.md step 38), but
- * lets its successor launch once its rows are in (at its start before,
- * step 32; the late trigger, step 38): the next layer's input projections
- * request their weights while the experts compute, not while their rows
- * are in flight. */
+ * wait. The down kernel is launched the ordinary way (every PDL form of it
+ * measured slower: docs/experiments/cuda-moe.md and cuda-step-timeline.md),
+ * but lets its successor launch once its rows are in: the next layer's
+ * input projections request their weights while the experts compute, not
+ * while their rows are in flight. */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -312,14 +306,14 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
 }
 
 /* SK: the shared expert's kind (-1: none), a template argument so the
- * kernel holds only the code it runs (a block runs for a few microseconds:
- * instruction-cache misses of a kernel carrying every kind's loop measured
- * 30 % of its stalls). */
+ * kernel holds only the code it runs (a block runs for a few microseconds,
+ * so instruction-cache misses of a kernel carrying every kind's loop were
+ * a large share of its stalls: docs/experiments/cuda-moe.md). */
 /* A routed block's own top k in shared memory: warp 0 stores the ids and
  * what their weights need (route_pick's key, max and sum) before the
  * block's barrier; the weights are made in seg_down, where the block waits
- * for its segment anyway (route_weight's exp and divisions, ~0.3 us, had
- * been on the chain to the first weight request: step 85). */
+ * for its segment anyway (route_weight's exp and divisions had been on the
+ * chain to the first weight request: docs/experiments/cuda-router.md). */
 struct route_sm {
     int32_t ids[32];
     float wts[32];
@@ -342,7 +336,7 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
 /* EARLY (with FUSED, routing itself): a routed block stores x and builds
  * its digits in warps 1.. while warp 0 takes the top k, instead of after
  * its weight requests, whose issue holds the block back
- * (docs/experiments/cuda-moe.md, step 51). */
+ * (docs/experiments/cuda-moe.md). */
 template <int RK, int SK, bool FUSED = false, bool EARLY = false>
 __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
@@ -371,7 +365,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         const bool mine = i0 < n;
         /* x is requested before the weights when it is ready (after the
          * wait): a load issued behind a block's ~36 KB of weight requests
-         * waits for them (docs/experiments/cuda-step-timeline.md, step 37) */
+         * waits for them (docs/experiments/cuda-step-timeline.md) */
         const float4 *x4 = (const float4 *)x;
         float4 xv[GUD_XV];
         const bool x_now = !early;
@@ -396,7 +390,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                     __syncthreads();
                     /* the word form (idot.cuh; the same bits): with the top
                      * k's weights made later, these digits end after warp
-                     * 0's ids and are the block's chain (docs/experiments/cuda-gemv.md, step 86) */
+                     * 0's ids and are the block's chain (docs/experiments/cuda-moe.md) */
                     if (warp != 0)
                         xd_build_wide<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
                 }
@@ -461,7 +455,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
         /* one copy of the down's code for routed and shared blocks (a
          * template on it made two, and an SM holding both kinds fetched
-         * both: docs/PERFORMANCE.md step 56) */
+         * both: docs/experiments/cuda-moe.md) */
         seg_down<RK>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed, ew, rsp, TRACE_PTR);
     }
     TRACE_END(FUSED ? TRACE_MOE_ONE : TRACE_MOE_GATE_UP, routed ? 0u : 1u);
@@ -746,8 +740,8 @@ __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int d
 /* The down rows by bulk copies (the TMA unit): thread 0 requests the
  * block's rows, scales and biases as three copies counted on an mbarrier
  * after the flag, where every thread's cp.async issue held the warps from
- * their gate/up products until HBM had taken the requests (the issue ended
- * ~5 us after the top k). Where the rows are not 16-byte aligned, cp.async. */
+ * their gate/up products until HBM had taken the requests. Where the rows
+ * are not 16-byte aligned, cp.async. */
 __device__ __forceinline__ bool seg_bulk_on(const part_ptr &D, int d0, int nr, const seg_layout &L) {
     return nr > 0 && ((uintptr_t)(D.q + (int64_t)d0 * L.rbd) & 15) == 0;
 }
@@ -795,7 +789,7 @@ __device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float
 template <typename CHUNK>
 __device__ __forceinline__ void seg_rows(int nr, int nch, float w, float *part, long long *fx, const CHUNK &chunk) {
     const int lane = threadIdx.x & 31, half = lane >> 4, c0 = lane & 15, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll 2   /* two row pairs in flight: 88 -> 72 bytes of spills, step 88 */
+#pragma unroll 2   /* two row pairs in flight: fewer spills (docs/experiments/cuda-moe.md) */
     for (int rp = warp; rp * 2 < nr; rp += nw) {
         const int r = rp * 2 + half;
         const bool ok = r < nr;
@@ -870,14 +864,13 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
 }
 
 /* seg_rows_floats with h as digits, as the gate/up takes x: the float
- * path's dequantize-and-multiply was ~110 instructions a row and chunk, 3 us
- * of the launch for 71 rows (docs/PERFORMANCE.md step 55); a q4 chunk is
- * 24 dp4a here. h lands in the x region at the start of shared memory (the
+ * path's dequantize-and-multiply costs several times the instructions of a
+ * row and chunk (docs/experiments/cuda-moe.md); a q4 chunk is 24 dp4a here. h lands in the x region at the start of shared memory (the
  * gate/up is done with x and its digits: the segment wait's
  * __syncthreads), its digits after it. A lane reads its chunk's digits
- * again for each of its rows: held across them (24 registers) they took the
- * kernel's spills from 68 to 100 bytes, as every phase of the launch shares
- * its 96 registers (docs/PERFORMANCE.md step 58); read per row, 44. */
+ * again for each of its rows: held across them (24 registers) they added
+ * to the kernel's spills, as every phase of the launch shares its 96
+ * registers (docs/experiments/cuda-moe.md). */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
                                 float w, float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 bool bulk, unsigned long long *tm) {
@@ -896,8 +889,8 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
 #endif
     __syncthreads();
     /* the word form (idot.cuh): the same bits as xd_build's; h's digits
-     * are on the down's chain, after the segment's wait (+0.3 %,
-     * docs/PERFORMANCE.md step 84) */
+     * are on the down's chain, after the segment's wait
+     * (docs/experiments/cuda-moe.md) */
     xd_build_wide<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
     seg_staged_wait(bulk, sm, L);
     __syncthreads();

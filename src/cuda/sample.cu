@@ -231,7 +231,7 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 
 /* Slots in a shared list for the lanes of a warp with `want` (in lane
  * order), by one shared add a warp instead of one a lane (the sampler's
- * span measured the same either way: docs/PERFORMANCE.md step 90). All 32
+ * span measured the same either way: docs/experiments/cuda-sampler.md). All 32
  * lanes call it. */
 __device__ __forceinline__ unsigned warp_slot(unsigned *count, bool want) {
     const unsigned b = __ballot_sync(0xffffffffu, want);

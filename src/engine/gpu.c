@@ -66,7 +66,7 @@ int tern_gpu_sample_in_flight(const tern_session *s) { (void)s; return 0; }
  * buffer and the prefill ops' workspaces (chunked DeltaNet, grouped
  * experts), ~0.3 MB a token. Longer pieces fill the experts' 64-row tiles
  * (at 512 tokens an expert has ~16 rows) and dequantize the dense weights
- * less often (docs/experiments/cuda-prefill.md, step 31). */
+ * less often (docs/experiments/cuda-prefill.md). */
 #define PIECE_DEFAULT 4096
 /* Rows of logits computed and copied back at a time (all_logits callers). */
 #define LOGIT_ROWS 64
@@ -1188,8 +1188,7 @@ static int embed(tern_session *s, int T, tern_error *err) {
  * id_host[blk] (and d_id, for a next step launched before the host reads
  * this one's): page-locked memory the device writes over the bus (mapped
  * by unified addressing), read by the host after the step's event, so no
- * copy node ends the step (docs/experiments/cuda-step-timeline.md,
- * step 79). */
+ * copy node ends the step (docs/experiments/cuda-step-timeline.md). */
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
     int32_t *id = g->id_host[g->blk], *id2 = g->d_id;

@@ -289,9 +289,10 @@ void check_gemv(checker *ck) {
     gemv1_case(ck, 12352, 2048, 8, 0, 64, 2, 1);
     gemv1_case(ck, 2048, 4096, 4, 0, 64, 0, 1);
     gemv1_case(ck, 8192, 4096, 4, 0, 32, 1, 0);
-    /* the register tiles (below 8 MB) with more row groups than the
-     * resident warps, so a warp walks several (its next tile a tile ahead) */
-    gemv1_case(ck, 12000, 1024, 4, 0, 32, 1, 0);
+    /* the register tiles (below 8 MB) with more row groups than any
+     * device's resident warps, so a warp walks several (its next tile a
+     * tile ahead) */
+    gemv1_case(ck, 60000, 256, 4, 0, 32, 1, 0);
     gemv1_case(ck, 2048, 4096, 8, 0, 64, 0, 1);
     gemv1_case(ck, 256, 2048, 4, 0, 64, 2, 1);
     gemv1_case(ck, 256, 2048, 8, 0, 64, 3, 0);    /* the router at 8 bits: four chunks a lane */
