@@ -62,7 +62,30 @@ typedef struct tern_load_params {
      * there is one: those kernels must not share the GPU with another
      * session's), and a session's GPU work waits for the previous one's. */
     int serial_sessions;
+    /* Debugging aids of the GPU engine; all zero (the default) is the
+     * production path. None changes the results beyond rounding. */
+    struct {
+        int no_graphs;       /* 1: decode steps launched op by op, never captured as CUDA graphs */
+        int cpu_sampling;    /* 1: the next token drawn by the CPU sampler from downloaded logits */
+        int kernel_stats;    /* enum tern_kernel_stats: GPU time per op role, printed to stderr
+                              * when a session ends */
+        /* A build with make CUDA=1 TRACE=1: the decode kernels' phase
+         * trace (src/cuda/trace.cuh) written as CSV to this file when a
+         * session ends; NULL: none. Copied at load. */
+        const char *phase_trace;
+        /* Tokens per GPU forward piece, 16..65536 (0: 4096; a session's
+         * context caps it): small pieces put piece boundaries in short
+         * prompts. */
+        int piece;
+    } debug;
 } tern_load_params;
+
+/* tern_load_params.debug.kernel_stats: events around each op role (norms,
+ * projections, attention, DeltaNet, router, experts, lm_head) of
+ * TERN_STATS_DECODE: every decode step (graphs off), TERN_STATS_PREFILL:
+ * the prefill pieces, per prompt token; TERN_STATS_GRAPH: the GPU time of
+ * each replayed one-token graph against the host's wall time. */
+enum tern_kernel_stats { TERN_STATS_OFF = 0, TERN_STATS_DECODE, TERN_STATS_PREFILL, TERN_STATS_GRAPH };
 
 /* Loads a Hugging Face model directory (config.json, generation_config.json,
  * model.safetensors or model.safetensors.index.json + shards). Tensor data is

@@ -6,9 +6,9 @@
  * split's max, exp-sum and unnormalised output; a second kernel merges the
  * splits (log-sum-exp) and applies the output gate.
  *
- * The split kernel (v2). v1 scored the split into shared memory, then a
- * thread per dimension walked the rows serially for V: a chain of
- * dependent row loads, ~0.7 TB/s at 32 K. Now each warp streams its own
+ * The split kernel. Scoring the split into shared memory and then walking
+ * the rows serially for V, a thread per dimension, made a chain of
+ * dependent row loads. Instead each warp streams its own
  * chunks of R rows (chunk c of the split goes to warp c % W) through a
  * pipeline of S stages in shared memory filled by cp.async (K, V and their
  * scales; 2-3 chunks in flight per warp, no registers held by them), with
@@ -24,12 +24,10 @@
  *   - the chunk's probabilities and the queries' rescale factors go
  *     through shared memory to every lane for the weighted sum of V.
  * At the end the warps' (max, sum, output) are merged in a fixed order in
- * shared memory (no atomics: results do not depend on timing).
- * H200, 16 query / 2 KV heads x 256, T = 1, split + combine per call:
- * 16-bit KV 94 -> 37 us at 32 K (1.8 TB/s), 18 -> 8 us at 1000; 8/4-bit
- * 100 -> 55 us at 32 K, 17 -> 11 us at 1000 (not DRAM-bound: apparently
- * the FP32 work of 8 queries per K/V value and the dequantization). Six
- * stages, or four planned blocks per SM, measured slower.
+ * shared memory (no atomics: results do not depend on timing). At 8/4-bit
+ * KV the kernel is not DRAM-bound (the FP32 work of 8 queries per K/V
+ * value and the dequantization). Six stages, or four planned blocks per
+ * SM, measured slower (timings: docs/experiments/cuda-attention.md).
  *
  * Splits: their count ns is planned on the host from n_plan (about two
  * blocks per SM, at least 32 positions a split); their length sl is
@@ -48,9 +46,8 @@
  * (pdl_wait) before their first read of what attn_prep writes and let the
  * next kernel launch (pdl_trigger) right after it; the tensor-core split
  * kernel requests its first chunks of rows before pos0 (the cache of earlier
- * steps) before it waits (TERN_ATTN_PRE=0: after). One token at up to 16
- * splits merges its splits in a cluster instead of the combine kernel (see
- * att_cluster_merge; TERN_ATTN_CLUSTER=0: the combine kernel). */
+ * steps) before it waits. One token at up to 16 splits merges its splits in
+ * a cluster instead of the combine kernel (see att_cluster_merge). */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -409,8 +406,8 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
 
 /* ---- the split kernel on tensor cores (16-bit KV) -----------------------------
  * The FP32 kernel above does 16 multiply-adds per K/V value (8 queries, the
- * score and the output) and is bound by them at long contexts (37 us for the
- * 67 MB of a 32 K context, 1.8 TB/s). Here the products run on mma.sync:
+ * score and the output) and is bound by them at long contexts
+ * (docs/experiments/cuda-attention.md). Here the products run on mma.sync:
  *   scores S^T [16 x 8] = Q [16 x hd] K^T [hd x 8 rows]: the block's 8
  *     queries padded to 16 (rows 8..15 zero), a chunk of 8 K rows as B
  *     (ldmatrix of the staged rows);
@@ -484,8 +481,8 @@ __device__ __forceinline__ void tc_issue(uint8_t *st, int rowst, int vb, const k
 
 /* ---- the splits merged inside a cluster (one token, few splits) -----------
  * At a short context the combine kernel is a launch of its own in the
- * step's chain: its boundary and its read of the records cost ~3.8 us a
- * layer (docs/PERFORMANCE.md step 70). When the
+ * step's chain: its boundary and its read of the records cost time on
+ * every layer (docs/experiments/cuda-attention.md). When the
  * splits of a KV head fit one thread-block cluster (ns <= 16 blocks, one
  * token), each block keeps its record (the warps' merge, in place over
  * warp 0's outputs, and its (max, sum) per query) in shared memory; after
@@ -550,7 +547,7 @@ __device__ void att_cluster_merge(const float *rec, const float *tot, int hd, in
 template <int HD, bool CL>
 __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     attn_split_tc_kernel(tern_cuda_attn_dims dm, kv_layout L, const float *qg, const uint8_t *kc, const uint8_t *vc,
-                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out, int pre) {
+                         int pos0, const int *pos_dev, int T, int ns, float scale, float *part, float *out) {
     constexpr int KS = HD / 16, VB = HD * 2, ROWST = 2 * VB + 16, STAGE = TC_R * ROWST;
     extern __shared__ __align__(16) uint8_t smem[];
     /* the position is the step's (copied in before the step's kernels
@@ -569,7 +566,7 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     uint8_t *wst = smem + (size_t)warp * TC_S * STAGE;
     int nchunks = (len + TC_R - 1) / TC_R, mine = nchunks > warp ? (nchunks - warp + ATT_W - 1) / ATT_W : 0;
     int kpre = 0;   /* chunks requested before the wait: a prefix (commit groups stay in chunk order) */
-    for (; pre && live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0;
+    for (; live && kpre < TC_S - 1 && kpre < mine && j0 + TC_R * (warp + kpre * ATT_W + 1) <= pos0;
          kpre++) {
         tc_issue(wst + kpre * STAGE, ROWST, VB, L, kc, vc, j0, warp + kpre * ATT_W, len, first, HD / 8, lane);
         cp_async_commit();
@@ -687,13 +684,11 @@ __global__ void __launch_bounds__(ATT_W * 32, ATT_BLOCKS_PER_SM)
     if constexpr (CL) att_cluster_merge(mo, tot, HD, nq, ns, qg, t, nh, h0, out);
 }
 
-/* 1 if the tensor-core split kernel takes these dims (TERN_ATTN_TC=0
- * turns it off: the FP32 kernel for every layout). */
+/* 1 if the tensor-core split kernel takes these dims (else the FP32
+ * kernel). */
 static int att_tc_ok(const tern_cuda_attn_dims &d, const tern_kvq *L, bool al) {
-    static int off = -1;
-    if (off < 0) off = env_off("TERN_ATTN_TC");
     int hd = d.head_dim;
-    return !off && L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
+    return L->bits == 16 && al && (hd == 32 || hd == 64 || hd == 128 || hd == 256);
 }
 
 template <int HD> static size_t tc_smem() {
@@ -711,10 +706,8 @@ static cudaError_t launch_split_tc(int ns, int T, cudaStream_t s, const tern_cud
     auto kern = attn_split_tc_kernel<HD, CL>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (CL && ns > 8) cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    static int pre_on = -1;   /* TERN_ATTN_PRE=0: every chunk requested after the wait */
-    const int pre = switch_on(&pre_on, "TERN_ATTN_PRE");
     return launch_pdl_cluster(kern, dim3(ns, d.n_kv * ngq, T), dim3(ATT_W * 32), smem, CL ? (unsigned)ns : 0u, s, d,
-                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o, pre);
+                              L, qg, kc, vc, pos0, pos_dev, T, ns, scale, part, o);
 }
 
 template <bool CL>
@@ -770,12 +763,10 @@ static int tc_cluster_max_hd(int hd, int n_kv) {
 
 /* The cluster form's splits for one token planned for contexts up to n:
  * as many as att_splits plans, at most the largest cluster, when that
- * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form.
- * TERN_ATTN_CLUSTER=0 turns it off. */
+ * leaves a split at most ATT_CL_LEN positions; 0: the two-kernel form. */
 #define ATT_CL_LEN 64
 static int att_cluster_splits(const tern_cuda_attn_dims *d, int T, int n, int ns) {
-    static int on = -1;
-    if (!switch_on(&on, "TERN_ATTN_CLUSTER") || T != 1) return 0;
+    if (T != 1) return 0;
     int cl = tc_cluster_max_hd(d->head_dim, d->n_kv), ncl = ns < cl ? ns : cl;
     if (ncl < 1 || (int64_t)n > (int64_t)ncl * ATT_CL_LEN) return 0;
     return ncl;

@@ -25,31 +25,6 @@ static inline int launch_check(const char *op, tern_error *err) {
 
 static inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-/* 1 if the environment variable `name` is "0": a kernel switched off, for
- * comparisons (TERN_CUDA_PDL, TERN_ATTN_TC, TERN_MOE_IDOT8). Callers read
- * it once and keep the answer. */
-static inline int env_off(const char *name) {
-    const char *e = getenv(name);
-    return e && !strcmp(e, "0");
-}
-
-/* A switch that is on unless its variable is 0, read once into *on (a
- * static of the caller, -1 before). */
-static inline int switch_on(int *on, const char *name) {
-    if (*on < 0) *on = !env_off(name);
-    return *on;
-}
-
-/* An opt-in switch: on only when its variable is 1 (an experiment not yet
- * measured to pay), read once into *on (a static of the caller, -1 before). */
-static inline int switch_opt_in(int *on, const char *name) {
-    if (*on < 0) {
-        const char *e = getenv(name);
-        *on = e && !strcmp(e, "1");
-    }
-    return *on;
-}
-
 /* ---- programmatic dependent launch (Hopper) ------------------------------
  * A decode step is a chain of small kernels, each a few microseconds; most
  * of a kernel's time is the DRAM latency of its first weight loads and the
@@ -65,7 +40,7 @@ static inline int switch_opt_in(int *on, const char *name) {
  * attention's position, the DeltaNet state of an earlier token).
  * pdl_trigger() lets the successor launch early (once every block of this
  * grid has called it or exited). Both are no-ops in a kernel
- * launched the ordinary way. TERN_CUDA_PDL=0 turns the attribute off. */
+ * launched the ordinary way. */
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -77,8 +52,7 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-int tern_cuda_pdl_enabled(void);   /* runtime.cu: the device is sm_90+ and TERN_CUDA_PDL is not 0 */
-int tern_cuda_trigger_late(void);       /* runtime.cu: TERN_CUDA_TRIGGER_LATE is not 0 */
+int tern_cuda_pdl_enabled(void);   /* runtime.cu: the device is sm_90+ */
 int tern_cuda_sm_count(void);           /* runtime.cu: the device's SMs, asked once */
 
 /* Resident blocks per SM of a kernel at `threads` threads and `smem` bytes
@@ -119,7 +93,7 @@ void tern_cuda_carveout_max(const void *kernel);   /* runtime.cu: once per kerne
  * projections (~70 KB a block) off every SM until its blocks were gone, and
  * their weight requests could not start under it. Every kernel of the
  * step therefore asks for the largest shared-memory split (the streamed
- * weights bypass L1 anyway). TERN_CUDA_CARVEOUT=0 leaves the defaults. */
+ * weights bypass L1 anyway). */
 static inline void carveout_max(const void *kernel) { tern_cuda_carveout_max(kernel); }
 
 /* cluster > 0: the grid in thread-block clusters of cluster x 1 x 1 blocks

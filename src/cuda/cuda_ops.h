@@ -88,8 +88,8 @@ int tern_cuda_event_record(tern_event e, tern_stream s, tern_error *err);
 int tern_cuda_event_sync(tern_event e, tern_error *err);   /* waits; reports kernel faults */
 
 /* Marks: n events recorded on a stream without waiting, read after the
- * stream is synchronised (per-op GPU time for TERN_KERNEL_STATS, the op
- * checker's timings). */
+ * stream is synchronised (per-op GPU time for the kernel statistics,
+ * tern_load_params.debug.kernel_stats; the op checker's timings). */
 typedef struct tern_cuda_marks tern_cuda_marks;
 tern_cuda_marks *tern_cuda_marks_create(int n, tern_error *err);
 void tern_cuda_marks_destroy(tern_cuda_marks *m);
@@ -179,57 +179,6 @@ typedef struct tern_cuda_route_out {
 int tern_cuda_gemv1_route(const tern_mat *W, const tern_cuda_vec_in *in, float *logits,
                           const tern_cuda_route_out *route, tern_stream s, tern_error *err);
 
-/* The output projection of the one-token path with the router's linear
- * part beside it (docs/CUDA.md, "the router beside the output
- * projection"): y = W x as tern_cuda_gemv1 (no norm), h = x_res + y, each
- * of the projection's blocks' sum of h^2 into ssq (in row order within a
- * block: the sums do not depend on timing), and in the same launch
- * u = ru [x | x_res], ru [n_e, W.cols + W.rows] fp32 from
- * tern_cuda_router_lin_build, so that the router's logits are
- * u / sqrt(sum(ssq) / W.rows + eps) (tern_cuda_moe_route_lin).
- * tern_cuda_gemv1_lin_blocks gives ssq's length, 0 where this does not
- * apply (encodings of tern_cuda_gemv1, W.cols + W.rows <= 8192). */
-/* The accumulated form (rx set instead of ru and u): no [M | N]; each
- * block adds N[:, its rows] h[its rows] (rx from tern_cuda_router_rx_build
- * for tern_cuda_gemv1_rx_rows' rows per block; its block count is the
- * sums of squares' count) into u_fx as 64-bit fixed-point integers,
- * u * 2^TERN_CUDA_UFX_SHIFT at entries e * TERN_CUDA_UFX_STRIDE, so the
- * sum does not depend on the blocks' order. u_fx must be zero on entry;
- * tern_cuda_moe_route_lin reads it and zeroes it again. */
-#define TERN_CUDA_UFX_SHIFT 32
-#define TERN_CUDA_UFX_STRIDE 16   /* one 128-byte line an entry: 256 blocks' atomics spread over L2 */
-typedef struct tern_cuda_lin_out {
-    const float *x_res;           /* [W.rows] */
-    float *h;                     /* [W.rows], neither x_res nor y */
-    float *ssq;                   /* [tern_cuda_gemv1_lin_blocks] */
-    const float *ru;
-    int n_e;
-    float *u;                     /* [n_e] */
-    const float *rx;              /* the accumulated form: [blocks][n_e][rows per block] */
-    unsigned long long *u_fx;     /* [n_e * TERN_CUDA_UFX_STRIDE] */
-} tern_cuda_lin_out;
-int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e);
-/* the accumulated form's rows per block (*blocks: its block count); 0
- * where it does not apply */
-int tern_cuda_gemv1_rx_rows(const tern_mat *W, int n_e, int *blocks);
-int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
-                        tern_error *err);
-
-/* ru = [N W_o | N], N = W_r diag(norm_w (+ 1 with one_plus)), in fp32 from
- * products summed in double: W_r [n_e, H] and W_o [H, D] in any encoding
- * tern_cuda_embed takes (dequantized as the CPU does). ru: device
- * [n_e, D + H]; work: device scratch of tern_cuda_router_lin_work bytes. */
-size_t tern_cuda_router_lin_work(const tern_mat *router, const tern_mat *out_w);
-/* rx[b][e][i] = N[e][b rb + i] (0 past H), N = W_r diag(norm_w (+ 1)), in
- * fp32 (the product of the CPU's dequantized weight and the norm weight,
- * rounded once): [ceil(H / rb)][n_e][rb]; work: tern_cuda_router_rx_work
- * bytes. */
-size_t tern_cuda_router_rx_work(const tern_mat *router);
-int tern_cuda_router_rx_build(const tern_mat *router, const float *norm_w, int one_plus, int rb, float *rx,
-                              void *work, tern_stream s, tern_error *err);
-int tern_cuda_router_lin_build(const tern_mat *router, const float *norm_w, int one_plus, const tern_mat *out_w,
-                               float *ru, void *work, tern_stream s, tern_error *err);
-
 /* ---- decode: the routed experts and the shared expert ------------------ */
 
 /* One part (gate, up or down) of an expert blob: byte offsets of q, scales
@@ -263,7 +212,7 @@ typedef struct tern_cuda_experts {
      * launch also zeroes fx_zero (another slot, or NULL): the slot of the
      * launch before it, whose sums the kernels between the two have read.
      * NULL: out as floats. Only where the one launch applies (else an
-     * error), and not with the accumulated router (tern_cuda_moe_norm.u_fx). */
+     * error). */
     void *fx, *fx_zero;
 } tern_cuda_experts;
 
@@ -295,36 +244,12 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
  * instead of ids and weights; every routed block takes the top k with
  * tern_cuda_route's code, and the ids and weights are also written to
  * ids/wts, the same bit for bit. Only where tern_cuda_moe_routes_itself
- * says so (the one-launch MoE applies, n_experts <= 256;
- * TERN_MOE_ROUTE=0: never), else an error. */
+ * says so (the one-launch MoE applies, n_experts <= 256), else an error. */
 int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                                 int top_k, int n_experts);
 int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                         const float *x, int top_k, const float *logits, int n_experts, int renorm, int32_t *ids,
                         float *wts, void *work, float *out, tern_stream s, tern_error *err);
-
-/* tern_cuda_moe_route with the post-attention RMSNorm made inside the
- * launch (the router beside the output projection, tern_cuda_gemv1_lin):
- * h = x_res + the projection's output, unnormed; r = 1 / sqrt(sum(ssq) / H
- * + eps); every block norms h as h * r * w (w + 1 with one_plus) for its
- * own use, and routes on the logits u * r. H <= TERN_CUDA_MOE_NORM_MAX_H,
- * n_ssq <= TERN_CUDA_MOE_NORM_MAX_SSQ. */
-#define TERN_CUDA_MOE_NORM_MAX_H 2304
-#define TERN_CUDA_MOE_NORM_MAX_SSQ 256
-typedef struct tern_cuda_moe_norm {
-    const float *ssq;             /* [n_ssq] (tern_cuda_gemv1_lin's) */
-    int n_ssq;
-    const float *norm_w;          /* [H] */
-    int one_plus;
-    float eps;
-    /* the accumulated form's u (tern_cuda_lin_out.u_fx; then u must be
-     * NULL), zeroed again by the launch's last block */
-    unsigned long long *u_fx;
-} tern_cuda_moe_norm;
-int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
-                            const float *h, const tern_cuda_moe_norm *nm, int top_k, const float *u, int n_experts,
-                            int renorm, int32_t *ids, float *wts, void *work, float *out, tern_stream s,
-                            tern_error *err);
 
 /* The same block for a prefill of T tokens, grouped by expert: the
  * tokens that chose an expert are gathered and multiplied together (bf16
@@ -443,33 +368,6 @@ int tern_cuda_gdn_step(const tern_cuda_gdn_w *w, const float *qkv, const float *
                        const float *a, int T, float *conv_state, float *S, float *out, tern_stream s,
                        tern_error *err);
 
-/* The one-token step with the layer's output projection in the same
- * launch (docs/CUDA.md, "the DeltaNet step with its output projection"):
- * tern_cuda_gdn_step at T = 1, then y = W out, W [H, nv dv] q4. The
- * blocks of a key head's cluster exchange their gated outputs, block r of
- * the cluster takes rows r * hb .. of W over the cluster's r dv columns
- * (requested before the step's wait) and adds its sums into y_fx as the
- * experts' fixed-point sums do (each value * 2^TERN_CUDA_DFX_SHIFT, integer
- * atomics: the order the clusters finish in does not change the sums).
- * y_fx must be zero on entry; the launch also zeroes zero (zero_bytes, a
- * multiple of 16; NULL: none), the slot of an earlier layer whose sums
- * have been read. out is written as tern_cuda_gdn_step writes it. */
-typedef struct tern_cuda_gdn_proj {
-    const tern_mat *W;
-    long long *y_fx;              /* [W.rows] */
-    void *zero;
-    size_t zero_bytes;
-} tern_cuda_gdn_proj;
-/* Bytes of a y_fx slot for W.rows = H sums (whole 256-byte units, so
- * slots laid end to end stay 16-byte aligned for the zeroing). */
-size_t tern_cuda_gdn_proj_slot_bytes(int64_t H);
-/* 1 if tern_cuda_gdn_step_proj takes w with this W (q4, groups within a
- * cluster's columns, the weights' share of a block within 48 KB). */
-int tern_cuda_gdn_proj_supported(const tern_cuda_gdn_w *w, const tern_mat *W);
-int tern_cuda_gdn_step_proj(const tern_cuda_gdn_w *w, const float *qkv, const float *z, const float *b,
-                            const float *a, float *conv_state, float *S, float *out, const tern_cuda_gdn_proj *p,
-                            tern_stream s, tern_error *err);
-
 /* The same block for a prefill of T tokens in chunks of 64 (the twin of
  * cpu/gdn.c's tern_gdn_chunked with forward.c's steps around it): the same
  * arguments and state updates as tern_cuda_gdn_step, so a step may follow
@@ -490,7 +388,7 @@ int tern_cuda_gdn_chunked(const tern_cuda_gdn_w *w, const float *qkv, const floa
  * id2 is not NULL, to *id2 too. work: tern_cuda_sample_workspace
  * bytes, zero before their first use (a count the call leaves zero). One
  * launch that may start before the logits' kernel ends (programmatic
- * dependent launch; TERN_SAMPLE_ONE=0: two ordinary launches). */
+ * dependent launch). */
 size_t tern_cuda_sample_workspace(int n_valid);
 int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, int32_t *id2, tern_stream s,
                      tern_error *err);

@@ -13,13 +13,12 @@ __device__ __forceinline__ float deq(int q, float s, float b) { return __fadd_rn
 template <int KIND>
 __global__ void embed_kernel(const uint8_t *__restrict__ data, const uint16_t *__restrict__ sc,
                              const uint16_t *__restrict__ bi, int64_t rows, int cols, int group,
-                             const int32_t *__restrict__ ids, const int32_t *__restrict__ prev, float *__restrict__ x,
-                             int trig) {
+                             const int32_t *__restrict__ ids, const int32_t *__restrict__ prev, float *__restrict__ x) {
     /* the successor (the first input projections, a PDL launch that waits
      * before it reads x) may launch at once: its blocks become resident and
-     * request their weights while this one reads its row (TERN_EMBED_TRIGGER=0:
-     * at this kernel's end; docs/PERFORMANCE.md step 81) */
-    if (trig) pdl_trigger();
+     * request their weights while this one reads its row
+     * (docs/experiments/cuda-step-timeline.md) */
+    pdl_trigger();
     int64_t r = ids[blockIdx.x];
     if (r == -1 && prev) r = *prev;   /* the step before's draw, on the device (tern_cuda_embed_prev) */
     float *out = x + (size_t)blockIdx.x * cols;
@@ -55,17 +54,15 @@ int tern_cuda_embed_prev(const tern_mat *W, const int32_t *ids, const int32_t *p
         ((kind == KIND_Q4 || kind == KIND_Q8) && (W->group < 1 || W->cols % W->group)))
         return tern_fail(err, "embed: %lld x %lld matrix with %d bits, dtype %d, group %d is not supported",
                          (long long)W->rows, (long long)W->cols, W->bits, W->dtype, W->group);
-    static int trig = -1;
-    switch_on(&trig, "TERN_EMBED_TRIGGER");
     const uint8_t *d = (const uint8_t *)W->data;
     int cols = (int)W->cols, group = W->group > 0 ? W->group : 1;
     dim3 grid(T), block(256);
     switch (kind) {
-    case KIND_Q4: embed_kernel<KIND_Q4><<<grid, block, 0, s>>>(d, W->scales, W->biases, W->rows, cols, group, ids, prev, x, trig); break;
-    case KIND_Q8: embed_kernel<KIND_Q8><<<grid, block, 0, s>>>(d, W->scales, W->biases, W->rows, cols, group, ids, prev, x, trig); break;
-    case KIND_BF16: embed_kernel<KIND_BF16><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x, trig); break;
-    case KIND_F16: embed_kernel<KIND_F16><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x, trig); break;
-    default: embed_kernel<KIND_F32><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x, trig); break;
+    case KIND_Q4: embed_kernel<KIND_Q4><<<grid, block, 0, s>>>(d, W->scales, W->biases, W->rows, cols, group, ids, prev, x); break;
+    case KIND_Q8: embed_kernel<KIND_Q8><<<grid, block, 0, s>>>(d, W->scales, W->biases, W->rows, cols, group, ids, prev, x); break;
+    case KIND_BF16: embed_kernel<KIND_BF16><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x); break;
+    case KIND_F16: embed_kernel<KIND_F16><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x); break;
+    default: embed_kernel<KIND_F32><<<grid, block, 0, s>>>(d, NULL, NULL, W->rows, cols, group, ids, prev, x); break;
     }
     return launch_check("embed", err);
 }

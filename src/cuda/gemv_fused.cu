@@ -11,8 +11,7 @@
  * first loads. So:
  *   - the successor (a PDL launch) may launch once this kernel's input is
  *     built: launched at the start, its weight requests queued ahead of
- *     this kernel's input reads (docs/PERFORMANCE.md step 38;
- *     TERN_CUDA_TRIGGER_LATE=0 triggers at the start again);
+ *     this kernel's input reads;
  *   - every lane issues its first tile's loads (R rows x U 16-byte chunks,
  *     with their scales and biases) before anything else, before even
  *     waiting for the previous kernel (programmatic dependent launch: the
@@ -30,8 +29,6 @@
  *     groups warp, warp + all warps, ...
  * cols <= 8192: the input lives in registers during the norm. */
 #include <float.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/common.cuh"
 #include "cuda/idot.cuh"
@@ -51,12 +48,6 @@ typedef struct {
     tern_cuda_vec_in in;
     float *y;
     tern_cuda_route_out route;   /* counter NULL: no routing epilogue */
-    int norm_pre;                /* the norm's weights requested before the wait (TERN_GEMV1_NORM_PRE=0: not) */
-    int late;                    /* the successor may launch once the input is built, not at the start */
-    int pre;                     /* staged: tiles requested before the wait (TERN_GEMV1_PRE, 0 .. GS_STAGES - 1) */
-    /* tern_cuda_gemv1_lin: h = x_res + y and its blocks' sums of squares,
-     * and the router's linear part u beside the rows */
-    tern_cuda_lin_out lin;
 } g1_args;
 
 /* The router's epilogue (one-token path): the block that finishes last
@@ -178,15 +169,13 @@ __device__ __forceinline__ void gs_issue(const g1_args &a, const gs_layout &L, i
     }
 }
 
-/* The staged kernel's tiles pre .. GS_STAGES - 2 (the first pre before
- * the wait), requested in g1_input once the input's loads are issued: a
- * load issued behind a block's tile requests waits for them (measured: x
- * in 2.75 us after the release instead of 0.80 once the experts' launch
- * ended sooner, docs/PERFORMANCE.md step 60). */
+/* The staged kernel's first GS_STAGES - 1 tiles, requested in g1_input
+ * once the input's loads are issued: a load issued behind a block's tile
+ * requests waits for them (docs/experiments/cuda-gemv.md). */
 template <int KIND>
 __device__ __forceinline__ void gs_issue_post(const g1_args &a, const gs_layout &L, uint8_t *stages, int64_t tiles) {
 #pragma unroll 1
-    for (int k = a.pre; k < GS_STAGES - 1; k++) {
+    for (int k = 0; k < GS_STAGES - 1; k++) {
         int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
         if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
         cp_async_commit();
@@ -245,11 +234,11 @@ __device__ __forceinline__ void g1_input(const g1_args &a, float *red, float4 (&
 /* The norm's weights are constant: requested into shared memory before
  * the wait, as a commit group of their own, so that the norm does not wait
  * a DRAM round trip after the input arrives (they were read after the
- * block's sum of squares; docs/PERFORMANCE.md step 37). They land where the
+ * block's sum of squares; docs/experiments/cuda-step-timeline.md). They land where the
  * input will go (xs4): in g1_input each thread reads the entries it later
  * writes, and the permuted layout of g1_stage writes after a barrier. */
 __device__ __forceinline__ const float4 *g1_norm_prefetch(const g1_args &a, float4 *xs4) {
-    if (!a.in.norm_w || !a.norm_pre) return NULL;
+    if (!a.in.norm_w) return NULL;
     for (int i = threadIdx.x; i < a.cols / 4; i += G1_THREADS) cp_async<16>(xs4 + i, (const float4 *)a.in.norm_w + i);
     cp_async_commit();
     return xs4;
@@ -285,97 +274,7 @@ __device__ void g1_stage(const g1_args &a, float4 *xs4, float *csum, float *red,
     }
 }
 
-/* ---- the router's linear part beside the output projection (LIN) -------
- * The router's input is RMSNorm(x_res + W_o a) and RMSNorm is a scalar
- * times (1 + w) elementwise, so its logits are r * u with
- *   u = [M | N] [a | x_res],  N = W_r diag(1 + w),  M = N W_o
- * (tern_cuda_router_lin_build) and r = 1 / sqrt(mean(h^2) + eps). u needs
- * only the projection's input, not its output, so the projection's blocks
- * compute it beside their rows and the experts' launch takes the top k of
- * u (r > 0 does not change the order) and r from the sums of squares the
- * blocks leave: the router's launch drops out of the chain. Block b takes
- * rows b, b + grid, ... of u, thread t float4 t, t + G1_THREADS, ... of a
- * row, whose first LIN_V are requested with the block's first weights,
- * before the wait ([M | N] is constant): every block carries an equal share
- * of u's bytes (u rows in blocks of their own, 96 KB each in two round
- * trips, measured slower: docs/PERFORMANCE.md step 50). */
-#define LIN_V 8   /* (cols + rows) / 4 <= LIN_V * G1_THREADS float4 a row: 8192 floats */
-
-/* ---- the router's products accumulated beside the output projection
- * (LIN 2, tern_cuda_gemv1_lin with rx) ----------------------------------
- * u = N h, N = W_r diag(1 + w), is a sum over h's rows, and each block of
- * the projection makes RB = G1_WARPS * R of them (the grid uncapped: one
- * row group a warp, block b rows [b RB, b RB + RB)). So after its rows the
- * block adds N[:, its rows] h[its rows] into u itself: its slice of N
- * (rx, [blocks][n_e][RB] fp32, tern_cuda_router_rx_build) is copied into
- * shared memory before the wait, and each of its partial sums goes into
- * u_fx as a 64-bit fixed-point integer (u * 2^TERN_CUDA_UFX_SHIFT, one
- * 128-byte line an entry). Integer adds commute, so u does not depend on
- * the order the blocks finish in (float atomics would); the experts' launch
- * reads it, routes, and zeroes it for the next layer. No [M | N] (6.3 MB a
- * layer) and no u rows in the blocks' chain (step 50's form), only
- * n_e x RB products and one atomic a thread at the end. */
-__device__ __forceinline__ void g1_rx_fetch(const g1_args &a, int rb, float *rx_s) {
-    const int n4 = a.lin.n_e * rb / 4;
-    const float4 *src = (const float4 *)(a.lin.rx + (size_t)blockIdx.x * (size_t)n4 * 4);
-    for (int i = threadIdx.x; i < n4; i += G1_THREADS) cp_async<16>((float4 *)rx_s + i, src + i);
-    cp_async_commit();
-}
-
-/* (1 a fixed-point unit: |u| below 2^31 fits; past it the entry saturates) */
-__device__ __forceinline__ unsigned long long ufx_of(float v) {
-    const float lim = 9.2e18f, s = v * (float)(1ull << TERN_CUDA_UFX_SHIFT);
-    return (unsigned long long)__float2ll_rn(fminf(fmaxf(s, -lim), lim));
-}
-
-/* after the block's h rows are in hs (a barrier): thread e's partial sums
- * of u, RB products each in row order */
-__device__ __forceinline__ void g1_rx_add(const g1_args &a, int rb, const float *rx_s, const float *hs) {
-    for (int e = threadIdx.x; e < a.lin.n_e; e += G1_THREADS) {
-        const float *w = rx_s + (size_t)e * rb;
-        float acc = 0.0f;
-        for (int i = 0; i < rb; i++) acc = fmaf(w[i], hs[i], acc);
-        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(a.lin.u_fx + (size_t)e * TERN_CUDA_UFX_STRIDE),
-                     "l"(ufx_of(acc))
-                     : "memory");
-    }
-}
-
-__device__ __forceinline__ void g1_lin_fetch(const g1_args &a, int e, float4 (&w)[LIN_V]) {
-    const int C4 = (a.cols + (int)a.rows) / 4;
-    const float4 *m4 = (const float4 *)(a.lin.ru + (size_t)e * (size_t)C4 * 4);
-#pragma unroll
-    for (int j = 0; j < LIN_V; j++) {
-        const int f = threadIdx.x + G1_THREADS * j;
-        w[j] = e < a.lin.n_e && f < C4 ? __ldcs(m4 + f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-}
-
-/* u[e] from the row's weights w, the block's input a in xs4 (permuted:
- * float4 q of chunk c at [q * nch + c], F float4 a chunk) and x_res. */
-template <int F>
-__device__ __forceinline__ void g1_lin_row(const g1_args &a, int e, const float4 (&w)[LIN_V], const float4 *xs4,
-                                           int nch, const float *xres_s, float *red) {
-    const int C4 = (a.cols + (int)a.rows) / 4, A4 = a.cols / 4;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < LIN_V; j++) {
-        const int f = threadIdx.x + G1_THREADS * j;
-        if (f >= C4) break;
-        const float4 v = f < A4 ? xs4[(f % F) * nch + f / F] : ((const float4 *)xres_s)[f - A4];
-        acc = fmaf(w[j].x, v.x, acc);
-        acc = fmaf(w[j].y, v.y, acc);
-        acc = fmaf(w[j].z, v.z, acc);
-        acc = fmaf(w[j].w, v.w, acc);
-    }
-    const float t = g1_block_sum(acc, red);
-    if (threadIdx.x == 0 && e < a.lin.n_e) a.lin.u[e] = t;
-    __syncthreads();   /* red is free again */
-}
-
-/* LIN: 0 none, 1 the u rows from [M | N] (tern_cuda_gemv1_lin with ru),
- * 2 the router's products accumulated (with rx) */
-template <int KIND, int R, int U, int LIN = 0>
+template <int KIND, int R, int U>
 __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
     constexpr int E = kind_traits<KIND>::E, F = E / 4;
     extern __shared__ float4 g1_smem[];
@@ -390,55 +289,22 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
 
     TRACE_DECL;
     TRACE_MARK(0);
-    if (!a.late) pdl_trigger();
     g1_tile<R, U> cur;
     const float4 *wsm = g1_norm_prefetch(a, xs4);
     if (tiles) g1_load<KIND, R, U>(a, gw, 0, lane, cur);
-    constexpr int RB = G1_WARPS * R;            /* LIN 2: the block's rows */
-    float4 uw[LIN == 1 ? LIN_V : 1];
-    float *xres_s = csum + ((nch + 3) & ~3);   /* LIN 1: x_res (16-byte aligned), copied in while the input is built */
-    float *rx_s = xres_s + a.rows;              /* LIN 2: the block's columns of N (constant: before the wait) */
-    __shared__ float hs[LIN == 2 ? RB : 1];
-    if constexpr (LIN == 1) g1_lin_fetch(a, blockIdx.x, uw);
-    if constexpr (LIN == 2) g1_rx_fetch(a, RB, rx_s);
     TRACE_MARK(1);
     pdl_wait();   /* the input is the previous kernel's output */
     TRACE_MARK(2);
-    float xr[R];   /* LIN: x_res of the group's rows (LIN 2: the warp's one group, in registers from here) */
-    if constexpr (LIN == 1) {
-        for (int i = threadIdx.x; i < a.rows / 4; i += G1_THREADS)
-            cp_async<16>((float4 *)xres_s + i, (const float4 *)a.lin.x_res + i);
-        cp_async_commit();
-    }
-    if constexpr (LIN == 2) {
-#pragma unroll
-        for (int r = 0; r < R; r++) xr[r] = lane == 0 && gw * R + r < a.rows ? __ldcg(a.lin.x_res + gw * R + r) : 0.0f;
-        if (threadIdx.x < RB && (int64_t)blockIdx.x * RB + threadIdx.x >= a.rows) hs[threadIdx.x] = 0.0f;
-    }
     g1_stage<KIND, 0>(a, xs4, csum, red, wsm, TRACE_PTR);
-    if constexpr (LIN == 1) {
-        cp_async_wait_all();
-        __syncthreads();
-    }
-    if (a.late) pdl_trigger();
-    if constexpr (LIN == 1) {
-        for (int e = blockIdx.x; e < a.lin.n_e; e += gridDim.x) {
-            if (e != (int)blockIdx.x) g1_lin_fetch(a, e, uw);
-            g1_lin_row<F>(a, e, uw, xs4, nch, xres_s, red);
-        }
-    }
+    pdl_trigger();
     TRACE_MARK(3);
 
-    float acc[R], ssw = 0.0f;   /* LIN: the warp's sum of h^2 */
+    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int64_t t = 0; t < tiles; t++) {
         int64_t grp = gw + (t / nb) * nw;
         int batch = (int)(t % nb);
-        if (LIN == 1 && batch == 0 && lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; r++) xr[r] = grp * R + r < a.rows ? xres_s[grp * R + r] : 0.0f;
-        }
         g1_tile<R, U> nxt;
         bool more = t + 1 < tiles;
         if (more) g1_load<KIND, R, U>(a, gw + ((t + 1) / nb) * nw, (int)((t + 1) % nb), lane, nxt);
@@ -461,31 +327,11 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
             for (int r = 0; r < R; r++) {
                 float v = warp_sum(acc[r]);
                 int64_t row = grp * R + r;
-                if (lane == 0 && row < a.rows) {
-                    a.y[row] = v;
-                    if (LIN) {
-                        const float hv = xr[r] + v;
-                        a.lin.h[row] = hv;
-                        ssw = fmaf(hv, hv, ssw);
-                        if (LIN == 2) hs[row - (int64_t)blockIdx.x * RB] = hv;
-                    }
-                }
+                if (lane == 0 && row < a.rows) a.y[row] = v;
                 acc[r] = 0.0f;
             }
         }
         if (more) cur = nxt;
-    }
-    if (LIN) {   /* the block's sum of squares of h, its warps in order */
-        if (lane == 0) red[threadIdx.x >> 5] = ssw;
-        if (LIN == 2) cp_async_wait_all();   /* the slice of N, for after the barrier */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float v = 0.0f;
-#pragma unroll
-            for (int i = 0; i < G1_WARPS; i++) v += red[i];
-            a.lin.ssq[blockIdx.x] = v;
-        }
-        if constexpr (LIN == 2) g1_rx_add(a, RB, rx_s, hs);   /* (the barrier above: hs complete; past the end 0) */
     }
     TRACE_MARK(4);
     if (a.route.counter) {
@@ -501,14 +347,13 @@ __global__ void __launch_bounds__(G1_THREADS, 2) gemv1_kernel(g1_args a) {
 
 /* ---- the staged variant: weights through shared memory -------------------
  * The register tiles above keep at most two tiles per lane in flight, and
- * registers bound the warps per SM: measured, a q4 12352 x 2048 projection
- * ran at ~1.3 TB/s. Here a block's tile of RT = 8 x RW whole rows (~16 KB
+ * registers bound the warps per SM, which leaves a large projection well
+ * below the read rate (docs/experiments/cuda-gemv.md). Here a block's tile of RT = 8 x RW whole rows (~16 KB
  * with their scales and biases) is copied into shared memory with
  * cp.async (no registers held while in flight), GS_STAGES tiles deep: the
- * first GS_STAGES - 1 are requested as soon as the input's loads are issued
- * (TERN_GEMV1_PRE=n: n of them before waiting for the previous kernel,
- * measured slower: docs/PERFORMANCE.md step 60), each later one as soon as a stage frees. Rows are contiguous, so a tile is
- * one contiguous range. Warps then read their RW rows from shared memory
+ * first GS_STAGES - 1 are requested as soon as the input's loads are issued,
+ * each later one as soon as a stage frees. Rows are contiguous, so a tile
+ * is one contiguous range. Warps then read their RW rows from shared memory
  * (32 lanes, 32 consecutive 16-byte chunks: no bank conflicts). With ID the
  * products are integer dots on the input's digits (idot.cuh): q4 always,
  * q8 for the largest matrices (gemv1 below). */
@@ -530,18 +375,11 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
 
     TRACE_DECL;
     TRACE_MARK(0);
-    if (!a.late) pdl_trigger();
     const float4 *wsm = g1_norm_prefetch(a, xs4);   /* its group precedes the stages' */
-#pragma unroll 1
-    for (int k = 0; k < a.pre; k++) {   /* weights only: before the wait */
-        int64_t t = blockIdx.x + (int64_t)k * gridDim.x;
-        if (t < tiles) gs_issue<KIND>(a, L, t, stages + k * L.stage);
-        cp_async_commit();
-    }
     TRACE_MARK(1);
     pdl_wait();
     TRACE_MARK(2);
-    auto post = [&]() { gs_issue_post<KIND>(a, L, stages, tiles); };   /* the other GS_STAGES - 1 - pre */
+    auto post = [&]() { gs_issue_post<KIND>(a, L, stages, tiles); };   /* the first GS_STAGES - 1 tiles */
     if (ID) {
         float4 v[G1_MAXV];
         g1_input<GS_STAGES - 1>(a, red, v, wsm, TRACE_PTR, post);
@@ -556,7 +394,7 @@ __global__ void __launch_bounds__(G1_THREADS) gemv1s_kernel(g1_args a) {
     } else {
         g1_stage<KIND, GS_STAGES - 1>(a, xs4, csum, red, wsm, TRACE_PTR, post);
     }
-    if (a.late) pdl_trigger();
+    pdl_trigger();
     TRACE_MARK(3);
 
     for (int k = 0;; k++) {
@@ -661,28 +499,24 @@ int tern_cuda_gemv1_supported(const tern_mat *W) {
 
 /* The register-tile kernel's grid for a's shape: a row group per warp, at
  * most the resident blocks (the warps then walk the groups); *smem its
- * dynamic shared memory: the input as floats and its chunk sums, with LIN
- * the chunk sums padded to 16 bytes and x_res after them. With LIN the
- * block count is also the sums of squares' count. */
-template <int KIND, int R, int U, int LIN = 0>
+ * dynamic shared memory: the input as floats and its chunk sums. */
+template <int KIND, int R, int U>
 static int64_t g1_grid(const g1_args &a, size_t *smem) {
     constexpr int E = kind_traits<KIND>::E;
     const size_t nch = (size_t)(a.cols / E);
-    *smem = ((size_t)a.cols + (LIN ? ((nch + 3) & ~(size_t)3) + (size_t)a.rows : nch) +
-             (LIN == 2 ? (size_t)a.lin.n_e * G1_WARPS * R : 0)) *
-            sizeof(float);
+    *smem = ((size_t)a.cols + nch) * sizeof(float);
     static occ_cache cache;
     int64_t ngrp = (a.rows + R - 1) / R,
-            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U, LIN>, G1_THREADS, *smem);
+            cap = (int64_t)tern_cuda_sm_count() * blocks_per_sm(cache, gemv1_kernel<KIND, R, U>, G1_THREADS, *smem);
     int64_t blocks = (ngrp + G1_WARPS - 1) / G1_WARPS;
     return blocks < cap ? blocks : cap;
 }
 
-template <int KIND, int R, int U, int LIN = 0>
+template <int KIND, int R, int U>
 static cudaError_t g1_launch(const g1_args &a, cudaStream_t s) {
     size_t smem = 0;
-    const int64_t blocks = g1_grid<KIND, R, U, LIN>(a, &smem);
-    return launch_pdl(gemv1_kernel<KIND, R, U, LIN>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
+    const int64_t blocks = g1_grid<KIND, R, U>(a, &smem);
+    return launch_pdl(gemv1_kernel<KIND, R, U>, dim3((unsigned)blocks), dim3(G1_THREADS), smem, s, a);
 }
 
 /* The tile of a lane by the row's chunks per lane: 4 rows x 1 chunk, 2 x 2,
@@ -693,132 +527,14 @@ static int g1_shape(int64_t cols, int E) {
     return cpl == 1 ? G1_T41 : cpl == 2 ? G1_T22 : cpl % 4 == 0 ? G1_T14 : G1_T11;
 }
 
-template <int KIND, int LIN = 0>
+template <int KIND>
 static cudaError_t g1_pick(const g1_args &a, cudaStream_t s) {
     switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
-    case G1_T41: return g1_launch<KIND, 4, 1, LIN>(a, s);
-    case G1_T22: return g1_launch<KIND, 2, 2, LIN>(a, s);
-    case G1_T14: return g1_launch<KIND, 1, 4, LIN>(a, s);
-    default: return g1_launch<KIND, 1, 1, LIN>(a, s);
+    case G1_T41: return g1_launch<KIND, 4, 1>(a, s);
+    case G1_T22: return g1_launch<KIND, 2, 2>(a, s);
+    case G1_T14: return g1_launch<KIND, 1, 4>(a, s);
+    default: return g1_launch<KIND, 1, 1>(a, s);
     }
-}
-
-/* ---- tern_cuda_gemv1_lin: host side ---------------------------------------
- * The register-tile kernel with LIN: its blocks (and so its sums of
- * squares) as g1_grid counts them, *rb its rows per block; 0 where it does
- * not apply (LIN 2: also where the grid is capped, so that a block's rows
- * are not the contiguous RB the slices of rx are cut for). */
-template <int KIND, int LIN>
-static int lin_blocks(const g1_args &a, int *rb) {
-    size_t smem = 0;
-    int R = 1;
-    int64_t blocks;
-    switch (g1_shape(a.cols, kind_traits<KIND>::E)) {
-    case G1_T41: R = 4; blocks = g1_grid<KIND, 4, 1, LIN>(a, &smem); break;
-    case G1_T22: R = 2; blocks = g1_grid<KIND, 2, 2, LIN>(a, &smem); break;
-    case G1_T14: blocks = g1_grid<KIND, 1, 4, LIN>(a, &smem); break;
-    default: blocks = g1_grid<KIND, 1, 1, LIN>(a, &smem); break;
-    }
-    *rb = G1_WARPS * R;
-    const int64_t uncapped = (a.rows + *rb - 1) / *rb;
-    return LIN == 2 && (blocks < uncapped || smem > (size_t)100 * 1024) ? 0 : (int)blocks;
-}
-
-static int lin_applies(const tern_mat *W, int n_e) {
-    return tern_cuda_gemv1_supported(W) && n_e >= 1 && W->rows % 4 == 0 &&
-           (W->cols + W->rows) / 4 <= LIN_V * G1_THREADS;
-}
-
-static g1_args lin_args(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, int n_e) {
-    int kind = mat_kind(W);
-    g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
-                 kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), {x, NULL, NULL, NULL, 0, 0.0f, NULL, NULL}, y, {}, 0,
-                 tern_cuda_trigger_late(), 0, {}};
-    if (lo) a.lin = *lo;
-    a.lin.n_e = n_e;
-    return a;
-}
-
-template <int LIN>
-static int lin_blocks_of(const tern_mat *W, int n_e, int *rb) {
-    const g1_args a = lin_args(W, NULL, NULL, NULL, n_e);
-    switch (mat_kind(W)) {
-    case KIND_Q4: return lin_blocks<KIND_Q4, LIN>(a, rb);
-    case KIND_Q8: return lin_blocks<KIND_Q8, LIN>(a, rb);
-    case KIND_BF16: return lin_blocks<KIND_BF16, LIN>(a, rb);
-    default: return lin_blocks<KIND_F16, LIN>(a, rb);
-    }
-}
-
-int tern_cuda_gemv1_lin_blocks(const tern_mat *W, int n_e) {
-    int rb = 0;
-    return lin_applies(W, n_e) ? lin_blocks_of<1>(W, n_e, &rb) : 0;
-}
-
-int tern_cuda_gemv1_rx_rows(const tern_mat *W, int n_e, int *blocks) {
-    int rb = 0, nb = lin_applies(W, n_e) ? lin_blocks_of<2>(W, n_e, &rb) : 0;
-    if (blocks) *blocks = nb;
-    return nb ? rb : 0;
-}
-
-int tern_cuda_gemv1_lin(const tern_mat *W, const float *x, float *y, const tern_cuda_lin_out *lo, tern_stream s,
-                        tern_error *err) {
-    if (!lo || !x || !y || !lo->x_res || !lo->h || !lo->ssq || (lo->rx ? !lo->u_fx : !lo->ru || !lo->u))
-        return tern_fail(err, "gemv1_lin: missing input or output");
-    if (lo->h == lo->x_res || lo->h == y || lo->h == x || y == lo->x_res || y == x)
-        return tern_fail(err, "gemv1_lin: h and y must differ from each other and from the inputs");
-    if (!lin_applies(W, lo->n_e))
-        return tern_fail(err, "gemv1_lin: unsupported matrix (bits %d, %lldx%lld) or %d experts", W->bits,
-                         (long long)W->rows, (long long)W->cols, lo->n_e);
-    if (lo->rx && !tern_cuda_gemv1_rx_rows(W, lo->n_e, NULL))
-        return tern_fail(err, "gemv1_lin: the accumulated form needs one row group a warp, and %lld rows do not fit "
-                         "the device's resident blocks", (long long)W->rows);
-    const g1_args a = lin_args(W, x, y, lo, lo->n_e);
-    cudaStream_t st = (cudaStream_t)s;
-    const int kind = mat_kind(W);
-    cudaError_t e = lo->rx ? (kind == KIND_Q4     ? g1_pick<KIND_Q4, 2>(a, st)
-                              : kind == KIND_Q8   ? g1_pick<KIND_Q8, 2>(a, st)
-                              : kind == KIND_BF16 ? g1_pick<KIND_BF16, 2>(a, st)
-                                                  : g1_pick<KIND_F16, 2>(a, st))
-                           : (kind == KIND_Q4     ? g1_pick<KIND_Q4, 1>(a, st)
-                              : kind == KIND_Q8   ? g1_pick<KIND_Q8, 1>(a, st)
-                              : kind == KIND_BF16 ? g1_pick<KIND_BF16, 1>(a, st)
-                                                  : g1_pick<KIND_F16, 1>(a, st));
-    if (e != cudaSuccess) return tern_fail(err, "gemv1_lin: %s", cudaGetErrorString(e));
-    return launch_check("gemv1_lin", err);
-}
-
-/* TERN_GEMV1, read once per process like the other debugging switches. */
-enum { FORCE_NONE, FORCE_REGS, FORCE_STAGED, FORCE_INT, FORCE_BAD };
-static int gemv1_forced(void) {
-    static int f = -1;
-    if (f < 0) {
-        const char *v = getenv("TERN_GEMV1");
-        f = !v || !*v                  ? FORCE_NONE
-            : !strcmp(v, "regs")       ? FORCE_REGS
-            : !strcmp(v, "staged")     ? FORCE_STAGED
-            : !strcmp(v, "int")        ? FORCE_INT
-                                       : FORCE_BAD;
-    }
-    return f;
-}
-
-static int norm_pre_enabled(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_GEMV1_NORM_PRE");
-}
-
-/* TERN_GEMV1_PRE=n: the staged kernel's tiles requested before the wait
- * (0 .. GS_STAGES - 1, by default 0; the rest after the input's loads:
- * docs/PERFORMANCE.md step 60); -1 a bad value */
-static int gemv1_pre(void) {
-    static int pre = -2;
-    if (pre == -2) {
-        const char *v = getenv("TERN_GEMV1_PRE");
-        pre = !v || !*v ? 0 : (v[0] >= '0' && v[0] < '0' + GS_STAGES && !v[1]) ? v[0] - '0' : -1;
-    }
-    return pre;
 }
 
 static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_route_out *route, float *y,
@@ -835,28 +551,21 @@ static int gemv1(const tern_mat *W, const tern_cuda_vec_in *in, const tern_cuda_
     int kind = mat_kind(W);
     g1_args a = {(const uint8_t *)W->data, W->scales, W->biases, W->rows, (int)W->cols,
                  kind == KIND_Q4 || kind == KIND_Q8 ? log2i(W->group) : 0,
-                 kind_row_bytes(kind, W->cols), *in, y, {}, norm_pre_enabled(), tern_cuda_trigger_late(), 0, {}};
+                 kind_row_bytes(kind, W->cols), *in, y, {}};
     if (route) a.route = *route;
     cudaStream_t st = (cudaStream_t)s;
-    /* Which kernel (measured on the H200, docs/CUDA.md "Round 3"): below
+    /* Which kernel (measured: docs/experiments/cuda-gemv.md): below
      * ~8 MB of weights the register tiles (all of a lane's loads issued at
      * once, one wave); above, the staged kernel (weights through shared
      * memory, cp.async), at 4 bits with the input as digits and integer dots
-     * (idot.cuh). TERN_GEMV1=regs|staged|int forces one where it fits (for
-     * comparisons); the fused router takes the register tiles. */
-    int forced = gemv1_forced();
-    if (forced == FORCE_BAD)
-        return tern_fail(err, "TERN_GEMV1 must be regs, staged or int (got '%s')", getenv("TERN_GEMV1"));
-    if ((a.pre = gemv1_pre()) < 0)
-        return tern_fail(err, "TERN_GEMV1_PRE must be 0 to %d (got '%s')", GS_STAGES - 1, getenv("TERN_GEMV1_PRE"));
+     * (idot.cuh); the fused router takes the register tiles. */
     size_t bytes = (size_t)W->rows * kind_row_bytes(kind, W->cols);
-    int regs = route || (forced ? forced == FORCE_REGS : bytes < ((size_t)8 << 20));
+    int regs = route || bytes < ((size_t)8 << 20);
     int rw = regs ? 0 : gs_rows_per_warp(kind, W);
-    /* q8 takes the integer dots only for the largest matrices (the lm_head:
-     * 160 -> 133 us); on the 9-27 MB ones they measured slower (docs/CUDA.md) */
+    /* q8 takes the integer dots only for the largest matrices (the lm_head);
+     * on the 9-27 MB ones they measured slower (docs/experiments/cuda-gemv.md) */
     int huge = bytes >= ((size_t)64 << 20);
-    int ints = rw && (kind == KIND_Q4 || (kind == KIND_Q8 && (huge || forced == FORCE_INT))) &&
-               W->cols % XD_SPAN == 0 && forced != FORCE_STAGED;
+    int ints = rw && (kind == KIND_Q4 || (kind == KIND_Q8 && huge)) && W->cols % XD_SPAN == 0;
     cudaError_t e = ints ? (kind == KIND_Q4 ? gs_pick<KIND_Q4, true>(a, rw, st) : gs_pick<KIND_Q8, true>(a, rw, st))
                   : rw ? (kind == KIND_Q4   ? gs_pick<KIND_Q4>(a, rw, st)
                           : kind == KIND_Q8 ? gs_pick<KIND_Q8>(a, rw, st)

@@ -1,5 +1,6 @@
 /* The MoE block at decode: the router's top-k, then the routed experts and
- * the shared expert in two launches.
+ * the shared expert in two launches (one token's in one launch where it
+ * applies: "gate/up and down in one launch" below).
  *
  * Segments: for each token t the top_k routed experts and (if present) the
  * shared expert are segments t * S + k, S = top_k + 1 (or top_k). Expert
@@ -28,18 +29,11 @@
  * The integer-dot gate/up is launched with programmatic dependent launch
  * (common.cuh) behind the router: its blocks are resident before the
  * router ends, and the shared expert's request their weights before the
- * wait. The down kernel is launched the ordinary way (with PDL a replayed
- * graph of MoE blocks measured slower on the H200: staged gate/up and
- * down, T = 1, 26.5 us against 19.6 us; with gate/up in one wave and the
- * down blocks requesting all their weights before waiting, MoE op 18.2 ->
- * 23.2 us, 4-bit decode 445 -> 403 tok/s; waiting at its start, 476.3 /
- * 480.2 against 476.7 / 476.8 tok/s; as a PDL launch requesting its rows
- * before the wait, with gate/up letting it launch once its blocks had
- * built their digits: 497 -> 485 tok/s, docs/PERFORMANCE.md step 38), but
- * lets its successor launch once its rows are in (at its start before,
- * step 32; the late trigger, step 38): the next layer's input projections
- * request their weights while the experts compute, not while their rows
- * are in flight. */
+ * wait. The down kernel is launched the ordinary way (every PDL form of it
+ * measured slower: docs/experiments/cuda-moe.md and cuda-step-timeline.md),
+ * but lets its successor launch once its rows are in: the next layer's
+ * input projections request their weights while the experts compute, not
+ * while their rows are in flight. */
 #include <float.h>
 
 #include "cuda/common.cuh"
@@ -97,25 +91,12 @@ typedef struct {
     int n_e, renorm;
     int32_t *ids_out;
     float *wts_out;
-    /* tern_cuda_moe_route_lin: x is h, not yet normed; the norm's scale
-     * from the output projection's sums of squares ssq[nssq], its weights
-     * nw (+ 1 with one_plus); the logits are u and scaled by it (NULL: x
-     * is the normed input and the logits are final) */
-    const float *ssq, *nw;
-    int nssq, one_plus;
-    float eps;
-    /* the accumulated form: u as fixed-point integers (tern_cuda_lin_out's
-     * u_fx; NULL: logits holds u), zeroed by the grid's last block */
-    unsigned long long *ufx;
-    int dn_trigger;    /* down lets the next kernel (a PDL launch) start: 1 at once, 2 once its rows are in, 0 never */
-    int x_first;       /* gate/up requests x before its weights (TERN_MOE_X_FIRST=0: after) */
-    int dn_digits;     /* the one launch's down takes h as digits (TERN_MOE_DOWN_DIGITS=0: as floats) */
-    int seg_bulk;      /* the one launch's down rows by bulk copies (TERN_MOE_SEG_BULK=0: every thread's cp.async) */
+    int dn_digits;     /* the one launch's down takes h as digits (else as floats: shapes the digits do not fit) */
 } moe_args;
 
-/* The launch routes the token itself (from float logits or, in the
- * accumulated form, from ufx) instead of reading ids and weights. */
-__host__ __device__ __forceinline__ bool routes_itself(const moe_args &a) { return a.logits || a.ufx; }
+/* The launch routes the token itself (from the router's logits) instead
+ * of reading ids and weights. */
+__host__ __device__ __forceinline__ bool routes_itself(const moe_args &a) { return a.logits; }
 
 __device__ __forceinline__ const uint8_t *expert_blob(const moe_args &a, int e) {
     return a.blobs ? a.blobs[e] : a.base + (size_t)e * a.stride;
@@ -315,62 +296,6 @@ __device__ __forceinline__ void gud_x_load(const float4 *x4, int H, float4 (&xv)
     }
 }
 
-/* route_lin: 1 / RMS of h from the projection's block sums, in a fixed
- * order (every warp that asks gets the same bits), and h normed in
- * registers: h * r * w as tern_cuda_gemv1's input (H <= GUD_XV * 4 *
- * blockDim: the host checks). */
-#define LIN_SQ 8   /* sums of squares a lane holds: nssq <= 256 (the host checks) */
-static_assert(TERN_CUDA_MOE_NORM_MAX_SSQ == 32 * LIN_SQ, "the sums of squares a warp holds");
-static_assert(TERN_CUDA_MOE_NORM_MAX_H == GUD_XV * 4 * GUD_WARPS * 32, "the input a block holds in registers");
-__device__ __forceinline__ void lin_ssq_load(const moe_args &a, float (&sq)[LIN_SQ]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k = 0; k < LIN_SQ; k++) sq[k] = lane + 32 * k < a.nssq ? __ldcg(a.ssq + lane + 32 * k) : 0.0f;
-}
-
-/* (loaded with x, before the block's weight requests: a load issued behind
- * them waits for them) */
-__device__ __forceinline__ float lin_rinv(const moe_args &a, const float (&sq)[LIN_SQ]) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < LIN_SQ; k++) s += sq[k];
-    s = warp_sum(s);
-    return 1.0f / sqrtf(s / (float)a.H + a.eps);
-}
-
-/* the norm's weights: copied into the block's float region of x before
- * the wait (constant; a commit group of their own), each thread the
- * entries it later normalises and writes over (gud_x_store) */
-__device__ __forceinline__ void lin_w_fetch(const moe_args &a, float4 *xf4) {
-#pragma unroll
-    for (int j = 0; j < GUD_XV; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < a.H / 4) cp_async<16>(xf4 + i, (const float4 *)a.nw + i);
-    }
-    cp_async_commit();
-}
-
-/* the accumulated form's u (route_load's layout) */
-__device__ __forceinline__ void ufx_load(const moe_args &a, float (&v)[8]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < a.n_e ? __ll2float_rn((long long)__ldcg(a.ufx + (size_t)e * TERN_CUDA_UFX_STRIDE)) *
-                               (1.0f / (float)(1ull << TERN_CUDA_UFX_SHIFT))
-                         : -FLT_MAX;
-    }
-}
-
-__device__ __forceinline__ void lin_norm(const moe_args &a, float r, const float4 *xf4, float4 (&xv)[GUD_XV]) {
-    cp_async_wait<0>();   /* this thread's weight copies (the down rows' copies are not committed yet) */
-#pragma unroll
-    for (int j = 0; j < GUD_XV; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < a.H / 4) xv[j] = rms_apply4(xv[j], xf4[i], r, a.one_plus);
-    }
-}
-
 __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float4 (&xv)[GUD_XV], float4 *xf4) {
 #pragma unroll
     for (int j = 0; j < GUD_XV; j++) {
@@ -381,14 +306,14 @@ __device__ __forceinline__ void gud_x_store(const float4 *x4, int H, const float
 }
 
 /* SK: the shared expert's kind (-1: none), a template argument so the
- * kernel holds only the code it runs (a block runs for a few microseconds:
- * instruction-cache misses of a kernel carrying every kind's loop measured
- * 30 % of its stalls). */
+ * kernel holds only the code it runs (a block runs for a few microseconds,
+ * so instruction-cache misses of a kernel carrying every kind's loop were
+ * a large share of its stalls: docs/experiments/cuda-moe.md). */
 /* A routed block's own top k in shared memory: warp 0 stores the ids and
  * what their weights need (route_pick's key, max and sum) before the
  * block's barrier; the weights are made in seg_down, where the block waits
- * for its segment anyway (route_weight's exp and divisions, ~0.3 us, had
- * been on the chain to the first weight request: step 85). */
+ * for its segment anyway (route_weight's exp and divisions had been on the
+ * chain to the first weight request: docs/experiments/cuda-router.md). */
 struct route_sm {
     int32_t ids[32];
     float wts[32];
@@ -408,14 +333,11 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
  * region) once its expert is known, and after its h rows are written and
  * its segment's blocks have all counted themselves, computes them from
  * that segment's h (seg_down). */
-/* NORM (with FUSED): tern_cuda_moe_route_lin's input, h normed in the
- * block (a kernel of its own, so the other one launch keeps its code).
- * EARLY (with FUSED, routing itself, x read first; the default,
- * TERN_MOE_DIGITS_EARLY=0 off): a routed block stores x (NORM: normed) and builds its digits
- * in warps 1.. while warp 0 takes the top k, instead of after its weight
- * requests, whose issue holds the block back (docs/PERFORMANCE.md:
- * x as digits 1.6 us after the first weights requested). */
-template <int RK, int SK, bool FUSED = false, bool NORM = false, bool EARLY = false>
+/* EARLY (with FUSED, routing itself): a routed block stores x and builds
+ * its digits in warps 1.. while warp 0 takes the top k, instead of after
+ * its weight requests, whose issue holds the block back
+ * (docs/experiments/cuda-moe.md). */
+template <int RK, int SK, bool FUSED = false, bool EARLY = false>
 __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_args a) {
     extern __shared__ float4 gud_smem[];
     const int seg = blockIdx.y, t = seg / a.S, k = seg % a.S, warp = threadIdx.x >> 5;
@@ -432,10 +354,6 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
     __shared__ route_sm rs;   /* routing itself */
     TRACE_DECL;
     TRACE_MARK(0);
-    /* NORM: the norm's weights (constant) before the wait: x and the sums
-     * of squares, loaded after it, would otherwise queue behind the copies
-     * (docs/PERFORMANCE.md step 53) */
-    if (NORM && (routed || SK == RK)) lin_w_fetch(a, gud_smem);
     if (!early) pdl_wait();
     TRACE_MARK(1);
     if (routed || SK == RK) {   /* x as digits (every thread of the block takes part) */
@@ -447,19 +365,14 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         const bool mine = i0 < n;
         /* x is requested before the weights when it is ready (after the
          * wait): a load issued behind a block's ~36 KB of weight requests
-         * waits for them (measured: x as digits 2.8 us after the weights
-         * were requested, docs/PERFORMANCE.md step 37) */
+         * waits for them (docs/experiments/cuda-step-timeline.md) */
         const float4 *x4 = (const float4 *)x;
         float4 xv[GUD_XV];
-        const bool x_now = a.x_first && !early;
-        float sq[LIN_SQ];
-        if (x_now) {
-            gud_x_load(x4, a.H, xv);
-            if (NORM) lin_ssq_load(a, sq);
-        }
+        const bool x_now = !early;
+        if (x_now) gud_x_load(x4, a.H, xv);
         gud_rows w;
         gud_step first;
-        constexpr bool DE = EARLY && FUSED;   /* (the host asks for it only with x read first) */
+        constexpr bool DE = EARLY && FUSED;
         if (FUSED && routed) {
             if (routes_itself(a)) {
                 /* every routed block routes the token itself (route.cuh: the
@@ -469,38 +382,20 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
                 /* warp 0's logits requested now, beside x, not after x's
                  * barrier below: their L2 round trip was in the chain */
                 float lg[8];
-                if (!NORM && warp == 0) route_load<8>(a.logits, a.n_e, lg);
+                if (warp == 0) route_load<8>(a.logits, a.n_e, lg);
                 if constexpr (DE) {   /* x complete in shared memory for the digits below */
                     float *xf = (float *)gud_smem;
                     uint4 *xd = (uint4 *)(xf + a.H);
-                    /* NORM: every warp sums the sums of squares (loaded
-                     * with x) itself, the same bits as warp 0's below */
-                    if constexpr (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
                     gud_x_store(x4, a.H, xv, (float4 *)xf);
                     __syncthreads();
                     /* the word form (idot.cuh; the same bits): with the top
                      * k's weights made later, these digits end after warp
-                     * 0's ids and are the block's chain (+0.7 %, step 86) */
+                     * 0's ids and are the block's chain (docs/experiments/cuda-moe.md) */
                     if (warp != 0)
                         xd_build_wide<RK>(xf, a.H, xd, (xd_chunk *)(xd + XD_VEC4 * (a.H / 32)), GUD_WARPS - 1, 1);
                 }
                 if (warp == 0) {
-                    route_pick pk;
-                    if constexpr (NORM) {
-                        /* route_lin: the logits are u * r; u and the sums
-                         * of squares requested together, not one after the
-                         * other */
-                        float v[8];
-                        if (!x_now) lin_ssq_load(a, sq);   /* (with x otherwise) */
-                        if (a.ufx) ufx_load(a, v);
-                        else route_load<8>(a.logits, a.n_e, v);
-                        const float r = lin_rinv(a, sq);
-#pragma unroll
-                        for (int i = 0; i < 8; i++) v[i] = v[i] == -FLT_MAX ? v[i] : v[i] * r;
-                        pk = route_select<8>(v, a.n_e, a.K);
-                    } else {
-                        pk = route_select<8>(lg, a.n_e, a.K);   /* (route_row's, its load above) */
-                    }
+                    const route_pick pk = route_select<8>(lg, a.n_e, a.K);   /* (route_row's, its load above) */
                     rs.key[threadIdx.x] = pk.key;
                     if (threadIdx.x == 0) {
                         rs.m = pk.m;
@@ -538,11 +433,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         uint4 *xd = (uint4 *)(xf + a.H);
         xd_chunk *cx = (xd_chunk *)(xd + XD_VEC4 * (a.H / 32));
         if (!(DE && routed && routes_itself(a))) {   /* (EARLY: built during the top k) */
-            if (!x_now) {
-                gud_x_load(x4, a.H, xv);
-                if (NORM) lin_ssq_load(a, sq);
-            }
-            if (NORM) lin_norm(a, lin_rinv(a, sq), gud_smem, xv);
+            if (!x_now) gud_x_load(x4, a.H, xv);
             gud_x_store(x4, a.H, xv, (float4 *)xf);
             __syncthreads();
             xd_build<RK>(xf, a.H, xd, cx, GUD_WARPS);
@@ -555,10 +446,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         gate_up_rows<SK < 0 ? KIND_Q4 : SK>(a.sgate_p, a.sup_p, i0, a.s_inter, a.H, x, h);
     }
     if (SK >= 0 && !routed && blockIdx.x == 0 && warp == 0) {
-        /* route_lin: the normed input lives only in shared memory (the
-         * block's x as floats, before its digits) */
-        const float *xs = NORM ? (const float *)gud_smem : x;
-        float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, xs) : dot_any(a.sg_kind, a.sg_p, a.H, xs);
+        float v = a.sg_kind == SK ? row_dot1<SK < 0 ? KIND_Q4 : SK>(a.sg_p, a.H, x) : dot_any(a.sg_kind, a.sg_p, a.H, x);
         if ((threadIdx.x & 31) == 0) a.sg[t] = sigmoid_f(v);
     }
     if (FUSED) {
@@ -567,7 +455,7 @@ __global__ void __launch_bounds__(GUD_WARPS * 32, 2) moe_gate_up_d_kernel(moe_ar
         const part_ptr D = routed ? blob_part(expert_blob(a, eid), a.down) : a.sdown_p;
         /* one copy of the down's code for routed and shared blocks (a
          * template on it made two, and an SM holding both kinds fetched
-         * both: docs/PERFORMANCE.md step 56) */
+         * both: docs/experiments/cuda-moe.md) */
         seg_down<RK>(a, t, k, D, (uint8_t *)gud_smem + xd_smem_bytes(a.H, 32), !routed, ew, rsp, TRACE_PTR);
     }
     TRACE_END(FUSED ? TRACE_MOE_ONE : TRACE_MOE_GATE_UP, routed ? 0u : 1u);
@@ -704,7 +592,6 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     extern __shared__ float4 dn_smem[];
     TRACE_DECL;
     TRACE_MARK(0);
-    if (a.dn_trigger == 1) pdl_trigger();   /* TERN_CUDA_TRIGGER_LATE=0: the successor launches at once */
     const int K = a.K, R = a.R, nt = a.nt, tid = threadIdx.x, t = blockIdx.y, d0 = blockIdx.x * a.R;
     const int nr = a.H - d0 < R ? a.H - d0 : R;
     uint8_t *wr = (uint8_t *)dn_smem;                    /* [K] routed rows, dn_wr bytes each */
@@ -763,7 +650,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(moe_args a, float *out) {
     TRACE_MARK(2);
     cp_async_wait_all();
     __syncthreads();
-    if (a.dn_trigger == 2) pdl_trigger();   /* late: once this block's rows are in */
+    pdl_trigger();   /* the successor launches once this block's rows are in */
     TRACE_MARK(3);
 
     if (tid < a.ntr) {
@@ -853,10 +740,10 @@ __host__ __device__ static inline seg_layout seg_layout_of(int I, int gsh, int d
 /* The down rows by bulk copies (the TMA unit): thread 0 requests the
  * block's rows, scales and biases as three copies counted on an mbarrier
  * after the flag, where every thread's cp.async issue held the warps from
- * their gate/up products until HBM had taken the requests (the issue ended
- * ~5 us after the top k). Where the rows are not 16-byte aligned, cp.async. */
-__device__ __forceinline__ bool seg_bulk_on(const moe_args &a, const part_ptr &D, int d0, int nr, const seg_layout &L) {
-    return a.seg_bulk && nr > 0 && ((uintptr_t)(D.q + (int64_t)d0 * L.rbd) & 15) == 0;
+ * their gate/up products until HBM had taken the requests. Where the rows
+ * are not 16-byte aligned, cp.async. */
+__device__ __forceinline__ bool seg_bulk_on(const part_ptr &D, int d0, int nr, const seg_layout &L) {
+    return nr > 0 && ((uintptr_t)(D.q + (int64_t)d0 * L.rbd) & 15) == 0;
 }
 __device__ __forceinline__ uint64_t *seg_bar(uint8_t *sm, const seg_layout &L) {
     return (uint64_t *)(sm + L.flag_off + 8);
@@ -867,7 +754,7 @@ __device__ void seg_stage(const moe_args &a, const part_ptr &D, uint8_t *sm, boo
     const int I = sh ? a.s_inter : a.I, d0 = blockIdx.x * a.dc, nr = min(a.dc, a.H - d0);
     const seg_layout L = seg_layout_of(I, D.gsh, a.dc);
     if (nr <= 0) return;
-    if (seg_bulk_on(a, D, d0, nr, L)) {
+    if (seg_bulk_on(D, d0, nr, L)) {
         if (threadIdx.x == 0) {
             uint64_t *bar = seg_bar(sm, L);
             const sb_span sc = sb_span_of(D.s + (int64_t)d0 * L.ng, nr * L.ng * 2),
@@ -902,7 +789,7 @@ __device__ __forceinline__ void seg_put(float *part, long long *fx, int r, float
 template <typename CHUNK>
 __device__ __forceinline__ void seg_rows(int nr, int nch, float w, float *part, long long *fx, const CHUNK &chunk) {
     const int lane = threadIdx.x & 31, half = lane >> 4, c0 = lane & 15, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll 2   /* two row pairs in flight: 88 -> 72 bytes of spills, step 88 */
+#pragma unroll 2   /* two row pairs in flight: fewer spills (docs/experiments/cuda-moe.md) */
     for (int rp = warp; rp * 2 < nr; rp += nw) {
         const int r = rp * 2 + half;
         const bool ok = r < nr;
@@ -918,11 +805,6 @@ __device__ __forceinline__ void seg_rows(int nr, int nch, float w, float *part, 
     }
 }
 
-/* The block's down rows times the segment's h (hk, I floats in global
- * memory), weighted by w, into part[0..nr) or fx: h in shared memory as
- * floats (permuted like the GEMVs' input: float4 q of chunk c at
- * [q * n_chunks + c], the 16 lanes of a row read 16 banks)
- * (TERN_MOE_DOWN_DIGITS=0) */
 /* The block's staged down rows have landed (this thread's view; a barrier
  * after it: everyone's). */
 __device__ __forceinline__ void seg_staged_wait(bool bulk, uint8_t *sm, const seg_layout &L) {
@@ -930,6 +812,11 @@ __device__ __forceinline__ void seg_staged_wait(bool bulk, uint8_t *sm, const se
     else cp_async_wait_all();
 }
 
+/* The block's down rows times the segment's h (hk, I floats in global
+ * memory), weighted by w, into part[0..nr) or fx: h in shared memory as
+ * floats (permuted like the GEMVs' input: float4 q of chunk c at
+ * [q * n_chunks + c], the 16 lanes of a row read 16 banks), where the
+ * digits' form below does not fit the shape. */
 template <int RK>
 __device__ void seg_rows_floats(uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr, float w,
                                 float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
@@ -977,14 +864,13 @@ __device__ __forceinline__ float seg_chunk_d(const uint8_t *sm, const seg_layout
 }
 
 /* seg_rows_floats with h as digits, as the gate/up takes x: the float
- * path's dequantize-and-multiply was ~110 instructions a row and chunk, 3 us
- * of the launch for 71 rows (docs/PERFORMANCE.md step 55); a q4 chunk is
- * 24 dp4a here. h lands in the x region at the start of shared memory (the
+ * path's dequantize-and-multiply costs several times the instructions of a
+ * row and chunk (docs/experiments/cuda-moe.md); a q4 chunk is 24 dp4a here. h lands in the x region at the start of shared memory (the
  * gate/up is done with x and its digits: the segment wait's
  * __syncthreads), its digits after it. A lane reads its chunk's digits
- * again for each of its rows: held across them (24 registers) they took the
- * kernel's spills from 68 to 100 bytes, as every phase of the launch shares
- * its 96 registers (docs/PERFORMANCE.md step 58); read per row, 44. */
+ * again for each of its rows: held across them (24 registers) they added
+ * to the kernel's spills, as every phase of the launch shares its 96
+ * registers (docs/experiments/cuda-moe.md). */
 __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout &L, const float4 *hk, int I, int nr,
                                 float w, float *part, long long *fx, const uint16_t *s0, const uint16_t *b0, int gsh,
                                 bool bulk, unsigned long long *tm) {
@@ -1003,8 +889,8 @@ __device__ void seg_rows_digits(const moe_args &a, uint8_t *sm, const seg_layout
 #endif
     __syncthreads();
     /* the word form (idot.cuh): the same bits as xd_build's; h's digits
-     * are on the down's chain, after the segment's wait (+0.3 %,
-     * docs/PERFORMANCE.md step 84) */
+     * are on the down's chain, after the segment's wait
+     * (docs/experiments/cuda-moe.md) */
     xd_build_wide<KIND_Q4>(hf, I, hd, hcx, nt >> 5);
     seg_staged_wait(bulk, sm, L);
     __syncthreads();
@@ -1054,7 +940,7 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     long long *fx = a.fx_sum ? a.fx_sum + (size_t)t * a.H + d0 : NULL;
     /* the shared gate: written by that segment's block 0 */
     const float w = sh ? __ldcg(a.sg + t) : rs ? rs->wts[k] : wr;
-    const bool bulk = seg_bulk_on(a, D, d0, nr, L);
+    const bool bulk = seg_bulk_on(D, d0, nr, L);
     if (a.dn_digits) seg_rows_digits(a, sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);
     else seg_rows_floats<RK>(sm, L, hk, I, nr, w, part, fx, s0, b0, D.gsh, bulk, tm);
     if (fx) {   /* the sums are complete when the grid is; nothing to count */
@@ -1088,10 +974,6 @@ __device__ void seg_down(const moe_args &a, int t, int k, const part_ptr &D, uin
     if (tid == 0 && atom_acq_rel(a.done_cnt) == (unsigned)(B * gridDim.y - 1)) {
         for (int kk = 0; kk < (int)gridDim.y; kk++) a.seg_cnt[kk] = 0;
         *a.done_cnt = 0;
-        /* the accumulated form's u: every routed block read it before its
-         * segment's wait */
-        if (a.ufx)
-            for (int e = 0; e < a.n_e; e++) a.ufx[(size_t)e * TERN_CUDA_UFX_STRIDE] = 0;
     }
 }
 
@@ -1173,51 +1055,30 @@ static int smem_attr(const void *kernel, size_t bytes, tern_error *err) {
     return 0;
 }
 
-/* 8-bit experts' gate/up on integer dots (TERN_MOE_IDOT8=0: the float
- * kernel, for comparison); the integer-dot gate/up launched with PDL behind
- * the router (TERN_MOE_GU_PDL=0: the ordinary way); the down kernel letting
- * its successor launch early (TERN_MOE_DN_TRIGGER=0: not). */
-static int idot8_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_IDOT8"); }
-static int gu_pdl_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_GU_PDL"); }
-static int dn_trigger_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DN_TRIGGER"); }
-static int x_first_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_X_FIRST"); }
-static int digits_early_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DIGITS_EARLY"); }
-static int down_digits_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_DOWN_DIGITS"); }
-static int seg_bulk_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_SEG_BULK"); }
-/* The one-launch MoE (TERN_MOE_SEG=0: two launches) where it applies: one
- * token, q4 routed experts on the integer dots, a q4 shared expert of the
- * same width or none, and the grid in one wave. */
-static int seg_enabled(void) { static int on = -1; return switch_on(&on, "TERN_MOE_SEG"); }
-
 /* Whether the one-launch MoE applies (1, with its kernel and shared
- * memory; 0 not). */
+ * memory; 0 not): one token, q4 routed experts on the integer dots, a q4
+ * shared expert of the same width or none, and the grid in one wave. */
 static int seg_plan(moe_args *a, dim3 gd, void (**kp)(moe_args), size_t *smem_p) {
-    if (!a->one_launch || gd.y != (unsigned)a->S || !seg_enabled() || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
+    if (!a->one_launch || gd.y != (unsigned)a->S || a->r_kind != KIND_Q4 || a->H % XD_SPAN ||
         !(a->s_kind < 0 || (a->s_kind == KIND_Q4 && a->s_inter == a->I && a->sdown_p.gsh == log2i(a->down.group))) ||
         a->I % 32)
         return 0;
     a->dc = ceil_div(a->H, gd.x);
     /* h as digits: spans of 64, and h's floats and digits within x's region */
-    a->dn_digits = down_digits_enabled() && a->I % XD_SPAN == 0 && a->I <= a->H;
-    a->seg_bulk = seg_bulk_enabled();
+    a->dn_digits = a->I % XD_SPAN == 0 && a->I <= a->H;
     int gshd = log2i(a->down.group);
     seg_layout L = seg_layout_of(a->I, gshd, a->dc);
     size_t smem = xd_smem_bytes(a->H, 32) + (size_t)L.bytes;
-    /* the digits during the top k: routing itself, x read first */
-    const int early = digits_early_enabled() && routes_itself(*a) && a->x_first;
-    const int v = (a->s_kind < 0 ? 0 : 1) + (a->ssq ? 2 : 0) + (early ? 4 : 0);
-    void (*const ks[8])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
+    /* the digits during the top k: routing itself */
+    const int v = (a->s_kind < 0 ? 0 : 1) + (routes_itself(*a) ? 2 : 0);
+    void (*const ks[4])(moe_args) = {moe_gate_up_d_kernel<KIND_Q4, -1, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true>,
                                      moe_gate_up_d_kernel<KIND_Q4, -1, true, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, -1, true, false, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, false, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, -1, true, true, true>,
-                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true, true>};
+                                     moe_gate_up_d_kernel<KIND_Q4, KIND_Q4, true, true>};
     void (*k)(moe_args) = ks[v];
     carveout_max((const void *)k);
     /* (a failed query or shared-memory limit counts one block a SM: not one wave) */
-    static occ_cache caches[8];
+    static occ_cache caches[4];
     const int occ = blocks_per_sm(caches[v], k, GUD_WARPS * 32, smem);
     if ((int64_t)occ * tern_cuda_sm_count() < (int64_t)gd.x * gd.y)
         return 0;   /* not one wave: the blocks of a segment could wait on blocks not yet placed */
@@ -1292,19 +1153,14 @@ static int moe_fill(moe_args &a, const tern_cuda_experts *ex, const tern_expert_
         a.fx_zero = (uint4 *)ex->fx_zero;
         a.fx_zero_n = ex->fx_zero ? (int)(tern_cuda_moe_fx_bytes(a.H) / 16) : 0;
     }
-    a.x_first = x_first_enabled();
     if ((int64_t)T * a.S > 65535) return tern_fail(err, "moe: %d tokens too many for one launch", T);
     return 0;
 }
 
 static dim3 gud_grid(const moe_args &a, int T) { return dim3(gud_blocks(a.Imax), T * a.S); }
 
-/* Routing inside the one launch (TERN_MOE_ROUTE=0: the router's epilogue
- * routes), within route_row<8>'s limits. */
-static int route_in_ok(int top_k, int n_experts) {
-    static int on = -1;
-    return switch_on(&on, "TERN_MOE_ROUTE") && n_experts >= top_k && n_experts <= 256 && top_k <= 32;
-}
+/* Routing inside the one launch, within route_row<8>'s limits. */
+static int route_in_ok(int top_k, int n_experts) { return n_experts >= top_k && n_experts <= 256 && top_k <= 32; }
 
 int tern_cuda_moe_routes_itself(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
                                 int top_k, int n_experts) {
@@ -1331,34 +1187,6 @@ int tern_cuda_moe_route(const tern_cuda_experts *ex, const tern_expert_w *shared
     a.wts_out = wts;
     int rc = moe_seg(&a, gud_grid(a, 1), (cudaStream_t)s, err);
     return rc == 1 ? tern_fail(err, "moe_route: the one launch did not apply") : rc;
-}
-
-int tern_cuda_moe_route_lin(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
-                            const float *h, const tern_cuda_moe_norm *nm, int top_k, const float *u, int n_experts,
-                            int renorm, int32_t *ids, float *wts, void *work, float *out, tern_stream s,
-                            tern_error *err) {
-    moe_args a;
-    if (moe_fill(a, ex, shared, shared_gate, h, 1, top_k, NULL, NULL, work, out, err)) return -1;
-    if (!route_in_ok(top_k, n_experts))
-        return tern_fail(err, "moe_route_lin: routing inside the experts' launch does not apply here");
-    if (!nm || !nm->ssq || nm->n_ssq < 1 || nm->n_ssq > TERN_CUDA_MOE_NORM_MAX_SSQ || !nm->norm_w ||
-        a.H > TERN_CUDA_MOE_NORM_MAX_H || a.H % 4)
-        return tern_fail(err, "moe_route_lin: no norm (sums of squares, weights) or hidden %d too wide", a.H);
-    if (!u == !nm->u_fx) return tern_fail(err, "moe_route_lin: give the logits as u or as u_fx, one of them");
-    if (nm->u_fx && ex->fx) return tern_fail(err, "moe_route_lin: fixed-point sums do not go with the accumulated u");
-    a.ufx = nm->u_fx;
-    a.logits = u;
-    a.n_e = n_experts;
-    a.renorm = renorm;
-    a.ids_out = ids;
-    a.wts_out = wts;
-    a.ssq = nm->ssq;
-    a.nssq = nm->n_ssq;
-    a.nw = nm->norm_w;
-    a.one_plus = nm->one_plus;
-    a.eps = nm->eps;
-    int rc = moe_seg(&a, gud_grid(a, 1), (cudaStream_t)s, err);
-    return rc == 1 ? tern_fail(err, "moe_route_lin: the one launch did not apply") : rc;
 }
 
 int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, const tern_mat *shared_gate,
@@ -1392,7 +1220,6 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         a.dn_sbs = (R * nps * 2 + 32 + 15) & ~15;
     }
     a.nt = a.ntr + a.nts;
-    a.dn_trigger = dn_trigger_enabled() ? (tern_cuda_trigger_late() ? 2 : 1) : 0;
     size_t smem2 = (size_t)top_k * a.dn_wr + a.dn_ws + (size_t)top_k * 2 * a.dn_sbr + 2 * (size_t)a.dn_sbs +
                    (size_t)R * a.nt * sizeof(float) + (size_t)top_k * (3 * sizeof(void *) + sizeof(float));
     dim3 g2(ceil_div(a.H, R), T);
@@ -1404,7 +1231,7 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
     void (*k2)(moe_args, float *) = down[a.r_kind == KIND_Q8][a.s_kind + 1];
     if (smem_attr((const void *)k2, smem2, err)) return -1;
 
-    if (a.H % XD_SPAN == 0 && (a.r_kind == KIND_Q4 || idot8_enabled())) {
+    if (a.H % XD_SPAN == 0) {
         /* integer dots; the digits of x in shared memory */
         size_t smem1 = xd_smem_bytes(a.H, a.r_kind == KIND_Q4 ? 32 : 16);
         static void (*const gud[2][5])(moe_args) = {
@@ -1417,13 +1244,8 @@ int tern_cuda_moe(const tern_cuda_experts *ex, const tern_expert_w *shared, cons
         void (*k1)(moe_args) = gud[a.r_kind == KIND_Q8][a.s_kind + 1];
         dim3 gd = gud_grid(a, T);
         if (smem_attr((const void *)k1, smem1, err)) return -1;
-        if (gu_pdl_enabled()) {
-            cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
-            if (e1 != cudaSuccess) return tern_fail(err, "moe gate/up: %s", cudaGetErrorString(e1));
-        } else {
-            carveout_max((const void *)k1);
-            k1<<<gd, GUD_WARPS * 32, smem1, s>>>(a);
-        }
+        cudaError_t e1 = launch_pdl(k1, gd, dim3(GUD_WARPS * 32), smem1, s, a);
+        if (e1 != cudaSuccess) return tern_fail(err, "moe gate/up: %s", cudaGetErrorString(e1));
     } else {
         moe_gate_up_kernel<<<g1, 128, 0, s>>>(a);
     }

@@ -24,22 +24,16 @@ int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err) {
     return 0;
 }
 
-/* Read once per process: a debugging switch like CUDA_LAUNCH_BLOCKING,
- * and the device's compute capability (PDL needs sm_90). */
+/* The device's compute capability (PDL needs sm_90), asked once. */
 int tern_cuda_pdl_enabled(void) {
     static int on = -1;
     if (on < 0) {
         int dev = 0, major = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        on = major >= 9 && !env_off("TERN_CUDA_PDL");
+        on = major >= 9;
     }
     return on;
-}
-
-int tern_cuda_trigger_late(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_CUDA_TRIGGER_LATE");
 }
 
 int tern_cuda_sm_count(void) {
@@ -63,10 +57,9 @@ int tern_cuda_sm_count(void) {
 void tern_cuda_carveout_max(const void *kernel) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     static const void *seen[CARVEOUT_SEEN];
-    static int n_seen, on = -1;
+    static int n_seen;
     pthread_mutex_lock(&mu);
-    if (on < 0) on = !env_off("TERN_CUDA_CARVEOUT");
-    int done = !on;
+    int done = 0;
     for (int i = 0; i < n_seen && !done; i++) done = seen[i] == kernel;
     if (!done) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -88,7 +81,7 @@ extern "C" int tern_cuda_trace_dump_sample(FILE *f);
 #endif
 int tern_cuda_trace_dump(const char *path, tern_error *err) {
 #ifndef TERN_PHASE_TRACE
-    return tern_fail(err, "TERN_PHASE_TRACE=%s: this build has no phase trace (build with make CUDA=1 TRACE=1)", path);
+    return tern_fail(err, "phase trace %s: this build has no phase trace (build with make CUDA=1 TRACE=1)", path);
 #else
     FILE *f = fopen(path, "w");
     if (!f) return tern_fail(err, "cannot write the phase trace to %s", path);

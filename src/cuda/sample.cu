@@ -11,14 +11,14 @@
  * at u, its sums in the CPU sampler's order. Order: larger logit first,
  * lower id first among equals; NaN counts as -inf.
  *
- * One launch (TERN_SAMPLE_ONE=0: two): stage 2 runs in the stage-1 block
+ * One launch: stage 2 runs in the stage-1 block
  * that finishes last (an acquire-release count in the workspace, left zero
  * for the next call), and the launch is a programmatic dependent one that
  * waits for the logits' kernel before reading them, so neither stage pays a
  * launch after the lm_head ends.
  *
- * Both stages first try a selection without radix passes (fast_top_k;
- * TERN_SAMPLE_FAST=0: off): a lower bound of the k-th best from the
+ * Both stages first try a selection without radix passes (fast_top_k): a
+ * lower bound of the k-th best from the
  * maxima of small groups of threads, then a rank count among the few keys
  * at or above it. Where more than FAST_CAP keys pass the bound (many equal
  * logits, the best ones in neighbouring ids) the radix selection runs. */
@@ -29,16 +29,6 @@
 
 #define SLICE 4096            /* ids per stage-1 block: 1024 threads x 4 */
 #define MERGE 4096            /* stage-2 capacity: ceil(248320 / 4096) x 64 = 3904 fits */
-
-static int one_launch(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_SAMPLE_ONE");
-}
-
-static int fast_on(void) {
-    static int on = -1;
-    return switch_on(&on, "TERN_SAMPLE_FAST");
-}
 
 typedef struct {
     float v;
@@ -101,7 +91,6 @@ __device__ void argmax_pick(const cand *in, int nb, int32_t *id, int32_t *id2, c
     if (threadIdx.x == 0) put_id(b.id == 0x7fffffff ? 0 : b.id, id, id2);
 }
 
-template <bool ONE>
 __global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, int32_t *id, int32_t *id2) {
     __shared__ cand red[32];
     pdl_wait();   /* the logits (a no-op in an ordinary launch) */
@@ -114,12 +103,7 @@ __global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, 
     }
     cand b = block_best(m, red);
     if (threadIdx.x == 0) out[blockIdx.x] = b;
-    if (ONE && grid_last_block(done)) argmax_pick(out, gridDim.x, id, id2, red);
-}
-
-__global__ void argmax_merge(const cand *in, int nb, int32_t *id, int32_t *id2) {
-    __shared__ cand red[32];
-    argmax_pick(in, nb, id, id2, red);
+    if (grid_last_block(done)) argmax_pick(out, gridDim.x, id, id2, red);
 }
 
 size_t tern_cuda_sample_workspace(int n_valid) {
@@ -132,15 +116,9 @@ int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, 
     if (n_valid < 1) return tern_fail(err, "argmax: no logits");
     int nb = ceil_div(n_valid, SLICE);
     sample_work t = work_of(work, nb);
-    if (one_launch()) {
-        cudaError_t e = launch_pdl(argmax_slices<true>, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id, id2);
-        if (e != cudaSuccess) return tern_fail(err, "argmax: %s", cudaGetErrorString(e));
-        return launch_check("argmax", err);
-    }
-    argmax_slices<false><<<nb, 256, 0, s>>>(logits, n_valid, t.cands, t.done, id, NULL);
-    if (launch_check("argmax", err)) return -1;
-    argmax_merge<<<1, 1024, 0, s>>>((const cand *)t.cands, nb, id, id2);
-    return launch_check("argmax merge", err);
+    cudaError_t e = launch_pdl(argmax_slices, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id, id2);
+    if (e != cudaSuccess) return tern_fail(err, "argmax: %s", cudaGetErrorString(e));
+    return launch_check("argmax", err);
 }
 
 /* ---- top-k / top-p / min-p sampling ------------------------------------ */
@@ -253,7 +231,7 @@ __device__ unsigned block_top_k(const unsigned (&key)[N], const int (&id)[N], un
 
 /* Slots in a shared list for the lanes of a warp with `want` (in lane
  * order), by one shared add a warp instead of one a lane (the sampler's
- * span measured the same either way: docs/PERFORMANCE.md step 90). All 32
+ * span measured the same either way: docs/experiments/cuda-sampler.md). All 32
  * lanes call it. */
 __device__ __forceinline__ unsigned warp_slot(unsigned *count, bool want) {
     const unsigned b = __ballot_sync(0xffffffffu, want);
@@ -358,16 +336,15 @@ __device__ bool fast_top_k(const unsigned (&key)[N], const int (&id)[N], const f
 #define MERGE_PER (MERGE / 1024)
 
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id, int32_t *id2, int fast, unsigned long long *tm);
+                          const double *u, int32_t *id, int32_t *id2, unsigned long long *tm);
 
 /* Stage 1: each block's k best of its SLICE ids (padding past n as {-inf,
  * 0x7fffffff}; sorted best first when fast_top_k took them, else in no
- * order), and the key of its k-th best in thr. ONE: the block that
- * finishes last then runs stage 2 (topk_pick). */
-template <bool ONE>
+ * order), and the key of its k-th best in thr. The block that finishes
+ * last then runs stage 2 (topk_pick). */
 __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
                                                     unsigned *thr, unsigned *done, float top_p, float min_p,
-                                                    const double *u, int32_t *pick, int32_t *pick2, int fast) {
+                                                    const double *u, int32_t *pick, int32_t *pick2) {
     __shared__ select_smem sm;
     __shared__ fast_smem fs;
     __shared__ cand best[TERN_CUDA_SAMPLE_MAX_K];
@@ -388,7 +365,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
     }
     TRACE_MARK_AFTER(TRACE_PTR, 2, v[0]);
     const unsigned all = (1u << SLICE_PER) - 1;
-    const bool ok = fast && fast_top_k<SLICE_PER>(key, id, v, all, 3, (unsigned)k, &fs, best, &best_kth);
+    const bool ok = fast_top_k<SLICE_PER>(key, id, v, all, 3, (unsigned)k, &fs, best, &best_kth);
     if (threadIdx.x == 0) sm.taken = 0;
     if (ok) {
         TRACE_MARK(3);
@@ -409,10 +386,10 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
             }
     }
     TRACE_MARK(4);
-    const bool last = ONE && grid_last_block(done);
+    const bool last = grid_last_block(done);
     if (last) {
         TRACE_MARK(5);
-        topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick, pick2, fast, TRACE_PTR);
+        topk_pick(out, thr, gridDim.x, k, top_p, min_p, u, pick, pick2, TRACE_PTR);
     }
     TRACE_END(TRACE_SAMPLE, last ? 1u : 0u);
 }
@@ -478,7 +455,7 @@ __device__ void draw_top(const cand *c, int k, float top_p, float min_p, double 
  * selection each of the k then counts the others before it: its rank.
  * Then one warp draws (draw_top). */
 __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, float top_p, float min_p,
-                          const double *u, int32_t *id, int32_t *id2, int fast, unsigned long long *tm) {
+                          const double *u, int32_t *id, int32_t *id2, unsigned long long *tm) {
     __shared__ select_smem sm;
     __shared__ fast_smem fs;
     __shared__ cand list[1024], sel[TERN_CUDA_SAMPLE_MAX_K], c[TERN_CUDA_SAMPLE_MAX_K];
@@ -535,7 +512,7 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
         float v1[1] = {me.v};
         /* groups of 1, 2, 4 or 8 survivors: at most FAST_GROUPS of them */
         const int gsh = n_keep <= 128 ? 0 : n_keep <= 256 ? 1 : n_keep <= 512 ? 2 : 3;
-        sorted = fast && fast_top_k<1>(k1, i1, v1, tid < n_keep, gsh, (unsigned)k, &fs, c, NULL);
+        sorted = fast_top_k<1>(k1, i1, v1, tid < n_keep, gsh, (unsigned)k, &fs, c, NULL);
         if (!sorted && block_top_k<1>(k1, i1, tid < n_keep, (unsigned)k, &sm, &kth)) {
             unsigned slot = atomicAdd(&n_sel, 1u);
             if (slot < (unsigned)k) sel[slot] = me;
@@ -566,13 +543,6 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
     TRACE_MARK_AT(tm, 8);
 }
 
-__global__ void __launch_bounds__(1024) topk_merge(const cand *in, const unsigned *thr, int nb, int k, float top_p,
-                                                   float min_p, const double *u, int32_t *id, int32_t *id2, int fast) {
-    TRACE_DECL;
-    topk_pick(in, thr, nb, k, top_p, min_p, u, id, id2, fast, TRACE_PTR);
-    TRACE_END(TRACE_SAMPLE, 2u);
-}
-
 int tern_cuda_sample_fits(int n_valid, int top_k) {
     const int k = top_k < n_valid ? top_k : n_valid;
     return n_valid >= 1 && top_k >= 1 && top_k <= TERN_CUDA_SAMPLE_MAX_K && (int64_t)ceil_div(n_valid, SLICE) * k <= MERGE;
@@ -588,18 +558,10 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
     int nb = ceil_div(n_valid, SLICE), k = top_k < n_valid ? top_k : n_valid;
     sample_work t = work_of(work, nb);
     const float inv_t = 1.0f / temperature;
-    const int fast = fast_on();
-    if (one_launch()) {
-        cudaError_t e = launch_pdl(topk_slices<true>, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands,
-                                   t.thr, t.done, top_p, min_p, u, id, id2, fast);
-        if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
-        return launch_check("sample", err);
-    }
-    topk_slices<false><<<nb, 1024, 0, s>>>(logits, n_valid, inv_t, k, t.cands, t.thr, t.done, top_p, min_p, u, id,
-                                           NULL, fast);
-    if (launch_check("sample top-k", err)) return -1;
-    topk_merge<<<1, 1024, 0, s>>>(t.cands, t.thr, nb, k, top_p, min_p, u, id, id2, fast);
-    return launch_check("sample merge", err);
+    cudaError_t e = launch_pdl(topk_slices, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands, t.thr,
+                               t.done, top_p, min_p, u, id, id2);
+    if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
+    return launch_check("sample", err);
 }
 
 TRACE_DUMP_FN(tern_cuda_trace_dump_sample)

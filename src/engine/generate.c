@@ -13,7 +13,7 @@
 #include "util/err.h"
 #include "util/clock.h"
 
-/* Sampling on the GPU (a GPU session, unless TERN_GPU_SAMPLING=0, and a rule
+/* Sampling on the GPU (a GPU session, unless debug.cpu_sampling, and a rule
  * the kernels take): logits stay on the device and only the id comes back. */
 typedef struct {
     int on;
@@ -30,7 +30,6 @@ typedef struct {
     float *lp;                /* on_logprobs: the sampler's logits, then their log-softmax */
     int32_t *history;         /* prompt + generated: the penalties' window */
     int n_history;
-    int ahead;                /* GPU: a step launched before the one before's draw is read (gen_wait) */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -98,8 +97,6 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
                 (r->greedy || tern_gpu_sample_fits(r->n_valid, r->top_k));
-    const char *ah = getenv("TERN_DECODE_AHEAD");
-    g->ahead = g->gpu.on && !(ah && !strcmp(ah, "0"));
     if (!tok) return 0;
     g->detok = tern_detok_create(tok, 1, err);
     if (!g->detok) return -1;
@@ -182,13 +179,12 @@ static int limit_reached(const tern_gen_params *p, const tern_session *s, int n,
  * taken id is evaluated, EOS and stop included, unless a limit ends the
  * loop first, and both limits are known a step ahead. The host's turn
  * between steps (its wake-up, the stop checks, the launch) then overlaps
- * the GPU's next step (TERN_DECODE_AHEAD=0: one step at a time).
- * *ahead: launched. */
+ * the GPU's next step. *ahead: launched. */
 static int gen_wait(gen_state *g, tern_session *s, const tern_gen_params *p, int n_generated, int32_t *drawn,
                     int *ahead, tern_error *err) {
     int why;
     *ahead = 0;
-    if (g->ahead && !limit_reached(p, s, n_generated, tern_session_pos(s), &why)) {
+    if (!limit_reached(p, s, n_generated, tern_session_pos(s), &why)) {
         if (eval_id(g, s, -1, 1, err)) return -1;
         *ahead = 1;
     }

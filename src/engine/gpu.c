@@ -12,8 +12,8 @@
 static int no_cuda(tern_error *err) {
     return tern_fail(err, "this tern was built without CUDA (make CUDA=1 builds the GPU engine)");
 }
-int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err) {
-    (void)m; (void)device; (void)serial;
+int tern_gpu_model_init(tern_model *m, const char *device, const tern_load_params *params, tern_error *err) {
+    (void)m; (void)device; (void)params;
     return no_cuda(err);
 }
 void tern_gpu_model_free(tern_model *m) { (void)m; }
@@ -62,13 +62,12 @@ int tern_gpu_sample_in_flight(const tern_session *s) { (void)s; return 0; }
 #include "cuda/cuda_ops.h"
 #include "util/clock.h"
 
-/* Tokens per GPU forward piece (default; TERN_GPU_PIECE=N overrides, and
- * a session's context caps it): bounds every scratch buffer and the
- * prefill ops' workspaces (chunked DeltaNet, grouped experts), ~0.3 MB a
- * token. Longer pieces fill the experts' 64-row tiles (at 512 tokens an
- * expert has ~16 rows) and dequantize the dense weights less often: an 8 K
- * prefill ran 8.8 K tok/s in pieces of 512, 14.9 K in pieces of 4096 and
- * 15.6 K in one of 8192 (docs/PERFORMANCE.md, fifth round). */
+/* Tokens per GPU forward piece (default; tern_load_params.debug.piece
+ * overrides it, and a session's context caps it): bounds every scratch
+ * buffer and the prefill ops' workspaces (chunked DeltaNet, grouped
+ * experts), ~0.3 MB a token. Longer pieces fill the experts' 64-row tiles
+ * (at 512 tokens an expert has ~16 rows) and dequantize the dense weights
+ * less often (docs/experiments/cuda-prefill.md). */
 #define PIECE_DEFAULT 4096
 /* Rows of logits computed and copied back at a time (all_logits callers). */
 #define LOGIT_ROWS 64
@@ -94,7 +93,7 @@ typedef struct fused_mat {
 
 typedef struct gpu_model {
     int device;
-    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a]; TERN_GPU_FUSED=0 turns it off */
+    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a] (NULL data: parts that differ) */
     int one_token;                /* the one-token path (norms inside tern_cuda_gemv1) fits every layer */
     char name[320];               /* "cuda:N (device name)" */
     tern_cuda_ctx *ctx;
@@ -118,23 +117,14 @@ typedef struct gpu_model {
     /* per layer: its experts' one launch can route the token itself (shapes,
      * kinds and the device's room; fixed for the model, planned once) */
     unsigned char *moe_self;
-    /* per layer: with its experts' sums in fixed point (TERN_MOE_FX=0: as
-     * floats), the layer whose slot its launch zeroes: the one before it
-     * among those that route themselves, cyclically (-1: floats; fewer
-     * than two such layers, since a launch cannot zero its own slot) */
+    /* per layer: with its experts' sums in fixed point, the layer whose
+     * slot its launch zeroes: the one before it among those that route
+     * themselves, cyclically (-1: floats; fewer than two such layers,
+     * since a launch cannot zero its own slot) */
     int *fx_prev;
-    /* per layer: a DeltaNet layer whose one-token step takes its output
-     * projection in the same launch (tern_cuda_gdn_step_proj; TERN_GDN_PROJ=1,
-     * off by default), the layer whose fixed-point slot its launch zeroes, as
-     * fx_prev; -1: the step and the projection apart */
-    int *go_prev;
-    /* per layer: the router's linear part [n_e, D + H] beside the output
-     * projection (tern_cuda_gemv1_lin; NULL: the router's own launch) and
-     * that projection's block count (its sums of squares) */
-    float **ru;
-    int *ru_blocks;
-    int ru_layers;
-    int ru_form;                  /* 1: [M | N] (ru), 2: the accumulated form (ru holds rx) */
+    /* tern_load_params.debug (phase_trace copied) */
+    int no_graphs, cpu_sampling, kernel_stats, piece;
+    char *phase_trace;
 } gpu_model;
 
 static atomic_int *sessions_of(const tern_model *m) { return &((gpu_model *)m->gpu)->sessions; }
@@ -235,10 +225,7 @@ static void gpu_model_free(gpu_model *g) {
     free(g->w.layers);
     free(g->moe_self);
     free(g->fx_prev);
-    free(g->go_prev);
-    for (int l = 0; g->ru && l < g->ru_layers; l++) tern_cuda_free(g->ru[l]);
-    free(g->ru);
-    free(g->ru_blocks);
+    free(g->phase_trace);
     tern_cuda_ctx_destroy(g->ctx);
     free(g);
 }
@@ -362,31 +349,41 @@ static int build(tern_model *m, gpu_model *g, const char *device, tern_error *er
     /* the RoPE table joins the vectors (and is freed with them) */
     g->inv_freq = m->inv_freq;
     if (vec_to_dev(g, &g->inv_freq, (size_t)c->rope_dim / 2, err) != 0) return -1;
-    const char *fz = getenv("TERN_GPU_FUSED");
-    if (!(fz && !strcmp(fz, "0"))) {
-        if (fuse_inputs(g, c->n_layers, err) != 0) return -1;
-        g->one_token = one_token_fits(g, c);
-    }
+    if (fuse_inputs(g, c->n_layers, err) != 0) return -1;
+    g->one_token = one_token_fits(g, c);
     return upload_experts(m, g, err);
 }
 
-static int plan_moe_self(tern_model *m, tern_error *err);
-static int plan_router_lin(tern_model *m, tern_error *err);
-static int plan_moe_fx(tern_model *m, tern_error *err);
-static int plan_gdn_proj(tern_model *m, tern_error *err);
+/* The debugging aids of the load parameters (tern.h). */
+static int take_debug(gpu_model *g, const tern_load_params *p, tern_error *err) {
+    if (!p) return 0;
+    g->no_graphs = p->debug.no_graphs;
+    g->cpu_sampling = p->debug.cpu_sampling;
+    g->kernel_stats = p->debug.kernel_stats;
+    g->piece = p->debug.piece;
+    if (g->kernel_stats < TERN_STATS_OFF || g->kernel_stats > TERN_STATS_GRAPH)
+        return tern_fail(err, "debug.kernel_stats %d is not an enum tern_kernel_stats", g->kernel_stats);
+    if (g->piece && (g->piece < 16 || g->piece > 65536))
+        return tern_fail(err, "debug.piece must be 16..65536 tokens (got %d)", g->piece);
+    if (p->debug.phase_trace && *p->debug.phase_trace && !(g->phase_trace = strdup(p->debug.phase_trace)))
+        return tern_fail(err, "out of memory");
+    return 0;
+}
 
-int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err) {
+static int plan_moe_self(tern_model *m, tern_error *err);
+static int plan_moe_fx(tern_model *m, tern_error *err);
+
+int tern_gpu_model_init(tern_model *m, const char *device, const tern_load_params *params, tern_error *err) {
     gpu_model *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
     atomic_init(&g->sessions, 0);
-    g->serial = serial;
-    if (build(m, g, device, err) != 0) {
+    g->serial = params && params->serial_sessions;
+    if (take_debug(g, params, err) != 0 || build(m, g, device, err) != 0) {
         gpu_model_free(g);
         return -1;
     }
     m->gpu = g;
-    if (plan_moe_self(m, err) != 0 || plan_router_lin(m, err) != 0 || plan_moe_fx(m, err) != 0 ||
-        plan_gdn_proj(m, err) != 0) {
+    if (plan_moe_self(m, err) != 0 || plan_moe_fx(m, err) != 0) {
         tern_gpu_model_free(m);
         return -1;
     }
@@ -402,11 +399,11 @@ const char *tern_gpu_name(const tern_model *m) { return ((const gpu_model *)m->g
 
 /* ---- the session -------------------------------------------------------- */
 
-/* TERN_KERNEL_STATS=1: GPU time per op role of every decode step (one
- * token), from events recorded around each role's ops, and the share of
- * the step the GPU was busy; printed when the session ends.
- * TERN_KERNEL_STATS=prefill: the same for the prefill pieces (more than
- * SUB tokens), per prompt token. */
+/* Kernel statistics (tern_load_params.debug.kernel_stats): GPU time per
+ * op role of every decode step (one token, TERN_STATS_DECODE) or of the
+ * prefill pieces (more than SUB tokens, per prompt token,
+ * TERN_STATS_PREFILL), from events recorded around each role's ops, and
+ * the share of the step the GPU was busy; printed when the session ends. */
 enum { R_NORM, R_ATTN_PROJ, R_ATTN, R_GDN_PROJ, R_GDN, R_ROUTER, R_MOE, R_HEAD, R_COUNT };
 static const char *const role_names[R_COUNT] = {"rmsnorm + residual", "attention projections", "attention core",
                                                 "DeltaNet projections", "DeltaNet core", "router + top-k",
@@ -418,21 +415,14 @@ typedef struct stats {
     int n_marks, role[MAX_MARKS / 2];
     double ms[R_COUNT], busy_ms, span_ms, wall_ms;
     long tokens, pieces;
-    int graph;                    /* TERN_KERNEL_STATS=graph: whole captured steps, timed as one */
-    int prefill;                  /* TERN_KERNEL_STATS=prefill: prefill pieces instead of decode steps */
+    int graph;                    /* TERN_STATS_GRAPH: whole captured steps, timed as one */
+    int prefill;                  /* TERN_STATS_PREFILL: prefill pieces instead of decode steps */
     double graph_ms, graph_wall_ms;
     long graph_steps;
 } stats;
 
-/* TERN_GPU_DECODE_OPS=gemm,attn,gdn,moe (any subset): prefill pieces run
- * those parts on the decode ops instead (GEMVs 8 tokens at a time, split-K
- * attention, the DeltaNet step, the fused experts): for bisecting a
- * difference between the two paths. */
-enum { NO_GEMM = 1, NO_ATTN = 2, NO_GDN = 4, NO_MOE = 8 };
-
 typedef struct gpu_session {
     tern_stream stream;
-    int decode_ops;               /* NO_* bits */
     /* The decode step's graphs, one per input block (blk): a step launched
      * while the one before is in flight writes the other block, so each
      * graph's copy node and id word are its own. */
@@ -448,14 +438,10 @@ typedef struct gpu_session {
     int n_plan;                   /* and the context the attention's splits are planned for */
     stats *st;
     float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
-    float *ssq;                   /* the output projection's sums of squares (tern_cuda_gemv1_lin) */
-    unsigned long long *u_fx;     /* the accumulated form's u (zero between layers) */
     float *fused_out;             /* one token's stacked input projections */
     void *sample_work;            /* argmax / top-k workspace */
     int32_t *d_id;                /* the sampled id */
     unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
-    int sampling;                 /* on unless TERN_GPU_SAMPLING=0 */
-    int id_direct;                /* the sampler stores the id in id_host itself (TERN_ID_DIRECT=0: a copy node after it) */
     int32_t *ids;
     void *moe_work, *att_work, *gdn_work, *grouped_work;
     size_t att_bytes, gdn_bytes, grouped_bytes;
@@ -463,11 +449,6 @@ typedef struct gpu_session {
      * fx_bytes each: zero but for the slots of the last layers run */
     uint8_t *fx;
     size_t fx_bytes;
-    /* the DeltaNet output projections' fixed-point slots (gpu_model.go_prev),
-     * one a layer, go_bytes each (hidden sums): zero as the fx slots are;
-     * NULL when no layer takes that form */
-    uint8_t *go;
-    size_t go_bytes;
     /* A piece's input, [u (double), position, tokens...]: written on the
      * host into page-locked memory, copied up in the stream (the embedding,
      * the captured step and the sampler read it on the device). Two blocks:
@@ -511,11 +492,6 @@ static tern_cuda_attn_dims attn_dims(const tern_config *c) {
     return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
 }
 
-/* The accumulated router form's u (gpu_session.u_fx). */
-static size_t ufx_bytes(const tern_config *c) {
-    return (size_t)c->n_experts * TERN_CUDA_UFX_STRIDE * sizeof(unsigned long long);
-}
-
 /* Activations and op outputs for pieces of up to g->piece tokens. */
 static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
@@ -539,9 +515,6 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     if (qrows + 2 * kvrow > fused_rows) fused_rows = qrows + 2 * kvrow;
     g->fused_out = dalloc(fused_rows, &ok, err);
     g->rlog = dalloc(P * (size_t)c->n_experts, &ok, err);
-    g->ssq = dalloc(TERN_CUDA_MOE_NORM_MAX_SSQ, &ok, err);
-    g->u_fx = (unsigned long long *)dalloc(ufx_bytes(c) / sizeof(float), &ok, err);
-    if (ok && tern_cuda_fill(g->u_fx, 0, ufx_bytes(c), NULL, err)) ok = 0;
     g->wts = dalloc(P * (size_t)c->top_k, &ok, err);
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
@@ -586,32 +559,18 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     return 0;
 }
 
-/* The switches read from the environment (gpu.h, docs/CUDA.md). */
-static int read_switches(gpu_session *g, int max_ctx, tern_error *err) {
-    const char *gr = getenv("TERN_CUDA_GRAPHS"), *ks = getenv("TERN_KERNEL_STATS");
-    const char *dop = getenv("TERN_GPU_DECODE_OPS"), *gs = getenv("TERN_GPU_SAMPLING");
-    const char *pc = getenv("TERN_GPU_PIECE");
-    g->use_graph = !(gr && !strcmp(gr, "0"));
-    const char *idd = getenv("TERN_ID_DIRECT");
-    g->id_direct = !(idd && !strcmp(idd, "0"));
-    g->sampling = !(gs && !strcmp(gs, "0"));
-    g->piece = PIECE_DEFAULT;
-    if (pc) {
-        char *end;
-        long v = strtol(pc, &end, 10);
-        if (*end || v < 16 || v > 65536) return tern_fail(err, "TERN_GPU_PIECE must be 16..65536 tokens (got '%s')", pc);
-        g->piece = (int)v;
-    }
+/* The session's piece size and kernel statistics, from the model's
+ * debugging aids (tern_load_params.debug). */
+static int configure(gpu_session *g, const gpu_model *gm, int max_ctx, tern_error *err) {
+    g->use_graph = !gm->no_graphs;
+    g->piece = gm->piece ? gm->piece : PIECE_DEFAULT;
     if (max_ctx > 0 && g->piece > max_ctx) g->piece = max_ctx < 16 ? 16 : max_ctx;
-    if (dop)
-        g->decode_ops = (strstr(dop, "gemm") ? NO_GEMM : 0) | (strstr(dop, "attn") ? NO_ATTN : 0) |
-                        (strstr(dop, "gdn") ? NO_GDN : 0) | (strstr(dop, "moe") ? NO_MOE : 0);
-    if (!ks || !strcmp(ks, "0")) return 0;
+    if (gm->kernel_stats == TERN_STATS_OFF) return 0;
     if (!(g->st = calloc(1, sizeof *g->st))) return tern_fail(err, "out of memory");
     if (!(g->st->marks = tern_cuda_marks_create(MAX_MARKS, err))) return -1;
     g->st->n_marks = -1;
-    g->st->graph = !strcmp(ks, "graph");
-    g->st->prefill = !strcmp(ks, "prefill");
+    g->st->graph = gm->kernel_stats == TERN_STATS_GRAPH;
+    g->st->prefill = gm->kernel_stats == TERN_STATS_PREFILL;
     return 0;
 }
 
@@ -630,20 +589,6 @@ static int alloc_gdn_state(tern_session *s, tern_error *err) {
     return ok ? tern_cuda_sync(NULL, err) : -1;
 }
 
-/* gpu_session.go: only when some layer takes the step with its output
- * projection (gpu_model.go_prev). */
-static int alloc_gdn_proj_slots(tern_session *s, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
-    const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
-    int any = 0;
-    for (int l = 0; l < c->n_layers; l++) any |= gm->go_prev[l] >= 0;
-    if (!any) return 0;
-    g->go_bytes = tern_cuda_gdn_proj_slot_bytes((int64_t)c->hidden);
-    size_t all = g->go_bytes * (size_t)c->n_layers;
-    return !(g->go = tern_cuda_alloc(all, err)) || tern_cuda_fill(g->go, 0, all, NULL, err) ? -1 : 0;
-}
-
 int tern_gpu_session_init(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     if (s->kvf.bits == 32)
@@ -651,8 +596,9 @@ int tern_gpu_session_init(tern_session *s, tern_error *err) {
     gpu_session *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
     s->gpu = g;   /* tern_gpu_session_free releases whatever was allocated */
-    if (read_switches(g, s->max_ctx, err) || alloc_activations(g, c, err) || alloc_workspaces(g, c, s->max_ctx, err) ||
-        alloc_gdn_proj_slots(s, err) || !(g->stream = tern_cuda_stream_create(err)) || alloc_gdn_state(s, err))
+    if (configure(g, s->m->gpu, s->max_ctx, err) || alloc_activations(g, c, err) ||
+        alloc_workspaces(g, c, s->max_ctx, err) || !(g->stream = tern_cuda_stream_create(err)) ||
+        alloc_gdn_state(s, err))
         return -1;
     atomic_fetch_add(sessions_of(s->m), 1);
     g->counted = 1;
@@ -679,17 +625,15 @@ void tern_gpu_session_free(tern_session *s) {
     if (g->stream) tern_cuda_sync(g->stream, NULL);
     if (g->counted) atomic_fetch_sub(sessions_of(s->m), 1);   /* its last grid has ended */
     if (((gpu_model *)s->m->gpu)->last == s) ((gpu_model *)s->m->gpu)->last = NULL;
-    const char *trace = getenv("TERN_PHASE_TRACE");   /* a measurement build's records (src/cuda/trace.cuh) */
+    const char *trace = ((gpu_model *)s->m->gpu)->phase_trace;   /* a measurement build's records (src/cuda/trace.cuh) */
     tern_error terr;
-    if (trace && *trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
-    float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog, g->ssq,
+    if (trace && tern_cuda_trace_dump(trace, &terr)) fprintf(stderr, "tern: %s\n", terr.msg);
+    float *bufs[] = {g->x, g->x2, g->out2, g->xn, g->out, g->qg, g->k, g->v, g->o, g->qkv, g->z, g->b, g->a, g->g_out, g->rlog,
                      g->wts, g->logits, g->fused_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tern_cuda_free(bufs[i]);
     tern_cuda_free(g->ids);
-    tern_cuda_free(g->u_fx);
     tern_cuda_free(g->moe_work);
     tern_cuda_free(g->fx);
-    tern_cuda_free(g->go);
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->d_id);
@@ -727,8 +671,7 @@ int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *e
     return 0;
 }
 
-/* The DeltaNet state (and the output projection's accumulators) back to
- * zero, as a new session has them. */
+/* The DeltaNet state back to zero, as a new session has them. */
 int tern_gpu_session_reset(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     gpu_session *g = s->gpu;
@@ -739,7 +682,6 @@ int tern_gpu_session_reset(tern_session *s, tern_error *err) {
             tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
             return -1;
     }
-    if (g->go && tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, err)) return -1;
     return tern_cuda_sync(g->stream, err);
 }
 
@@ -762,17 +704,17 @@ int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err)
 
 static void print_stats(const stats *st) {
     if (st->graph_steps)
-        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld one-token graph replays: GPU %.3f ms per token, host wall %.3f ms "
+        fprintf(stderr, "\nkernel stats: %ld one-token graph replays: GPU %.3f ms per token, host wall %.3f ms "
                         "per token (the GPU busy %.0f %% of it)\n", st->graph_steps, st->graph_ms / st->graph_steps,
                 st->graph_wall_ms / st->graph_steps,
                 st->graph_wall_ms > 0 ? 100 * st->graph_ms / st->graph_wall_ms : 0.0);
     if (!st->tokens) return;
     double n = (double)st->tokens;
     if (st->prefill)
-        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld prefill tokens in %ld pieces; GPU time per token by role:\n",
+        fprintf(stderr, "\nkernel stats: %ld prefill tokens in %ld pieces; GPU time per token by role:\n",
                 st->tokens, st->pieces);
     else
-        fprintf(stderr, "\nTERN_KERNEL_STATS: %ld decode steps; GPU time per token by role:\n", st->tokens);
+        fprintf(stderr, "\nkernel stats: %ld decode steps; GPU time per token by role:\n", st->tokens);
     /* a prefill token takes tens of microseconds: us per token there */
     double f = st->prefill ? 1e3 : 1.0;
     const char *u = st->prefill ? "us" : "ms";
@@ -824,7 +766,7 @@ static int mm_fp32(const gpu_session *g, float *y, const float *x, int T, const 
 /* The same: the GEMV kernels up to their token count, cuBLAS above it. */
 static int mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
               tern_error *err) {
-    if (T <= TERN_CUDA_GEMV_MAX_T || (g->decode_ops & NO_GEMM)) return mm_fp32(g, y, x, T, W, err);
+    if (T <= TERN_CUDA_GEMV_MAX_T) return mm_fp32(g, y, x, T, W, err);
     return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
 }
 
@@ -887,7 +829,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
-    if (T > SUB && !(g->decode_ops & NO_ATTN) && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
+    if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
         if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
@@ -926,8 +868,7 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     stage(g, R_GDN_PROJ, 1);
     stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB && !(g->decode_ops & NO_GDN)
-                 ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->gdn_work, g->gdn_bytes,
+    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->gdn_work, g->gdn_bytes,
                                          g->g_out, g->stream, err)
                  : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err);
     stage(g, R_GDN, 1);
@@ -980,121 +921,17 @@ static void chain_prev(int *prev, const unsigned char *on, int n) {
     if (last != first) prev[first] = last;
 }
 
-/* A switch that is 0 or 1 (unset: dflt), into *on. */
-static int switch01(const char *name, int dflt, int *on, tern_error *err) {
-    const char *sw = getenv(name);
-    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1")) return tern_fail(err, "%s must be 0 or 1 (got '%s')", name, sw);
-    *on = sw && *sw ? sw[0] == '1' : dflt;
-    return 0;
-}
-
-/* *prev (n_layers entries, allocated here) chained by chain_prev over the
- * layers that take(m, l), all of them off when the switch `name` (0 or 1,
- * unset: dflt) is 0. */
-static int plan_chain(tern_model *m, const char *name, int dflt, int (*take)(const tern_model *m, int l), int **prev,
-                      tern_error *err) {
-    const int n = m->cfg.n_layers;
-    int on = dflt;
-    if (switch01(name, dflt, &on, err)) return -1;
-    unsigned char *t = calloc((size_t)n, 1);
-    if (!t || !(*prev = malloc((size_t)n * sizeof **prev))) {
-        free(t);
-        return tern_fail(err, "out of memory");
-    }
-    for (int l = 0; l < n; l++) t[l] = (unsigned char)(on && take(m, l));
-    chain_prev(*prev, t, n);
-    free(t);
-    return 0;
-}
-
-/* gpu_model.fx_prev: the layers whose experts route themselves with the
- * router's own launch (the accumulated router form's launch zeroes its u
- * at the end instead) take the fixed-point sums, each zeroing the slot of
- * the one before it. A step runs them all in order or none (whether the
- * one launch is taken is decided per step), so the slot a launch adds into
+/* gpu_model.fx_prev: the layers whose experts route themselves take the
+ * fixed-point sums, each zeroing the slot of the one before it (chained by
+ * chain_prev). A step runs them all in order or none (whether the one
+ * launch is taken is decided per step), so the slot a launch adds into
  * was zeroed by the next one in the step before. */
-static int takes_moe_fx(const tern_model *m, int l) {
-    const gpu_model *gm = m->gpu;
-    return gm->moe_self[l] && !(gm->ru && gm->ru[l]);
-}
-
 static int plan_moe_fx(tern_model *m, tern_error *err) {
-    return plan_chain(m, "TERN_MOE_FX", 1, takes_moe_fx, &((gpu_model *)m->gpu)->fx_prev, err);
-}
-
-/* gpu_model.go_prev: with TERN_GDN_PROJ=1 (measured slower than the two
- * launches, docs/PERFORMANCE.md step 74), the DeltaNet layers of the
- * one-token path whose output projection tern_cuda_gdn_step_proj takes
- * (not those whose router rides beside the projection), chained as the
- * experts' slots are: the one-token step runs every layer, so every slot
- * is zeroed again before its layer adds into it. */
-static int takes_gdn_proj(const tern_model *m, int l) {
-    const gpu_model *gm = m->gpu;
-    const tern_layer_w *L = &gm->w.layers[l];
-    if (!gm->one_token || L->kind == TERN_LAYER_ATTN || (gm->ru && gm->ru[l])) return 0;
-    tern_cuda_gdn_w gw = gdn_w_of(&m->cfg, &L->gdn);
-    return tern_cuda_gdn_proj_supported(&gw, &L->gdn.out);
-}
-
-static int plan_gdn_proj(tern_model *m, tern_error *err) {
-    return plan_chain(m, "TERN_GDN_PROJ", 0, takes_gdn_proj, &((gpu_model *)m->gpu)->go_prev, err);
-}
-
-/* The output projection of layer l (the attention's or the DeltaNet's). */
-static const tern_mat *out_proj_of(const gpu_model *gm, int l) {
-    const tern_layer_w *L = &gm->w.layers[l];
-    return L->kind == TERN_LAYER_ATTN ? &L->attn.o : &L->gdn.out;
-}
-
-/* gpu_model.ru: with TERN_MOE_LIN=1 or 2, for every layer whose experts
- * route the token themselves, the router beside the output projection
- * (docs/CUDA.md, "the router beside the output projection"): 1 its linear
- * part [M | N] (measured slower than the router's own launch,
- * docs/PERFORMANCE.md step 50), 2 the accumulated form (N's slices for the
- * projection's blocks, steps 52-54). Another value than 0, 1 or 2 is an error. */
-static int plan_router_lin(tern_model *m, tern_error *err) {
     gpu_model *gm = m->gpu;
-    const tern_config *c = &m->cfg;
-    const char *sw = getenv("TERN_MOE_LIN");
-    if (sw && *sw && strcmp(sw, "0") && strcmp(sw, "1") && strcmp(sw, "2"))
-        return tern_fail(err, "TERN_MOE_LIN must be 0, 1 or 2 (got '%s')", sw);
-    if (!sw || !*sw || !strcmp(sw, "0")) return 0;
-    const int form = sw[0] - '0';
-    if (!(gm->ru = calloc((size_t)c->n_layers, sizeof *gm->ru)) ||
-        !(gm->ru_blocks = calloc((size_t)c->n_layers, sizeof *gm->ru_blocks)))
-        return tern_fail(err, "out of memory");
-    gm->ru_layers = c->n_layers;
-    gm->ru_form = form;
-    void *work = NULL;
-    size_t work_bytes = 0;
-    int rc = 0;
-    for (int l = 0; l < c->n_layers && rc == 0; l++) {
-        const tern_moe_w *w = &gm->w.layers[l].moe;
-        const tern_mat *wo = out_proj_of(gm, l);
-        const int n_e = (int)w->router.rows;
-        int ok = gm->moe_self[l] && gm->one_token && w->router.cols == wo->rows && gm->w.layers[l].post_norm;
-        int nb = 0, rb = 0;
-        if (ok && form == 1) nb = tern_cuda_gemv1_lin_blocks(wo, n_e);
-        if (ok && form == 2) rb = tern_cuda_gemv1_rx_rows(wo, n_e, &nb);
-        if (!nb || nb > TERN_CUDA_MOE_NORM_MAX_SSQ || wo->rows > TERN_CUDA_MOE_NORM_MAX_H) continue;
-        size_t need = form == 1 ? tern_cuda_router_lin_work(&w->router, wo) : tern_cuda_router_rx_work(&w->router);
-        if (need > work_bytes) {
-            tern_cuda_free(work);
-            if (!(work = tern_cuda_alloc(need, err))) return -1;
-            work_bytes = need;
-        }
-        size_t n = form == 1 ? (size_t)n_e * (size_t)(wo->cols + wo->rows) : (size_t)nb * (size_t)n_e * (size_t)rb;
-        const float *nw = gm->w.layers[l].post_norm;
-        if (!(gm->ru[l] = tern_cuda_alloc(n * sizeof(float), err)) ||
-            (form == 1 ? tern_cuda_router_lin_build(&w->router, nw, 1, wo, gm->ru[l], work, NULL, err)
-                       : tern_cuda_router_rx_build(&w->router, nw, 1, rb, gm->ru[l], work, NULL, err)) ||
-            tern_cuda_sync(NULL, err))
-            rc = -1;
-        gm->ru_blocks[l] = nb;
-    }
-    tern_cuda_free(work);
-    if (rc) tern_err_prefix(err, "GPU router beside the output projection");
-    return rc;
+    const int n = m->cfg.n_layers;
+    if (!(gm->fx_prev = malloc((size_t)n * sizeof *gm->fx_prev))) return tern_fail(err, "out of memory");
+    chain_prev(gm->fx_prev, gm->moe_self, n);
+    return 0;
 }
 
 static int observe(tern_session *s, int l, int T, tern_error *err) {
@@ -1124,7 +961,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
                     H % 32 == 0 && c->expert_inter % 32 == 0;
     stage(g, R_MOE, 0);
-    if (T > SUB && groupable && !(g->decode_ops & NO_MOE)) {   /* grouped by expert: each expert's weights read once per 64 of its tokens */
+    if (T > SUB && groupable) {   /* grouped by expert: each expert's weights read once per 64 of its tokens */
         int rc = tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts,
                                        g->grouped_work, g->grouped_bytes, g->out, g->stream, err);
         stage(g, R_MOE, 1);
@@ -1230,34 +1067,12 @@ static int in_proj1(gpu_session *g, const gpu_model *gm, int l, const float *in_
     return 0;
 }
 
-/* Layer l's router rides beside its output projection (and its experts
- * norm their own input) in this step. */
-static int lin_on(const tern_session *s, int l) {
-    const gpu_model *gm = s->m->gpu;
-    const gpu_session *g = s->gpu;
-    return gm->ru && gm->ru[l] && g->one_launch && !s->route_fn && gm->moe_self[l];
-}
-
-/* The block's output projection into g->out, pending for the next norm;
- * beside the router's linear part (lin_on), the sum x + out is made here
- * and is the stream then. */
-static int out_proj1(tern_session *s, int l, const tern_mat *W, const float *x, int role, resid *r,
-                     tern_error *err) {
+/* The block's output projection into g->out, pending for the next norm. */
+static int out_proj1(tern_session *s, const tern_mat *W, const float *x, int role, resid *r, tern_error *err) {
     gpu_session *g = s->gpu;
-    const gpu_model *gm = s->m->gpu;
     stage(g, role, 0);
-    int rc;
-    if (lin_on(s, l)) {
-        const int rx = gm->ru_form == 2;
-        tern_cuda_lin_out lo = {r->x, r->spare, g->ssq, rx ? NULL : gm->ru[l], (int)gm->w.layers[l].moe.router.rows,
-                                rx ? NULL : g->rlog, rx ? gm->ru[l] : NULL, rx ? g->u_fx : NULL};
-        rc = tern_cuda_gemv1_lin(W, x, g->out, &lo, g->stream, err);
-        r->delta = g->out;
-        resid_taken(r);
-    } else {
-        rc = gemv_plain(gm, g, W, x, g->out, err);
-        r->delta = g->out;
-    }
+    int rc = gemv_plain(s->m->gpu, g, W, x, g->out, err);
+    r->delta = g->out;
     stage(g, role, 1);
     return rc;
 }
@@ -1272,7 +1087,7 @@ static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, in
     stage(g, R_ATTN, 0);
     if (attend_small(s, &d, qg, k, v, w, l, 1, err)) return -1;
     stage(g, R_ATTN, 1);
-    return out_proj1(s, l, &w->o, g->o, R_ATTN_PROJ, r, err);
+    return out_proj1(s, &w->o, g->o, R_ATTN_PROJ, r, err);
 }
 
 static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
@@ -1282,19 +1097,10 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     tern_cuda_gdn_w gw = gdn_w_of(c, w);
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_GDN_PROJ, r, err)) return -1;
     float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
-    if (gm->go_prev[l] >= 0) {   /* the step and its output projection in one launch */
-        tern_cuda_gdn_proj pj = {&w->out, (long long *)(g->go + (size_t)l * g->go_bytes),
-                                 g->go + (size_t)gm->go_prev[l] * g->go_bytes, g->go_bytes};
-        stage(g, R_GDN, 0);   /* (the kernel statistics count the projection in the step's role) */
-        int rc = tern_cuda_gdn_step_proj(&gw, qkv, z, b, a, s->gdn[l].conv, s->gdn[l].S, g->g_out, &pj, g->stream, err);
-        stage(g, R_GDN, 1);
-        r->delta_fx = pj.y_fx;
-        return rc;
-    }
     stage(g, R_GDN, 0);
     if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
     stage(g, R_GDN, 1);
-    return out_proj1(s, l, &w->out, g->g_out, R_GDN_PROJ, r, err);
+    return out_proj1(s, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
@@ -1307,22 +1113,6 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
      * epilogue, its count and its last block in the chain); not when the
      * host observes the ids between the two */
     int self = g->one_launch && !s->route_fn && gm->moe_self[l];
-    if (lin_on(s, l)) {   /* the router's logits (unscaled) and the stream's sum came with the output projection */
-        tern_cuda_moe_norm nm = {g->ssq, gm->ru_blocks[l], post_norm, 1, c->norm_eps,
-                                 gm->ru_form == 2 ? g->u_fx : NULL};
-        stage(g, R_MOE, 0);
-        int rc = tern_cuda_moe_route_lin(&ex, &w->shared, &w->shared_gate, r->x, &nm, c->top_k,
-                                         gm->ru_form == 2 ? NULL : g->rlog,
-                                         c->n_experts, c->norm_topk, g->ids, g->wts, g->moe_work, g->out2, g->stream,
-                                         err);
-        /* a launch that failed left the projection's sums in u_fx: the
-         * next step's projection adds to zero, not to them */
-        if (rc && gm->ru_form == 2)
-            tern_cuda_fill(g->u_fx, 0, ufx_bytes(c), g->stream, NULL);
-        stage(g, R_MOE, 1);
-        r->delta = g->out2;
-        return rc;
-    }
     stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
@@ -1396,22 +1186,14 @@ static int embed(tern_session *s, int T, tern_error *err) {
     return tern_cuda_embed_prev(&gm->w.embed, g->tok_dev, g->d_id, T, g->x, g->stream, err);
 }
 
-/* The drawn id comes back into id_host[blk] (in a captured step, its last
- * node), unless the sampler stored it there itself (id_direct). */
-static int id_back(gpu_session *g, tern_error *err) {
-    if (g->id_direct) return 0;
-    return tern_cuda_copy_host(g->id_host[g->blk], g->d_id, sizeof *g->id_host[0], 1, g->stream, err);
-}
-
-/* The rule over g->logits (row 0) at the u in step_dev, into d_id or,
- * id_direct, straight into id_host[blk] (and d_id, for a next step
- * launched before the host reads this one's): page-locked memory the
- * device writes over the bus (mapped by unified addressing), read by the
- * host after the step's event: one copy node less at the step's end
- * (decode +0.3-0.8 %, docs/PERFORMANCE.md step 79). */
+/* The rule over g->logits (row 0) at the u in step_dev, straight into
+ * id_host[blk] (and d_id, for a next step launched before the host reads
+ * this one's): page-locked memory the device writes over the bus (mapped
+ * by unified addressing), read by the host after the step's event, so no
+ * copy node ends the step (docs/experiments/cuda-step-timeline.md). */
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
-    int32_t *id = g->id_direct ? g->id_host[g->blk] : g->d_id, *id2 = g->id_direct ? g->d_id : NULL;
+    int32_t *id = g->id_host[g->blk], *id2 = g->d_id;
     if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, id, id2, g->stream, err);
     return tern_cuda_sample(g->logits, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u, g->sample_work,
                             id, id2, g->stream, err);
@@ -1439,7 +1221,7 @@ static int enqueue_step(tern_session *s, int T, int rows, const tern_gpu_rule *r
             stage(g, R_HEAD, 1);
         }
     }
-    return rc == 0 && rule && (sample_ops(g, rule, err) || id_back(g, err)) ? -1 : rc;
+    return rc == 0 && rule && sample_ops(g, rule, err) ? -1 : rc;
 }
 
 /* The attention's plan for a step of T tokens at s->pos: the next power of
@@ -1536,12 +1318,11 @@ static void clear_slots(tern_session *s) {
     gpu_session *g = s->gpu;
     const tern_config *c = &s->m->cfg;
     tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
-    if (g->go) tern_cuda_fill(g->go, 0, g->go_bytes * (size_t)c->n_layers, g->stream, NULL);
 }
 
-/* Whether this session's steps may be captured and replayed: per-role
- * marks on decode steps (TERN_KERNEL_STATS=1) and the route observer need
- * them uncaptured. */
+/* Whether this session's steps may be captured and replayed: not with
+ * debug.no_graphs, and per-role marks on decode steps (TERN_STATS_DECODE)
+ * and the route observer need them uncaptured. */
 static int graphs_allowed(const tern_session *s) {
     const gpu_session *g = s->gpu;
     int decode_marks = g->st && !g->st->graph && !g->st->prefill;
@@ -1611,8 +1392,7 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
 }
 
 int tern_gpu_sampling_enabled(const tern_session *s) {
-    const gpu_session *g = s->gpu;
-    return g && g->sampling;
+    return s->gpu && !((const gpu_model *)s->m->gpu)->cpu_sampling;
 }
 
 int tern_gpu_sample_fits(int n_valid, int top_k) { return tern_cuda_sample_fits(n_valid, top_k); }

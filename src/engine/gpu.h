@@ -17,8 +17,8 @@
 #include "engine/engine.h"
 
 /* Parses "cuda" / "cuda:N"; uploads m's weights (a packed, resident model).
- * serial: tern_load_params.serial_sessions. */
-int tern_gpu_model_init(tern_model *m, const char *device, int serial, tern_error *err);
+ * params (may be NULL): serial_sessions and the debugging aids (debug). */
+int tern_gpu_model_init(tern_model *m, const char *device, const tern_load_params *params, tern_error *err);
 void tern_gpu_model_free(tern_model *m);
 const char *tern_gpu_name(const tern_model *m);   /* "cuda:N (name)" */
 
@@ -46,7 +46,7 @@ int tern_gpu_wait(tern_error *err);
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      tern_error *err);
 
-/* Sampling on the GPU (default; TERN_GPU_SAMPLING=0 turns it off):
+/* Sampling on the GPU (unless tern_load_params.debug.cpu_sampling):
  * tern_gpu_forward_sample is a decode step and the draw of the next id with
  * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured
  * graph, the token and u go up, only the id comes back, one

@@ -144,15 +144,14 @@ static int device_name_valid(const char *dev) {
 
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err) {
     const char *dev = params ? params->device : NULL;
-    int serial = params && params->serial_sessions;
     if (!dev || !strcmp(dev, "cpu")) return 0;
     if (!device_name_valid(dev))
         return tern_fail(err, "device \"%s\": expected auto, cpu, cuda or cuda:N", dev);
-    if (strcmp(dev, "auto") != 0) return tern_gpu_model_init(m, dev, serial, err);
+    if (strcmp(dev, "auto") != 0) return tern_gpu_model_init(m, dev, params, err);
     /* auto: the first GPU when this build, this machine and this model
      * allow it (packed, experts resident), else the CPU engine */
     tern_error ignored;
-    tern_gpu_model_init(m, "cuda", serial, &ignored);
+    tern_gpu_model_init(m, "cuda", params, &ignored);
     return 0;
 }
 

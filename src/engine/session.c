@@ -145,7 +145,7 @@ int tern_session_reset(tern_session *s, tern_error *err) {
 /* Long prompts run in pieces so scratch memory stays bounded; a multiple of
  * the GDN chunk keeps the chunk boundaries where one long call puts them.
  * A GPU session takes the whole run: the GPU engine cuts it into pieces of
- * its own size (TERN_GPU_PIECE), bounded by its preallocated buffers. */
+ * its own size (tern_load_params.debug.piece), bounded by its preallocated buffers. */
 #define EVAL_PIECE 512
 
 /* What every evaluation checks first. */

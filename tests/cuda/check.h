@@ -98,7 +98,6 @@ void check_rmsnorm(checker *ck);
 void check_attn_prep(checker *ck);
 void check_attention(checker *ck);
 void check_gdn(checker *ck);
-void check_gdn_proj(checker *ck);
 void check_sample(checker *ck);
 void check_embed(checker *ck);
 void check_gemm(checker *ck);

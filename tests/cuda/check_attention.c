@@ -198,7 +198,7 @@ void check_attention(checker *ck) {
     att_case(ck, 8, 1, 32, 16, 3, 40, 0);          /* 16-bit rows of 64 bytes: the tensor-core kernel's smallest */
     att_case(ck, 4, 1, 128, 16, 2, 77, 0);         /* 4 queries a block (the rest padding), rows in part chunks */
     /* one token, 16-bit, contexts up to 1024: the splits merged in a
-     * cluster (TERN_ATTN_CLUSTER=0 the combine kernel); the decode step's
+     * cluster (longer contexts and T > 1: the combine kernel); the decode step's
      * plan (the next power of two), most splits past the context, other
      * head sizes and query groups */
     att_case_plan(ck, 16, 2, 256, 16, 1, 639, 0, 1024);

@@ -204,8 +204,8 @@ static void gemv1_case(checker *ck, int64_t rows, int64_t cols, int bits, int dt
 }
 
 /* tern_cuda_gemv1_route: its logits against tern_cuda_gemv1's (checked
- * against the CPU above; within the GEMV's 1e-5, since TERN_GEMV1 may put
- * the reference on another kernel), its ids and weights against
+ * against the CPU above; within the GEMV's 1e-5, since the reference may
+ * take another kernel than the router's register tiles), its ids and weights against
  * tern_cuda_route over those same logits (checked against the CPU in
  * check_moe.c), bit for bit: the same code. Three calls in a row with the
  * outputs poisoned between them, so the counter's reset is exercised. */
@@ -288,9 +288,11 @@ void check_gemv(checker *ck) {
     gemv1_case(ck, 12352, 2048, 4, 0, 64, 2, 1);
     gemv1_case(ck, 12352, 2048, 8, 0, 64, 2, 1);
     gemv1_case(ck, 2048, 4096, 4, 0, 64, 0, 1);
-    /* staged by default; under TERN_GEMV1=regs more row groups than the
-     * resident warps, so a warp walks several (its next tile a tile ahead) */
     gemv1_case(ck, 8192, 4096, 4, 0, 32, 1, 0);
+    /* the register tiles (below 8 MB) with more row groups than any
+     * device's resident warps, so a warp walks several (its next tile a
+     * tile ahead) */
+    gemv1_case(ck, 60000, 256, 4, 0, 32, 1, 0);
     gemv1_case(ck, 2048, 4096, 8, 0, 64, 0, 1);
     gemv1_case(ck, 256, 2048, 4, 0, 64, 2, 1);
     gemv1_case(ck, 256, 2048, 8, 0, 64, 3, 0);    /* the router at 8 bits: four chunks a lane */

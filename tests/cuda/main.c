@@ -323,7 +323,7 @@ typedef struct {
 static const check_entry checks[] = {
     {"gemv", check_gemv},           {"moe", check_moe},         {"route", check_route},
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
-    {"gdn", check_gdn},             {"gdn_proj", check_gdn_proj}, {"sample", check_sample},   {"gemm", check_gemm},
+    {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
     {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},
     {"attention_prefill", check_attention_prefill}, {"embed", check_embed},
 };

@@ -73,8 +73,13 @@ static void report_prefill(const char *what, const float *a, const float *b, int
            "%.0f %% | %s |\n", what, bad, P, TOL, worst, maxrel, differ, 100 * MAX_BAD_SHARE, ok ? "pass" : "FAIL");
 }
 
+/* tern_load_params.debug.piece for the GPU models load() makes (0: the
+ * default) */
+static int gpu_piece;
+
 static tern_model *load(const char *dir, const char *device) {
     tern_load_params lp = {.n_threads = 4, .device = device};
+    if (device) lp.debug.piece = gpu_piece;
     tern_error err;
     tern_model *m = tern_model_load(dir, &lp, &err);
     if (!m) {
@@ -249,11 +254,10 @@ static int same_prefix(const id_list *a, const id_list *b) {
     return k;
 }
 
-/* GPU sampling (the default; set explicitly here): greedy ids identical for 32 steps, and a top-k
- * draw (same seed, so the same random numbers) identical for 8. */
+/* GPU sampling (the default): greedy ids identical for 32 steps, and a
+ * top-k draw (same seed, so the same random numbers) identical for 8. */
 static void gpu_sampling(const char *dir) {
     tern_model *cpu = load(dir, NULL);
-    setenv("TERN_GPU_SAMPLING", "1", 1);
     tern_model *gpu = load(dir, "cuda");
     tern_sampler_params sp;
     tern_sampler_params_default(&sp);
@@ -269,15 +273,14 @@ static void gpu_sampling(const char *dir) {
     generate(gpu, &sp, 8, &a);
     generate(cpu, &sp, 8, &b);
     report("GPU sampling: top-k 20 ids equal of 8", 8 - same_prefix(&a, &b), 0);
-    unsetenv("TERN_GPU_SAMPLING");
     tern_model_free(cpu);
     tern_model_free(gpu);
 }
 
 /* Two turns on one session, the first ended by an EOS id (eos >= 0), the
  * length or the context (max_ctx); the second continues it. On the GPU a
- * step is launched before the host reads the draw it evaluates
- * (TERN_DECODE_AHEAD): a stop must leave the session exactly where the
+ * step is launched before the host reads the draw it evaluates (one step
+ * ahead): a stop must leave the session exactly where the
  * CPU's is, so the second turn's ids and both positions must match. */
 static void two_turns(tern_model *m, int32_t eos, int max_ctx, id_list *out, int *pos) {
     tern_session_params p = {.kv_bits = 16, .max_context = max_ctx};
@@ -320,16 +323,6 @@ static void gpu_stops(const char *dir) {
     }
     tern_model_free(cpu);
     tern_model_free(gpu);
-}
-
-/* TERN_GPU_FUSED=0: the unfused decode path (separate projections, RMSNorm
- * kernels; the path T > 1 steps take) still gives the CPU's numbers; the
- * default, checked above, is the one-token path (stacked projections, norms
- * inside the GEMVs). */
-static void gpu_fused(const char *name, const char *dir) {
-    setenv("TERN_GPU_FUSED", "0", 1);
-    compare_decode(name, dir, 16);
-    unsetenv("TERN_GPU_FUSED");
 }
 
 /* A GPU snapshot brings the device state back exactly. */
@@ -478,9 +471,9 @@ int main(void) {
     char *t8 = pack("models/tern-tiny", tmp, "tern-tiny", 8), *t4 = pack("models/tern-tiny", tmp, "tern-tiny", 4);
     compare("tern-tiny q8", t8, 16);
     /* more pieces' boundaries: the 600-token prefill in six pieces of 100 */
-    setenv("TERN_GPU_PIECE", "100", 1);
+    gpu_piece = 100;
     compare("tern-tiny q8 (pieces of 100)", t8, 16);
-    unsetenv("TERN_GPU_PIECE");
+    gpu_piece = 0;
     /* 4-bit KV rows: CPU and GPU K/V agree to fp32 rounding, but a value on
      * a 4-bit rounding boundary then differs by a whole step (1/15 of its
      * group's range); over a long prefill such flips exceed any fp bound,
@@ -493,7 +486,6 @@ int main(void) {
     serial_sessions("tern-tiny q8", t8);
     snapshot(t4);
     no_logits_step(t8);
-    gpu_fused("tern-tiny q8 unfused (TERN_GPU_FUSED=0)", t8);
     gpu_sampling(t8);
     gpu_stops(t8);
     char cmd[256];

@@ -41,10 +41,7 @@ def role_of(name, nxt):
         return ("input projections (DeltaNet)" if nxt.startswith("gdn") else
                 "input projections (attention)" if nxt.startswith("attn") else "lm_head")
     if name.startswith("gemv1_kernel"):
-        # the router is the only plain GEMV followed by the experts; LIN = true
-        # (the router beside it, TERN_MOE_LIN=1) is the output projection
-        if name.endswith("Lb1E>"):
-            return "output projection (and the router's linear part)"
+        # the router is the only plain GEMV followed by the experts
         return "router + top-k" if nxt.startswith("moe_gate") else "output projection"
     if name.startswith("moe_gate") and re.search(r"ELb1E(Lb[01]E)?>$", name):   # FUSED = true
         return "experts (gate/up and down, one launch)"
