@@ -1,7 +1,8 @@
 /* model.safetensors.index.json (tern_tensors_open) next to two small
  * shards (a.safetensors: x, y; b.safetensors: z, written once). Every
  * tensor of an accepted set must be found by name, lie inside its shard's
- * mapping, and come from a shard in the directory. */
+ * mapping, and come from a shard in the directory. (An empty weight_map
+ * opens no shard; the weights binder then names the first missing tensor.) */
 #include "fuzz.h"
 #include "model/tensors.h"
 
@@ -40,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(err.msg[0], "tern_tensors_open failed without a message");
         return 0;
     }
-    FUZZ_CHECK(ts.n_files >= 1 && ts.n_files <= 2, "%d shards open", ts.n_files);
+    FUZZ_CHECK(ts.n_files <= 2, "%d shards open", ts.n_files);
     for (int f = 0; f < ts.n_files; f++) {
         const tern_st_file *sf = &ts.files[f];
         for (int i = 0; i < sf->n_tensors; i++) {
