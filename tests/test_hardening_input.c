@@ -13,6 +13,7 @@
 
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/tensors.h"
 #include "tern.h"
 #include "testutil.h"
 
@@ -431,4 +432,19 @@ Test(hardening_input, cli_edge_values_one_line_each) {
     expect_one_line(cmd, "999999");
     snprintf(cmd, sizeof cmd, "%s run -p hi -n 1 -t 1 --device gpu0", T);
     expect_one_line(cmd, "device \"gpu0\": expected auto, cpu, cuda or cuda:N");
+}
+
+/* An index that names no tensor, or one name twice, is refused at the index. */
+Test(hardening_input, index_empty_or_with_a_name_twice_refused) {
+    const char *cases[][2] = {
+        {"{\"weight_map\": {}}", "names no tensor"},
+        {"{\"weight_map\": {\"a\": \"x.safetensors\", \"a\": \"y.safetensors\"}}", "duplicate"},
+    };
+    for (int i = 0; i < 2; i++) {
+        write_text(in_dir("model.safetensors.index.json"), cases[i][0]);
+        tern_tensor_set ts;
+        tern_error err = {{0}};
+        cr_assert_eq(tern_tensors_open(&ts, dir, 0, &err), -1, "accepted %s", cases[i][0]);
+        cr_assert(strstr(err.msg, cases[i][1]), "%s", err.msg);
+    }
 }

@@ -41,11 +41,13 @@ static int file_index(const tern_tensor_set *ts, const char *dir, const char *fn
 }
 
 static int open_index(tern_tensor_set *ts, const char *dir, const char *index_path, tern_error *err) {
-    json_t *root = tern_json_load(index_path, 0, TERN_JSON_LARGE_MAX, err);
+    /* a name listed twice could point at two shards: which one wins is not the file's to leave open */
+    json_t *root = tern_json_load(index_path, JSON_REJECT_DUPLICATES, TERN_JSON_LARGE_MAX, err);
     if (!root) return -1;
     json_t *map = json_object_get(root, "weight_map");
     int rc = 0;
     if (!json_is_object(map)) rc = tern_fail(err, "%s: missing object 'weight_map'", index_path);
+    else if (!json_object_size(map)) rc = tern_fail(err, "%s: 'weight_map' names no tensor", index_path);
     const char *name;
     json_t *v;
     /* First pass: open each distinct shard once. */
