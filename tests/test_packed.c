@@ -178,7 +178,7 @@ Test(packed, q4_equals_dequantized_twin) { check_twin("odd", 4); }
  * every layer adds independent error), so the bounds are on the mean cosine
  * similarity of the logit rows, measured here at 0.9995 (8-bit) and 0.90
  * (4-bit) and asserted with margin; held-out perplexity of the trained
- * tern-tiny is the quality figure that counts (docs/PERFORMANCE.md). */
+ * tern-tiny is the quality figure that counts (docs/experiments/quantization.md). */
 static void check_quant(const char *fixture, int bits, double min_cos) {
     const char *dst = pack(fixture, bits, bits);
     tern_model *a = load(fixture_dir(fixture), 0), *b = load(dst, 0);

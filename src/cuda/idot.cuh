@@ -90,9 +90,9 @@ __device__ __forceinline__ void xd_span(const float *xf, int sp, int nch, uint8_
  * spans of a 2,048 input took ~1,600 cycles); lane l holds values 2l and
  * 2l + 1 of a span. The caller synchronises before (xf complete) and after. */
 #define XD_ILP 4
-/* The same digits and chunks as whole words (the staged GEMV's; decode
- * +1.7 %, docs/PERFORMANCE.md step 82): lane l of a warp takes the 8 consecutive
- * values 8 (l % 8) .. of span 4 i + l / 8, so every byte of a digit word is
+/* The same digits and chunks as whole words (the staged GEMV's; measured
+ * in docs/experiments/cuda-gemv.md, step 82): lane l of a warp takes the 8
+ * consecutive values 8 (l % 8) .. of span 4 i + l / 8, so every byte of a digit word is
  * the lane's own (q4: a word's 8 elements; q8: two words' 4 each) and it
  * stores 6 words instead of 24 bytes, with the span's max in 3 shuffles.
  * The chunk's sum keeps the byte form's order exactly (each pair x[2j] +

@@ -89,7 +89,7 @@ struct route_pick {
  * holding it (__reduce_min_sync): larger first, ties to the lower index
  * (one reduce and a ballot, with the second reduce only on a tie, and a
  * bitonic merge of the lanes' sorted keys both measured slower:
- * tools/gpu/routeprobe.cu, docs/PERFORMANCE.md step 85). Its owner then
+ * tools/gpu/routeprobe.cu, docs/experiments/cuda-router.md, step 85). Its owner then
  * moves to its next key.
  * The weights are bit for bit those of dividing every probability first:
  * the same max, the same sum in the same order, the chosen ones' total in
@@ -115,7 +115,7 @@ __device__ __forceinline__ route_pick route_select(const float (&v)[V], int E, i
     pk.id = 0;
     /* the lane's best (bk, index lane + 32 bi): with 8 keys the head of its
      * sorted keys, so taking it is a shift; otherwise found by a rescan
-     * (the sort's shorter chain per round: docs/PERFORMANCE.md step 35) */
+     * (the sort's shorter chain per round: docs/experiments/cuda-router.md, step 35) */
     int ix[V];
 #pragma unroll
     for (int i = 0; i < V; i++) ix[i] = i;

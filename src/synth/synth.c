@@ -39,7 +39,7 @@ int synth_routing_parse(const char *name, int *routing) {
 }
 
 /* Prose routing parameters fitted by tools/synth/calibrate_routing.py to
- * the published routing trace (docs/PERFORMANCE.md, "Routing"). */
+ * the published routing trace (docs/experiments/synth-bench.md). */
 #define PROSE_POP 1.5
 #define PROSE_CTX 1.5
 #define PROSE_RHO 0.8

@@ -4,7 +4,7 @@
  * can be produced on any thread in any order and the output is
  * byte-reproducible.
  *
- * The distributions (docs/PERFORMANCE.md, "Synthetic models", has the
+ * The distributions (docs/experiments/synth-bench.md has the
  * measured effect):
  *
  *   "uniform" routing (the pessimistic mode): every matrix N(0, 1/fan_in)

@@ -4,7 +4,7 @@
  * Every GEMV of the decode step requests its first weight tiles into shared
  * memory or registers, then (after the previous kernel) loads its input vector, which
  * that kernel has just written and which sits in L2. The phase trace
- * (docs/PERFORMANCE.md, rounds 7-8) has the input built ~2-3 us after the
+ * (docs/experiments/cuda-step-timeline.md, rounds 7-8) has the input built ~2-3 us after the
  * release, about the time the SM's share of HBM takes to serve the tiles.
  * This probe runs 3 blocks of 256 threads per SM, each requesting P KB of
  * weights (from a 512 MB buffer, rotated so none are L2 hits), then loading

@@ -5,7 +5,7 @@
  * different kernel of the same size (other code, same work), so its
  * instructions come from L2 or memory. The difference over the code size
  * is the price of a cold instruction byte, the figure behind keeping the
- * one-token kernels' executed code small (docs/PERFORMANCE.md step 56).
+ * one-token kernels' executed code small (docs/experiments/cuda-moe.md, step 56).
  *
  *   nvcc -O3 -gencode arch=compute_90,code=sm_90 -o icacheprobe tools/gpu/icacheprobe.cu && ./icacheprobe */
 #include <cuda_runtime.h>

@@ -5,7 +5,7 @@
  * for 1..8 blocks of 512 threads per SM; with "prefetch-next" each kernel
  * also asks L2 for the next kernel's buffer (cp.async.bulk.prefetch.L2).
  * Last, an empty kernel's cost in a graph. These are the floors quoted in
- * docs/CUDA.md ("Round 3") and docs/PERFORMANCE.md (third round).
+ * docs/experiments/cuda-gemv.md (round 3).
  *
  *   nvcc -O3 -gencode arch=compute_90,code=sm_90 -o readprobe tools/gpu/readprobe.cu && ./readprobe */
 #include <cuda_runtime.h>

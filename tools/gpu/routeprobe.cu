@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(32) route_loop(const float *logits, int E, int
     }
 }
 
-/* A rejected selection, kept to time it (docs/PERFORMANCE.md step 85): a
+/* A rejected selection, kept to time it (docs/experiments/cuda-router.md, step 85): a
  * key and its index as one 64-bit word (the larger key first, ties to the
  * lower index), each lane's 8 sorted, then five merges with the partner at
  * distance 1, 2, .., 16: the larger of c[i] and the partner's c[7 - i] are

@@ -4,7 +4,7 @@
 The SASS size of every kernel in a cubin (the .text.<kernel> sections of
 its ELF), largest first, with demangled names where c++filt exists. Code
 that a launch runs once comes cold from L2 at ~45 ns a KB on the H200
-(tools/gpu/icacheprobe.cu, docs/PERFORMANCE.md step 56), so a kernel's size
+(tools/gpu/icacheprobe.cu, docs/experiments/cuda-moe.md, step 56), so a kernel's size
 and how many of its instances a decode step runs are part of its time.
 ncu_stalls.py gives the part a launch actually runs.
 

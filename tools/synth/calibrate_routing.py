@@ -12,7 +12,7 @@ average of recent tokens), N ~ N(0, 1) fresh per token; the top k logits are
 the token's experts. This script simulates the model for a grid of (pop,
 ctx, rho), measures the statistics the published trace reports, and prints
 the best fits. tern bench measures the same statistics on the engine's real
-routing (docs/PERFORMANCE.md, "Routing").
+routing (docs/experiments/synth-bench.md).
 
     python3 tools/synth/calibrate_routing.py            # the grid fit
     python3 tools/synth/calibrate_routing.py --check 1.5 1.5 0.8
