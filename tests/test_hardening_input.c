@@ -432,6 +432,8 @@ Test(hardening_input, cli_edge_values_one_line_each) {
     expect_one_line(cmd, "999999");
     snprintf(cmd, sizeof cmd, "%s run -p hi -n 1 -t 1 --device gpu0", T);
     expect_one_line(cmd, "device \"gpu0\": expected auto, cpu, cuda or cuda:N");
+    snprintf(cmd, sizeof cmd, "%s bench -m models/tern-tiny --kernel-stats all", T);
+    expect_one_line(cmd, "--kernel-stats must be decode, prefill or graph");
 }
 
 /* An index that names no tensor, or one name twice, is refused at the index. */

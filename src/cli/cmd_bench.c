@@ -36,6 +36,8 @@ typedef struct {
     int gen[MAX_LIST], n_gen;
     int ctx[MAX_LIST], n_ctx;
     int curve;
+    int no_graphs, cpu_sampling, kernel_stats;   /* the GPU engine's debugging aids */
+    const char *phase_trace;
     int top_k;                    /* decode sampling: 0 = the full vocabulary */
     float top_p;
     char command[4096];
@@ -67,6 +69,12 @@ static void bench_usage(FILE *f) {
             "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when possible)\n"
             "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
             "                       (for a GPU: its measured HBM read rate, e.g. 4430 on an H200)\n"
+            "GPU debugging aids (tern_load_params.debug; not for official numbers):\n"
+            "  --no-graphs          decode steps launched op by op, never captured as CUDA graphs\n"
+            "  --cpu-sampling       draw each token on the CPU from downloaded logits\n"
+            "  --kernel-stats MODE  GPU time per op role, printed at the end: decode (graphs off), prefill,\n"
+            "                       or graph (each replayed one-token graph against the host's wall time)\n"
+            "  --phase-trace FILE   a make CUDA=1 TRACE=1 build: the decode kernels' phase trace as CSV\n"
             "Prompts are random token ids (seeded); decode samples at temperature 1 (over the full vocabulary\n"
             "unless --top-k/--top-p cut it).\n");
 }
@@ -158,9 +166,23 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                 return 2;
             }
             o->policy = !strcmp(v, "lru") ? TERN_POLICY_LRU : TERN_POLICY_LFU;
+        } else if (!strcmp(a, "--kernel-stats")) {
+            static const char *modes[] = {"decode", "prefill", "graph"};
+            static const int kinds[] = {TERN_STATS_DECODE, TERN_STATS_PREFILL, TERN_STATS_GRAPH};
+            o->kernel_stats = -1;
+            for (int k = 0; v && k < 3; k++)
+                if (!strcmp(v, modes[k])) o->kernel_stats = kinds[k];
+            if (o->kernel_stats < 0) {
+                fprintf(stderr, "tern bench: --kernel-stats must be decode, prefill or graph\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--phase-trace")) {
+            o->phase_trace = v;
         } else {
             takes = 0;
             if (!strcmp(a, "--force")) o->force = 1;
+            else if (!strcmp(a, "--no-graphs")) o->no_graphs = 1;
+            else if (!strcmp(a, "--cpu-sampling")) o->cpu_sampling = 1;
             else if (!strcmp(a, "--hit-curve")) o->curve = 1;
             else if (!strcmp(a, "--reference")) o->reference = 1;
             else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 1; }
@@ -573,6 +595,10 @@ static json_t *results_json(const result *rs, int n) {
 static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
                            .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device};
+    lp.debug.no_graphs = o->no_graphs;
+    lp.debug.cpu_sampling = o->cpu_sampling;
+    lp.debug.kernel_stats = o->kernel_stats;
+    lp.debug.phase_trace = o->phase_trace;
     if (o->model) return tern_model_load(o->model, &lp, err);
     tern_synth_params sp = {.shape = o->synth_shape, .bits = o->bits, .expert_bits = o->expert_bits, .seed = o->seed,
                             .routing = o->routing};

@@ -2,7 +2,7 @@
 """phase_trace.py TRACE.csv [--self-routed] [--tail]
 
 The phase trace of a measurement build (make CUDA=1 TRACE=1, loaded with
-tern_load_params.debug.phase_trace = TRACE.csv; src/cuda/trace.cuh): one record per block of an
+`tern bench --phase-trace TRACE.csv`; src/cuda/trace.cuh): one record per block of an
 instrumented kernel, thread 0's %globaltimer at the kernel's marks. Records
 of one kernel and aux value are cut into calls (a call's blocks start within
 a few microseconds; calls of one kernel are a layer apart), the calls with the
