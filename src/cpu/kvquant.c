@@ -363,35 +363,42 @@ AVX2 INLINE void add_out_avx2(float *o, int c, int bits, __m256 a0, __m256 a1) {
     _mm256_storeu_ps(o + c + 8, _mm256_add_ps(_mm256_loadu_ps(o + c + 8), a1));
 }
 
-AVX2 INLINE void accum_avx2_t(const tern_kvq *L, int head, const float *p, const uint8_t *V, size_t v_stride,
-                              int n, float *o, size_t o_stride, const int NQ) {
-    int hd = L->head_dim, G = L->group, bits = L->bits;
-    for (int j0 = 0; j0 < n; j0 += ROW_TILE) {
-        int j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
-        float sv[ROW_TILE][16], bv[ROW_TILE][16];
-        if (bits != 16)
-            for (int j = j0; j < j1; j++)
-                widen_sb_avx2(slice_of(L, V + (size_t)j * v_stride, head), hd / G, sv[j - j0], bv[j - j0]);
-        for (int c = 0; c < hd; c += 16) {
-            __m256 acc[MAXQ][2];
-            UNROLL
-            for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-            for (int j = j0; j < j1; j++) {
-                __m256 w[2];
-                deq16_avx2(slice_of(L, V + (size_t)j * v_stride, head), c, sv[j - j0] + c / G, bv[j - j0] + c / G, bits,
-                             w);
-                UNROLL
-                for (int i = 0; i < NQ; i++) {
-                    __m256 pj = _mm256_set1_ps(p[(size_t)i * n + j]);
-                    acc[i][0] = _mm256_fmadd_ps(w[0], pj, acc[i][0]);
-                    acc[i][1] = _mm256_fmadd_ps(w[1], pj, acc[i][1]);
-                }
-            }
-            UNROLL
-            for (int i = 0; i < NQ; i++) add_out_avx2(o + (size_t)i * o_stride, c, bits, acc[i][0], acc[i][1]);
-        }
-    }
+/* p V for one head, written once for both ISAs: VEC the vector type and
+ * STEP the values two of them hold; WIDEN, DEQ and ADD_OUT the ISA's own
+ * scale widening, dequantization and output add. */
+#define DEFINE_ACCUM(NAME, ISA, VEC, STEP, ZERO, SET1, FMADD, WIDEN, DEQ, ADD_OUT)                                 \
+ISA INLINE void NAME(const tern_kvq *L, int head, const float *p, const uint8_t *V, size_t v_stride,               \
+                              int n, float *o, size_t o_stride, const int NQ) {                                    \
+    int hd = L->head_dim, G = L->group, bits = L->bits;                                                            \
+    for (int j0 = 0; j0 < n; j0 += ROW_TILE) {                                                                     \
+        int j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;                                                            \
+        float sv[ROW_TILE][16], bv[ROW_TILE][16];                                                                  \
+        if (bits != 16)                                                                                            \
+            for (int j = j0; j < j1; j++)                                                                          \
+                WIDEN(slice_of(L, V + (size_t)j * v_stride, head), hd / G, sv[j - j0], bv[j - j0]);                \
+        for (int c = 0; c < hd; c += STEP) {                                                                       \
+            VEC acc[MAXQ][2];                                                                                      \
+            UNROLL                                                                                                 \
+            for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = ZERO();                                           \
+            for (int j = j0; j < j1; j++) {                                                                        \
+                VEC w[2];                                                                                          \
+                DEQ(slice_of(L, V + (size_t)j * v_stride, head), c, sv[j - j0] + c / G, bv[j - j0] + c / G, bits,  \
+                             w);                                                                                   \
+                UNROLL                                                                                             \
+                for (int i = 0; i < NQ; i++) {                                                                     \
+                    VEC pj = SET1(p[(size_t)i * n + j]);                                                           \
+                    acc[i][0] = FMADD(w[0], pj, acc[i][0]);                                                        \
+                    acc[i][1] = FMADD(w[1], pj, acc[i][1]);                                                        \
+                }                                                                                                  \
+            }                                                                                                      \
+            UNROLL                                                                                                 \
+            for (int i = 0; i < NQ; i++) ADD_OUT(o + (size_t)i * o_stride, c, bits, acc[i][0], acc[i][1]);         \
+        }                                                                                                          \
+    }                                                                                                              \
 }
+
+DEFINE_ACCUM(accum_avx2_t, AVX2, __m256, 16, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, widen_sb_avx2,
+             deq16_avx2, add_out_avx2)
 
 INSTANTIATE_Q(scores_avx2, scores_avx2_t, AVX2,
               (const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n,
@@ -502,35 +509,8 @@ AVX512 INLINE void add_out_avx512(float *o, int c, int bits, __m512 a0, __m512 a
     _mm512_storeu_ps(o + c + 16, _mm512_add_ps(_mm512_loadu_ps(o + c + 16), a1));
 }
 
-AVX512 INLINE void accum_avx512_t(const tern_kvq *L, int head, const float *p, const uint8_t *V,
-                                  size_t v_stride, int n, float *o, size_t o_stride, const int NQ) {
-    int hd = L->head_dim, G = L->group, bits = L->bits;
-    for (int j0 = 0; j0 < n; j0 += ROW_TILE) {
-        int j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
-        float sv[ROW_TILE][16], bv[ROW_TILE][16];
-        if (bits != 16)
-            for (int j = j0; j < j1; j++)
-                widen_sb_avx512(slice_of(L, V + (size_t)j * v_stride, head), hd / G, sv[j - j0], bv[j - j0]);
-        for (int c = 0; c < hd; c += 32) {
-            __m512 acc[MAXQ][2];
-            UNROLL
-            for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-            for (int j = j0; j < j1; j++) {
-                __m512 w[2];
-                deq32_avx512(slice_of(L, V + (size_t)j * v_stride, head), c, sv[j - j0] + c / G, bv[j - j0] + c / G, bits,
-                             w);
-                UNROLL
-                for (int i = 0; i < NQ; i++) {
-                    __m512 pj = _mm512_set1_ps(p[(size_t)i * n + j]);
-                    acc[i][0] = _mm512_fmadd_ps(w[0], pj, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(w[1], pj, acc[i][1]);
-                }
-            }
-            UNROLL
-            for (int i = 0; i < NQ; i++) add_out_avx512(o + (size_t)i * o_stride, c, bits, acc[i][0], acc[i][1]);
-        }
-    }
-}
+DEFINE_ACCUM(accum_avx512_t, AVX512, __m512, 32, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, widen_sb_avx512,
+             deq32_avx512, add_out_avx512)
 
 INSTANTIATE_Q(scores_avx512, scores_avx512_t, AVX512,
               (const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n,

@@ -23,7 +23,6 @@
 #include "model/safetensors.h"
 #include "util/half.h"
 
-
 /* ---- CPU features ------------------------------------------------------ */
 
 #if TERN_X86
@@ -315,59 +314,86 @@ AVX2 INLINE void groups_avx2(const uint8_t *q, const uint16_t *sc, const uint16_
     }
 }
 
-AVX2 INLINE void quant_avx2(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                            const int T, float *y, int64_t ldy, const int bits) {
-    int64_t K = W->cols, G = W->group, ng = K / G, gc = chunk_groups(T, G);
-    size_t rb = tern_q_row_bytes(K, bits);
-    const uint8_t *Q = W->data;
-    if (gc >= ng) {
-        for (int64_t r = r0; r < r1; r++) {
-            __m256 tot[MAXT];
-            float bsum[MAXT] = {0};
-            UNROLL
-            for (int t = 0; t < T; t++) tot[t] = _mm256_setzero_ps();
-            groups_avx2(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, 0, ng, G, K, prep, plen, T,
-                        bits, tot, bsum);
-            UNROLL
-            for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(tot[t]) + bsum[t];
-        }
-        return;
-    }
-    /* x of all tokens would not stay in L1: blocks of ROW_BLOCK rows walk
-     * the columns in chunks, parking their running sums between chunks */
-    __m256 ptot[ROW_BLOCK][MAXT];
-    float pbsum[ROW_BLOCK][MAXT];
-    for (int64_t rb0 = r0; rb0 < r1; rb0 += ROW_BLOCK) {
-        int64_t nr = r1 - rb0 < ROW_BLOCK ? r1 - rb0 : ROW_BLOCK;
-        for (int64_t i = 0; i < nr; i++)
-            for (int t = 0; t < T; t++) { ptot[i][t] = _mm256_setzero_ps(); pbsum[i][t] = 0; }
-        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
-            int64_t g1 = g0 + gc < ng ? g0 + gc : ng;
-            for (int64_t i = 0; i < nr; i++) {
-                int64_t r = rb0 + i;
-                __m256 tot[MAXT];
-                float bsum[MAXT];
-                UNROLL
-                for (int t = 0; t < T; t++) { tot[t] = ptot[i][t]; bsum[t] = pbsum[i][t]; }
-                groups_avx2(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, g0, g1, G, K, prep, plen,
-                            T, bits, tot, bsum);
-                UNROLL
-                for (int t = 0; t < T; t++) { ptot[i][t] = tot[t]; pbsum[i][t] = bsum[t]; }
-            }
-        }
-        for (int64_t i = 0; i < nr; i++)
-            for (int t = 0; t < T; t++) y[t * ldy + rb0 + i] = hsum256(ptot[i][t]) + pbsum[i][t];
-    }
+/* The entry points of one ISA: a kernel per weight kind (the quantized
+ * ones through quant_ISA, the float ones through float_ISA), each
+ * instantiated for 1..8 tokens. */
+#define DEFINE_ROW_KERNELS(isa, ATTR)                                                                       \
+    ATTR INLINE void q4_##isa##_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen, \
+                                  const int T, float *y, int64_t ldy) {                                     \
+        quant_##isa(W, r0, r1, prep, plen, T, y, ldy, 4);                                                   \
+    }                                                                                                       \
+    ATTR INLINE void q8_##isa##_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen, \
+                                  const int T, float *y, int64_t ldy) {                                     \
+        quant_##isa(W, r0, r1, prep, plen, T, y, ldy, 8);                                                   \
+    }                                                                                                       \
+    ATTR INLINE void f32_##isa##_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep,             \
+                                   size_t plen, const int T, float *y, int64_t ldy) {                       \
+        float_##isa(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F32);                                      \
+    }                                                                                                       \
+    ATTR INLINE void f16_##isa##_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep,             \
+                                   size_t plen, const int T, float *y, int64_t ldy) {                       \
+        float_##isa(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F16);                                      \
+    }                                                                                                       \
+    ATTR INLINE void bf16_##isa##_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep,            \
+                                    size_t plen, const int T, float *y, int64_t ldy) {                      \
+        float_##isa(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_BF16);                                     \
+    }                                                                                                       \
+    INSTANTIATE_T(q4_##isa, q4_##isa##_t, ATTR)                                                             \
+    INSTANTIATE_T(q8_##isa, q8_##isa##_t, ATTR)                                                             \
+    INSTANTIATE_T(f32_##isa, f32_##isa##_t, ATTR)                                                           \
+    INSTANTIATE_T(f16_##isa, f16_##isa##_t, ATTR)                                                           \
+    INSTANTIATE_T(bf16_##isa, bf16_##isa##_t, ATTR)
+
+/* The row driver of the quantized products, written once for both ISAs:
+ * VEC the vector type, ZERO its zero, GROUPS its groups_ function (the
+ * ISA's own inner loop), SUM its horizontal sum. */
+#define DEFINE_QUANT_ROWS(NAME, ISA, VEC, ZERO, GROUPS, SUM)                                                  \
+ISA INLINE void NAME(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,               \
+                            const int T, float *y, int64_t ldy, const int bits) {                             \
+    int64_t K = W->cols, G = W->group, ng = K / G, gc = chunk_groups(T, G);                                   \
+    size_t rb = tern_q_row_bytes(K, bits);                                                                    \
+    const uint8_t *Q = W->data;                                                                               \
+    if (gc >= ng) {                                                                                           \
+        for (int64_t r = r0; r < r1; r++) {                                                                   \
+            VEC tot[MAXT];                                                                                    \
+            float bsum[MAXT] = {0};                                                                           \
+            UNROLL                                                                                            \
+            for (int t = 0; t < T; t++) tot[t] = ZERO();                                                      \
+            GROUPS(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, 0, ng, G, K, prep, plen, T,    \
+                        bits, tot, bsum);                                                                     \
+            UNROLL                                                                                            \
+            for (int t = 0; t < T; t++) y[t * ldy + r] = SUM(tot[t]) + bsum[t];                               \
+        }                                                                                                     \
+        return;                                                                                               \
+    }                                                                                                         \
+    /* x of all tokens would not stay in L1: blocks of ROW_BLOCK rows walk                                    \
+     * the columns in chunks, parking their running sums between chunks */                                    \
+    VEC ptot[ROW_BLOCK][MAXT];                                                                                \
+    float pbsum[ROW_BLOCK][MAXT];                                                                             \
+    for (int64_t rb0 = r0; rb0 < r1; rb0 += ROW_BLOCK) {                                                      \
+        int64_t nr = r1 - rb0 < ROW_BLOCK ? r1 - rb0 : ROW_BLOCK;                                             \
+        for (int64_t i = 0; i < nr; i++)                                                                      \
+            for (int t = 0; t < T; t++) { ptot[i][t] = ZERO(); pbsum[i][t] = 0; }                             \
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {                                                             \
+            int64_t g1 = g0 + gc < ng ? g0 + gc : ng;                                                         \
+            for (int64_t i = 0; i < nr; i++) {                                                                \
+                int64_t r = rb0 + i;                                                                          \
+                VEC tot[MAXT];                                                                                \
+                float bsum[MAXT];                                                                             \
+                UNROLL                                                                                        \
+                for (int t = 0; t < T; t++) { tot[t] = ptot[i][t]; bsum[t] = pbsum[i][t]; }                   \
+                GROUPS(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, g0, g1, G, K, prep, plen,  \
+                            T, bits, tot, bsum);                                                              \
+                UNROLL                                                                                        \
+                for (int t = 0; t < T; t++) { ptot[i][t] = tot[t]; pbsum[i][t] = bsum[t]; }                   \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int64_t i = 0; i < nr; i++)                                                                      \
+            for (int t = 0; t < T; t++) y[t * ldy + rb0 + i] = SUM(ptot[i][t]) + pbsum[i][t];                 \
+    }                                                                                                         \
 }
 
-AVX2 INLINE void q4_avx2_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                           const int T, float *y, int64_t ldy) {
-    quant_avx2(W, r0, r1, prep, plen, T, y, ldy, 4);
-}
-AVX2 INLINE void q8_avx2_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                           const int T, float *y, int64_t ldy) {
-    quant_avx2(W, r0, r1, prep, plen, T, y, ldy, 8);
-}
+DEFINE_QUANT_ROWS(quant_avx2, AVX2, __m256, _mm256_setzero_ps, groups_avx2, hsum256)
 
 AVX2 INLINE __m256 load8_avx2(const void *row, int64_t i, int dtype) {
     if (dtype == TERN_DTYPE_F32) return _mm256_loadu_ps((const float *)row + i);
@@ -419,24 +445,7 @@ AVX2 INLINE void float_avx2(const tern_mat *W, int64_t r0, int64_t r1, const flo
     }
 }
 
-AVX2 INLINE void f32_avx2_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                            const int T, float *y, int64_t ldy) {
-    float_avx2(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F32);
-}
-AVX2 INLINE void f16_avx2_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                            const int T, float *y, int64_t ldy) {
-    float_avx2(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F16);
-}
-AVX2 INLINE void bf16_avx2_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                             const int T, float *y, int64_t ldy) {
-    float_avx2(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_BF16);
-}
-
-INSTANTIATE_T(q4_avx2, q4_avx2_t, AVX2)
-INSTANTIATE_T(q8_avx2, q8_avx2_t, AVX2)
-INSTANTIATE_T(f32_avx2, f32_avx2_t, AVX2)
-INSTANTIATE_T(f16_avx2, f16_avx2_t, AVX2)
-INSTANTIATE_T(bf16_avx2, bf16_avx2_t, AVX2)
+DEFINE_ROW_KERNELS(avx2, AVX2)
 
 AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -500,58 +509,7 @@ AVX512 INLINE void groups_avx512(const uint8_t *q, const uint16_t *sc, const uin
     }
 }
 
-AVX512 INLINE void quant_avx512(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                            const int T, float *y, int64_t ldy, const int bits) {
-    int64_t K = W->cols, G = W->group, ng = K / G, gc = chunk_groups(T, G);
-    size_t rb = tern_q_row_bytes(K, bits);
-    const uint8_t *Q = W->data;
-    if (gc >= ng) {
-        for (int64_t r = r0; r < r1; r++) {
-            __m512 tot[MAXT];
-            float bsum[MAXT] = {0};
-            UNROLL
-            for (int t = 0; t < T; t++) tot[t] = _mm512_setzero_ps();
-            groups_avx512(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, 0, ng, G, K, prep, plen, T,
-                        bits, tot, bsum);
-            UNROLL
-            for (int t = 0; t < T; t++) y[t * ldy + r] = _mm512_reduce_add_ps(tot[t]) + bsum[t];
-        }
-        return;
-    }
-    /* as quant_avx2 */
-    __m512 ptot[ROW_BLOCK][MAXT];
-    float pbsum[ROW_BLOCK][MAXT];
-    for (int64_t rb0 = r0; rb0 < r1; rb0 += ROW_BLOCK) {
-        int64_t nr = r1 - rb0 < ROW_BLOCK ? r1 - rb0 : ROW_BLOCK;
-        for (int64_t i = 0; i < nr; i++)
-            for (int t = 0; t < T; t++) { ptot[i][t] = _mm512_setzero_ps(); pbsum[i][t] = 0; }
-        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
-            int64_t g1 = g0 + gc < ng ? g0 + gc : ng;
-            for (int64_t i = 0; i < nr; i++) {
-                int64_t r = rb0 + i;
-                __m512 tot[MAXT];
-                float bsum[MAXT];
-                UNROLL
-                for (int t = 0; t < T; t++) { tot[t] = ptot[i][t]; bsum[t] = pbsum[i][t]; }
-                groups_avx512(Q + (size_t)r * rb, W->scales + r * ng, W->biases + r * ng, g0, g1, G, K, prep, plen,
-                            T, bits, tot, bsum);
-                UNROLL
-                for (int t = 0; t < T; t++) { ptot[i][t] = tot[t]; pbsum[i][t] = bsum[t]; }
-            }
-        }
-        for (int64_t i = 0; i < nr; i++)
-            for (int t = 0; t < T; t++) y[t * ldy + rb0 + i] = _mm512_reduce_add_ps(ptot[i][t]) + pbsum[i][t];
-    }
-}
-
-AVX512 INLINE void q4_avx512_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                               const int T, float *y, int64_t ldy) {
-    quant_avx512(W, r0, r1, prep, plen, T, y, ldy, 4);
-}
-AVX512 INLINE void q8_avx512_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                               const int T, float *y, int64_t ldy) {
-    quant_avx512(W, r0, r1, prep, plen, T, y, ldy, 8);
-}
+DEFINE_QUANT_ROWS(quant_avx512, AVX512, __m512, _mm512_setzero_ps, groups_avx512, _mm512_reduce_add_ps)
 
 /* 16 elements of a float row from i, lanes past `mask` zero. */
 AVX512 INLINE __m512 load16_avx512(const void *row, int64_t i, int dtype, __mmask16 mask) {
@@ -600,24 +558,7 @@ AVX512 INLINE void float_avx512(const tern_mat *W, int64_t r0, int64_t r1, const
     }
 }
 
-AVX512 INLINE void f32_avx512_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                                const int T, float *y, int64_t ldy) {
-    float_avx512(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F32);
-}
-AVX512 INLINE void f16_avx512_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                                const int T, float *y, int64_t ldy) {
-    float_avx512(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_F16);
-}
-AVX512 INLINE void bf16_avx512_t(const tern_mat *W, int64_t r0, int64_t r1, const float *prep, size_t plen,
-                                 const int T, float *y, int64_t ldy) {
-    float_avx512(W, r0, r1, prep, plen, T, y, ldy, TERN_DTYPE_BF16);
-}
-
-INSTANTIATE_T(q4_avx512, q4_avx512_t, AVX512)
-INSTANTIATE_T(q8_avx512, q8_avx512_t, AVX512)
-INSTANTIATE_T(f32_avx512, f32_avx512_t, AVX512)
-INSTANTIATE_T(f16_avx512, f16_avx512_t, AVX512)
-INSTANTIATE_T(bf16_avx512, bf16_avx512_t, AVX512)
+DEFINE_ROW_KERNELS(avx512, AVX512)
 
 AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;

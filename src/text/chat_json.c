@@ -152,19 +152,21 @@ static int dump_object(chat_buf *b, json_t *x, tern_error *err) {
     return chat_buf_puts(b, "}", err);
 }
 
-int chat_json_dump_py(chat_buf *b, json_t *x, tern_error *err) {
+int chat_json_put_number(chat_buf *b, json_t *x, tern_error *err) {
     char num[40];
+    if (json_is_integer(x)) snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(x));
+    else chat_json_format_double(json_real_value(x), num);
+    return chat_buf_puts(b, num, err);
+}
+
+int chat_json_dump_py(chat_buf *b, json_t *x, tern_error *err) {
     switch (json_typeof(x)) {
     case JSON_OBJECT: return dump_object(b, x, err);
     case JSON_ARRAY: return dump_array(b, x, err);
     case JSON_STRING:
         return dump_string(b, json_string_value(x), json_string_length(x), err);
     case JSON_INTEGER:
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(x));
-        return chat_buf_puts(b, num, err);
-    case JSON_REAL:
-        chat_json_format_double(json_real_value(x), num);
-        return chat_buf_puts(b, num, err);
+    case JSON_REAL: return chat_json_put_number(b, x, err);
     case JSON_TRUE: return chat_buf_puts(b, "true", err);
     case JSON_FALSE: return chat_buf_puts(b, "false", err);
     case JSON_NULL: return chat_buf_puts(b, "null", err);

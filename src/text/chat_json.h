@@ -32,6 +32,9 @@ int chat_buf_puts(chat_buf *b, const char *s, tern_error *err);
 char *chat_buf_take(chat_buf *b, tern_error *err);
 void chat_buf_free(chat_buf *b);
 
+/* A JSON number as Python prints it (integers plain, reals as repr). */
+int chat_json_put_number(chat_buf *b, json_t *x, tern_error *err);
+
 /* Writes x as Python's json.dumps(x, ensure_ascii=False) would. */
 int chat_json_dump_py(chat_buf *b, json_t *x, tern_error *err);
 

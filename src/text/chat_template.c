@@ -117,15 +117,10 @@ static int role_is(json_t *msg, const char *role) {
 
 /* `{{ x }}` of a scalar: Python's str(), e.g. True, None, 2.0. */
 static int put_py_str(chat_buf *b, json_t *x, const char *where, tern_error *err) {
-    char num[40];
     switch (json_typeof(x)) {
     case JSON_STRING: return put(b, sv_json(x), err);
     case JSON_INTEGER:
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(x));
-        return chat_buf_puts(b, num, err);
-    case JSON_REAL:
-        chat_json_format_double(json_real_value(x), num);
-        return chat_buf_puts(b, num, err);
+    case JSON_REAL: return chat_json_put_number(b, x, err);
     case JSON_TRUE: return chat_buf_puts(b, "True", err);
     case JSON_FALSE: return chat_buf_puts(b, "False", err);
     case JSON_NULL: return chat_buf_puts(b, "None", err);
