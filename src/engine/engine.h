@@ -29,14 +29,14 @@ struct tern_model {
     tern_expert_cache *experts;   /* streaming: the slot cache */
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
-    void *gpu;                    /* engine/gpu.c: the weights on the GPU (NULL: the CPU engine) */
+    void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
 };
 
 /* A model with its thread pool and kernel choice, nothing loaded yet, and
  * the step after the weights are bound (RoPE tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
-/* Moves the model to params->device (engine/gpu.c) when one is named. */
+/* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);
 
 /* y[T, W.rows] = x[T, W.cols] @ W^T for the CPU engine: the SIMD kernels
@@ -94,7 +94,7 @@ struct tern_session {
     void *hook_ctx;
     tern_route_fn route_fn;   /* tern_session_set_route_observer */
     void *route_ud;
-    void *gpu;                /* engine/gpu.c: a GPU session (kv and gdn then hold device pointers) */
+    void *gpu;                /* engine/gpu_session.c: a GPU session (kv and gdn then hold device pointers) */
 };
 
 /* Grow the KV caches (main / MTP) to hold `needed` positions; capacity

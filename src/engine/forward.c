@@ -3,7 +3,7 @@
  * then the MoE block) -> final norm -> lm_head; and the MTP block. Each
  * block follows ../shared/docs/qwen36-model.md §2 (section numbers in the
  * banners); the per-op math is in src/cpu, the routed experts' scheduling
- * in engine/experts_cpu.c. A GPU session's steps go to engine/gpu.c. */
+ * in engine/experts_cpu.c. A GPU session's steps go to engine/gpu.h. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,7 +315,7 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
     return 0;
 }
 
-/* ---- a GPU session's step with its draw (engine/gpu.c) ------------------ */
+/* ---- a GPU session's step with its draw (engine/gpu_decode.c) ----------- */
 
 int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                         tern_error *err) {
