@@ -104,9 +104,19 @@ int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
 
 /* Runs T tokens through the model at positions pos..pos+T-1 and advances
  * pos. logits: T rows if all_logits, else the last row (may be NULL).
- * hidden_out: [T, hidden] final-normed states (may be NULL). */
+ * hidden_out: [T, hidden] final-normed states (may be NULL). session.c:
+ * the checks, the KV caches' growth, then the session's engine (the CPU's
+ * below, or engine/gpu.h's). */
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err);
+/* forward.c, the CPU engine: tern_forward's step once the tokens are
+ * checked and the caches hold them; tern_mtp_forward's head. */
+int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     float *hidden_out, tern_error *err);
+int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                         tern_error *err);
+/* Every id within the vocabulary (forward.c). */
+int tern_check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err);
 
 /* The GPU sampler's rule (engine/sampler.h's, as tern_sampler_gpu_rule
  * gives it) over the first n_valid logits. */
