@@ -1,6 +1,7 @@
 /* The router's softmax / top-k of one token by one warp, shared by the
- * router kernel (moe.cu) and the fused router's last block (gemv_fused.cu),
- * so both give the same ids and weights bit for bit. */
+ * router kernel (route.cu), the fused router's last block (gemv_fused.cu)
+ * and the experts' one launch when it routes itself (moe_seg.cu), so all
+ * give the same ids and weights bit for bit. */
 #ifndef TERN_CUDA_ROUTE_CUH
 #define TERN_CUDA_ROUTE_CUH
 

@@ -76,6 +76,7 @@ void tern_cuda_carveout_max(const void *kernel) {
 #ifdef TERN_PHASE_TRACE
 extern "C" int tern_cuda_trace_dump_gemv_fused(FILE *f);
 extern "C" int tern_cuda_trace_dump_moe(FILE *f);
+extern "C" int tern_cuda_trace_dump_moe_down(FILE *f);
 extern "C" int tern_cuda_trace_dump_gdn(FILE *f);
 extern "C" int tern_cuda_trace_dump_sample(FILE *f);
 #endif
@@ -89,9 +90,9 @@ int tern_cuda_trace_dump(const char *path, tern_error *err) {
     for (int i = 0; i < TRACE_MARKS; i++) fprintf(f, ",m%d", i);
     fputc('\n', f);
     int a = tern_cuda_trace_dump_gemv_fused(f), b = tern_cuda_trace_dump_moe(f), c = tern_cuda_trace_dump_gdn(f),
-        d = tern_cuda_trace_dump_sample(f);
+        d = tern_cuda_trace_dump_sample(f), e = tern_cuda_trace_dump_moe_down(f);
     fclose(f);
-    if (a < 0 || b < 0 || c < 0 || d < 0) return tern_fail(err, "phase trace: could not read the device's records");
+    if (a < 0 || b < 0 || c < 0 || d < 0 || e < 0) return tern_fail(err, "phase trace: could not read the device's records");
     return 0;
 #endif
 }

@@ -29,14 +29,14 @@ struct tern_model {
     tern_expert_cache *experts;   /* streaming: the slot cache */
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
-    void *gpu;                    /* engine/gpu.c: the weights on the GPU (NULL: the CPU engine) */
+    void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
 };
 
 /* A model with its thread pool and kernel choice, nothing loaded yet, and
  * the step after the weights are bound (RoPE tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
-/* Moves the model to params->device (engine/gpu.c) when one is named. */
+/* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);
 
 /* y[T, W.rows] = x[T, W.cols] @ W^T for the CPU engine: the SIMD kernels
@@ -94,7 +94,7 @@ struct tern_session {
     void *hook_ctx;
     tern_route_fn route_fn;   /* tern_session_set_route_observer */
     void *route_ud;
-    void *gpu;                /* engine/gpu.c: a GPU session (kv and gdn then hold device pointers) */
+    void *gpu;                /* engine/gpu_session.c: a GPU session (kv and gdn then hold device pointers) */
 };
 
 /* Grow the KV caches (main / MTP) to hold `needed` positions; capacity
@@ -104,9 +104,19 @@ int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
 
 /* Runs T tokens through the model at positions pos..pos+T-1 and advances
  * pos. logits: T rows if all_logits, else the last row (may be NULL).
- * hidden_out: [T, hidden] final-normed states (may be NULL). */
+ * hidden_out: [T, hidden] final-normed states (may be NULL). session.c:
+ * the checks, the KV caches' growth, then the session's engine (the CPU's
+ * below, or engine/gpu.h's). */
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err);
+/* forward.c, the CPU engine: tern_forward's step once the tokens are
+ * checked and the caches hold them; tern_mtp_forward's head. */
+int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     float *hidden_out, tern_error *err);
+int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                         tern_error *err);
+/* Every id within the vocabulary (forward.c). */
+int tern_check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err);
 
 /* The GPU sampler's rule (engine/sampler.h's, as tern_sampler_gpu_rule
  * gives it) over the first n_valid logits. */

@@ -3,7 +3,8 @@
  * then the MoE block) -> final norm -> lm_head; and the MTP block. Each
  * block follows ../shared/docs/qwen36-model.md §2 (section numbers in the
  * banners); the per-op math is in src/cpu, the routed experts' scheduling
- * in engine/experts_cpu.c. A GPU session's steps go to engine/gpu.c. */
+ * in engine/experts_cpu.c. session.c picks the engine that runs a
+ * session's steps and checks their tokens first. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,6 @@
 #include "cpu/qmatvec.h"
 #include "engine/engine.h"
 #include "engine/experts_cpu.h"
-#include "engine/gpu.h"
 #include "util/err.h"
 
 void tern_mm(tern_model *m, float *y, const float *x, int64_t T, const tern_mat *W) {
@@ -226,7 +226,7 @@ static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, 
     return rc;
 }
 
-static int check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err) {
+int tern_check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err) {
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return tern_fail(err, "token id %d (at %d) is out of range [0, %d)", tokens[t], t, c->vocab);
@@ -248,17 +248,11 @@ static void head(tern_model *m, const float *x, int T, float *logits, int all, f
     free(h);
 }
 
-int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
-                 float *hidden_out, tern_error *err) {
+int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     float *hidden_out, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     int H = c->hidden;
-    if (T <= 0) return tern_fail(err, "no tokens to evaluate");
-    if (check_tokens(c, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
-    if (s->gpu) {
-        if (hidden_out) return tern_fail(err, "GPU: per-token hidden states are not read back");
-        return tern_gpu_forward(s, tokens, T, logits, all_logits, err);
-    }
     float *x = tern_scratch_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
@@ -281,16 +275,15 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
 
 /* ---- MTP block (§2.8) ---------------------------------------------------- */
 
-int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                     tern_error *err) {
+int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                         tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const tern_mtp_w *w = &m->w.mtp;
     int H = c->hidden;
     if (!m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", m->dir);
-    if (s->gpu) return tern_fail(err, "the MTP head does not run on the GPU yet");
     if (n <= 0) return tern_fail(err, "no tokens for the MTP head");
-    if (check_tokens(c, next, n, err) || tern_session_reserve_mtp(s, s->mtp_pos + n, err)) return -1;
+    if (tern_check_tokens(c, next, n, err) || tern_session_reserve_mtp(s, s->mtp_pos + n, err)) return -1;
     /* u = fc(concat(norm(embed(next)), norm(hidden))): embedding half first. */
     float *cat = tern_scratch_f((size_t)n * 2 * H), *x = tern_scratch_f((size_t)n * H);
     for (int i = 0; i < n; i++) {
@@ -313,19 +306,4 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
     free(cat);
     free(x);
     return 0;
-}
-
-/* ---- a GPU session's step with its draw (engine/gpu.c) ------------------ */
-
-int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
-                        tern_error *err) {
-    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
-    if (check_tokens(&s->m->cfg, &token, 1, err) || tern_session_reserve(s, s->pos + 1, err)) return -1;
-    return tern_gpu_forward_sample(s, token, rule, u, next, err);
-}
-
-int tern_forward_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
-    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
-    if (token != -1 && check_tokens(&s->m->cfg, &token, 1, err)) return -1;   /* (the KV caches: tern_gpu_sample_launch) */
-    return tern_gpu_sample_launch(s, token, rule, u, err);
 }

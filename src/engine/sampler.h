@@ -56,7 +56,7 @@ int tern_sampler_probs(tern_sampler *s, const float *logits, const int32_t *hist
 int tern_sampler_logits(tern_sampler *s, const float *logits, const int32_t *history,
                         int n_history, float *out, tern_error *err);
 
-/* Sampling on the GPU (engine/gpu.c) follows these rules too. 1 when the
+/* Sampling on the GPU (engine/gpu_decode.c) follows these rules too. 1 when the
  * GPU kernels can: no penalties, and greedy or 1 <= top_k <= max_k; the
  * rule's parameters are written out. */
 int tern_sampler_gpu_rule(const tern_sampler *s, int max_k, int *greedy, float *temperature, int *top_k,

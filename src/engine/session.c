@@ -159,6 +159,39 @@ static int can_eval(const tern_session *s, int n, tern_error *err) {
     return 0;
 }
 
+/* ---- the session's engine: the CPU's (forward.c) or the GPU's (gpu.h) --- */
+
+int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                 float *hidden_out, tern_error *err) {
+    if (T <= 0) return tern_fail(err, "no tokens to evaluate");
+    if (tern_check_tokens(&s->m->cfg, tokens, T, err) || tern_session_reserve(s, s->pos + T, err)) return -1;
+    if (s->gpu) {
+        if (hidden_out) return tern_fail(err, "GPU: per-token hidden states are not read back");
+        return tern_gpu_forward(s, tokens, T, logits, all_logits, err);
+    }
+    return tern_cpu_forward(s, tokens, T, logits, all_logits, hidden_out, err);
+}
+
+int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                     tern_error *err) {
+    if (!s->m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", s->m->dir);
+    if (s->gpu) return tern_fail(err, "the MTP head does not run on the GPU yet");
+    return tern_cpu_mtp_forward(s, hidden, next, n, logits, err);
+}
+
+int tern_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                        tern_error *err) {
+    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
+    if (tern_check_tokens(&s->m->cfg, &token, 1, err) || tern_session_reserve(s, s->pos + 1, err)) return -1;
+    return tern_gpu_forward_sample(s, token, rule, u, next, err);
+}
+
+int tern_forward_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    if (!s->gpu) return tern_fail(err, "sampling in the step needs a GPU session");
+    if (token != -1 && tern_check_tokens(&s->m->cfg, &token, 1, err)) return -1;   /* (the KV caches: tern_gpu_sample_launch) */
+    return tern_gpu_sample_launch(s, token, rule, u, err);
+}
+
 int tern_session_eval_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                              tern_error *err) {
     return can_eval(s, 1, err) ? -1 : tern_forward_sample(s, token, rule, u, next, err);

@@ -9,7 +9,7 @@ and how many of its instances a decode step runs are part of its time.
 ncu_stalls.py gives the part a launch actually runs.
 
     nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc -cubin \\
-        -o /tmp/moe.cubin src/cuda/moe.cu
+        -o /tmp/moe.cubin src/cuda/moe_seg.cu
     python3 tools/gpu/sass_sizes.py /tmp/moe.cubin --top 10
 
 Only the standard library (c++filt optional)."""

@@ -36,7 +36,7 @@ def short(name):
 
 
 def role_of(name, nxt):
-    """The role of a kernel of tern's one-token step (src/engine/gpu.c, step1)."""
+    """The role of a kernel of tern's one-token step (src/engine/gpu_decode.c, step1)."""
     if name.startswith("gemv1s_kernel"):
         return ("input projections (DeltaNet)" if nxt.startswith("gdn") else
                 "input projections (attention)" if nxt.startswith("attn") else "lm_head")

@@ -2,7 +2,8 @@
  *
  * Build and run (from the repository root; not part of `make`):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc tools/tokenizer/bench_tokenizer.c \
- *      src/text/tokenizer.c src/text/utf8.c src/util/err.c \
+ *      src/text/tokenizer.c src/text/tokenizer_load.c src/text/tokenizer_pre.c \
+ *      src/text/utf8.c src/util/err.c src/util/file.c \
  *      $(pkg-config --cflags --libs jansson libpcre2-8 libutf8proc) -pthread \
  *      -o build/bench_tokenizer
  *   cat /usr/share/common-licenses/[A-Z]* /usr/share/doc/[a-z]*[a-z]/copyright > /tmp/english.txt

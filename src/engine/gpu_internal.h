@@ -1,0 +1,180 @@
+/* The GPU engine's private header, shared by its parts (engine/gpu.h is
+ * the interface the rest of the engine uses):
+ *   gpu_model.c    the weights' upload and the model-level plans
+ *   gpu_session.c  a session's device buffers, state and kernel statistics
+ *   gpu_prefill.c  the forward pass over T tokens, layer by layer
+ *   gpu_decode.c   pieces and decode steps: the one-token path, graph
+ *                  capture and replay, sampling on the device
+ * Only the CUDA build (make CUDA=1) compiles them; gpu_stub.c stands in
+ * otherwise. */
+#ifndef TERN_ENGINE_GPU_INTERNAL_H
+#define TERN_ENGINE_GPU_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "cuda/cuda_ops.h"
+#include "engine/gpu.h"
+
+/* Tokens per GPU forward piece (default; tern_load_params.debug.piece
+ * overrides it, and a session's context caps it): bounds every scratch
+ * buffer and the prefill ops' workspaces (chunked DeltaNet, grouped
+ * experts), ~0.3 MB a token. Longer pieces fill the experts' 64-row tiles
+ * (at 512 tokens an expert has ~16 rows) and dequantize the dense weights
+ * less often (docs/experiments/cuda-prefill.md). */
+#define PIECE_DEFAULT 4096
+/* Rows of logits computed and copied back at a time (all_logits callers). */
+#define LOGIT_ROWS 64
+/* Up to SUB tokens run the decode ops (GEMV, split-K attention, the fused
+ * experts, the DeltaNet step); longer runs the prefill ops. */
+#define SUB 8
+/* A piece's input block (gpu_session.step_host / step_dev): the sampler's
+ * u, the position, the tokens. */
+#define STEP_U 0
+#define STEP_POS 8
+#define STEP_TOK 12
+#define STEP_BYTES(T) (STEP_TOK + 4 * (size_t)(T))
+
+/* ---- the model ---------------------------------------------------------- */
+
+/* A layer's input projections stacked into one matrix (rows of the
+ * parts one after another, same encoding): one GEMV launch instead of 3 or
+ * 4 for a single token, whose output slices are the parts' outputs. */
+typedef struct fused_mat {
+    tern_mat m;                   /* rows = the parts' rows together; NULL data: not fused */
+    uint8_t *mem;                 /* its device copy (data, scales, biases) */
+} fused_mat;
+
+typedef struct gpu_model {
+    int device;
+    fused_mat *fused_in;          /* per layer: [q|k|v] or [qkv|z|b|a] (NULL data: parts that differ) */
+    int one_token;                /* the one-token path (norms inside tern_cuda_gemv1) fits every layer */
+    char name[320];               /* "cuda:N (device name)" */
+    tern_cuda_ctx *ctx;
+    uint8_t *resident;            /* resident.bin, same offsets as the host map */
+    uint8_t **experts;            /* per expert file: n_experts x stride */
+    int n_expert_files;
+    tern_weights w;               /* m->w with every pointer on the device */
+    float **vecs;                 /* device copies of the small fp32 vectors, for freeing */
+    int n_vecs, cap_vecs;
+    float *inv_freq;
+    int w_layers;
+    /* live GPU sessions of this model: the experts' one launch (blocks
+     * that wait for each other) is used only while there is one, so two
+     * such grids never share the SMs */
+    atomic_int sessions;
+    /* tern_load_params.serial_sessions: the sessions' calls never overlap,
+     * so the one launch is taken with any number of them; `last` is the
+     * session whose GPU work came last (the next one's waits for it) */
+    int serial;
+    tern_session *last;
+    /* per layer: its experts' one launch can route the token itself (shapes,
+     * kinds and the device's room; fixed for the model, planned once) */
+    unsigned char *moe_self;
+    /* per layer: with its experts' sums in fixed point, the layer whose
+     * slot its launch zeroes: the one before it among those that route
+     * themselves, cyclically (-1: floats; fewer than two such layers,
+     * since a launch cannot zero its own slot) */
+    int *fx_prev;
+    /* tern_load_params.debug (phase_trace copied) */
+    int no_graphs, cpu_sampling, kernel_stats, piece;
+    char *phase_trace;
+} gpu_model;
+
+/* Kernel statistics (tern_load_params.debug.kernel_stats): GPU time per
+ * op role of every decode step (one token, TERN_STATS_DECODE) or of the
+ * prefill pieces (more than SUB tokens, per prompt token,
+ * TERN_STATS_PREFILL), from events recorded around each role's ops, and
+ * the share of the step the GPU was busy; printed when the session ends. */
+enum { R_NORM, R_ATTN_PROJ, R_ATTN, R_GDN_PROJ, R_GDN, R_ROUTER, R_MOE, R_HEAD, R_COUNT };
+#define MAX_MARKS 4096
+
+typedef struct stats {
+    tern_cuda_marks *marks;
+    int n_marks, role[MAX_MARKS / 2];
+    double ms[R_COUNT], busy_ms, span_ms, wall_ms;
+    long tokens, pieces;
+    int graph;                    /* TERN_STATS_GRAPH: whole captured steps, timed as one */
+    int prefill;                  /* TERN_STATS_PREFILL: prefill pieces instead of decode steps */
+    double graph_ms, graph_wall_ms;
+    long graph_steps;
+} stats;
+
+typedef struct gpu_session {
+    tern_stream stream;
+    /* The decode step's graphs, one per input block (blk): a step launched
+     * while the one before is in flight writes the other block, so each
+     * graph's copy node and id word are its own. */
+    tern_graph graph[2];
+    int use_graph;
+    int piece;                    /* tokens per forward piece */
+    struct { int T, rows, n_plan, one_launch, kv_gen; } key[2];   /* what graph[b] was captured for */
+    int kv_gen;                   /* counts the KV caches' moves (kv_key) */
+    int counted;                  /* in the model's sessions */
+    int one_launch;               /* this step may take the experts' one launch (the only session) */
+    const uint8_t **kv_key;       /* and the KV caches it points at: [layer][k, v] */
+    const int *pos_dev;           /* during a capture: the step's position, read on the device */
+    int n_plan;                   /* and the context the attention's splits are planned for */
+    stats *st;
+    float *x, *x2, *out2, *xn, *out, *qg, *k, *v, *o, *qkv, *z, *b, *a, *g_out, *rlog, *wts, *logits;
+    float *fused_out;             /* one token's stacked input projections */
+    void *sample_work;            /* argmax / top-k workspace */
+    int32_t *d_id;                /* the sampled id */
+    unsigned *route_counters;     /* per layer: the fused router's last-block counter (zero between calls) */
+    int32_t *ids;
+    void *moe_work, *att_work, *gdn_work, *grouped_work;
+    size_t att_bytes, gdn_bytes, grouped_bytes;
+    /* the experts' fixed-point slots, one a layer (gpu_model.fx_prev),
+     * fx_bytes each: zero but for the slots of the last layers run */
+    uint8_t *fx;
+    size_t fx_bytes;
+    /* A piece's input, [u (double), position, tokens...]: written on the
+     * host into page-locked memory, copied up in the stream (the embedding,
+     * the captured step and the sampler read it on the device). Two blocks:
+     * blk is the one the step being enqueued reads. */
+    uint8_t *step_host[2], *step_dev;
+    const int32_t *tok_dev;       /* the tokens in step_dev */
+    int32_t *id_host[2];          /* the drawn ids, one a block (page-locked, behind the blocks) */
+    int blk;
+    /* Sampled decode steps launched and not yet waited for (at most two,
+     * oldest first): their blocks, and an event after each. */
+    int n_flight, flight[2];
+    tern_event done[2];
+    int drawn;                    /* a sampled step was launched: d_id holds its draw */
+    struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any */
+    int32_t *host_ids;            /* routing observer */
+} gpu_session;
+
+/* gpu_model.c */
+/* The DeltaNet shapes of the config, with a layer's weights (w NULL: the
+ * shapes alone, for checks and workspace sizes). */
+tern_cuda_gdn_w tern_gpu_gdn_w_of(const tern_config *c, const tern_gdn_w *w);
+/* Layer l's routed experts on the device (base + e * stride). */
+tern_cuda_experts tern_gpu_experts_of(const tern_model *m, int l);
+
+/* gpu_session.c */
+tern_cuda_attn_dims tern_gpu_attn_dims(const tern_config *c);
+/* Kernel statistics: marks around a role's ops (only on uncaptured
+ * single-token steps); after a step's final sync, its marks' times added
+ * (T tokens). */
+void tern_gpu_stage(gpu_session *g, int role, int end);
+void tern_gpu_collect(stats *st, double wall_ms, int T);
+
+/* gpu_prefill.c */
+/* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token
+ * count, cuBLAS above it. */
+int tern_gpu_mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
+                tern_error *err);
+/* A decode-sized step's attention (T <= SUB): K/V rows into the cache,
+ * then the split-K attention into g->o. */
+int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
+                          const tern_attn_w *w, int l, int T, tern_error *err);
+/* The route observer (s->route_fn): layer l's ids of T tokens, after a sync. */
+int tern_gpu_observe(tern_session *s, int l, int T, tern_error *err);
+/* The lm_head over n normed rows, LOGIT_ROWS at a time, copied to logits. */
+int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, int H, int V, float *logits,
+                  tern_error *err);
+/* Every layer and the final norm over T tokens, enqueued on the session's
+ * stream. */
+int tern_gpu_layers(tern_session *s, int T, tern_error *err);
+
+#endif
