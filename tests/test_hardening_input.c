@@ -23,13 +23,7 @@ static void teardown(void) { rm_rf(dir); free(dir); }
 
 TestSuite(hardening_input, .init = setup, .fini = teardown, .timeout = 120);
 
-static const char *in_dir(const char *name) {
-    static __thread char p[8][1024];
-    static __thread int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
-    return p[k];
-}
+static const char *in_dir(const char *name) { return dir_path(dir, name); }
 
 /* Runs a shell command (stderr joined to stdout) and checks it failed with
  * exactly one line, "tern...", holding `frag`. */

@@ -36,13 +36,7 @@ static void teardown(void) { rm_rf(dir); free(dir); }
 
 TestSuite(pack, .init = setup, .fini = teardown, .timeout = 120);
 
-static const char *in_dir(const char *name) {
-    static __thread char p[8][1024];
-    static __thread int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
-    return p[k];
-}
+static const char *in_dir(const char *name) { return dir_path(dir, name); }
 
 static tern_pack_params params(const char *src, const char *dst, int bits) {
     return (tern_pack_params){.src = src, .dst = dst, .bits = bits, .n_threads = 2};

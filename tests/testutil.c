@@ -52,6 +52,14 @@ char *make_temp_dir(void) {
     return d ? strdup(d) : NULL;
 }
 
+const char *dir_path(const char *dir, const char *name) {
+    static __thread char p[8][1024];
+    static __thread int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
     return remove(path);

@@ -27,6 +27,8 @@ double rel_err(const float *a, const float *b, size_t n);
 
 /* A fresh temporary directory (removed by rm_rf). */
 char *make_temp_dir(void);
+/* dir/name in one of 8 rotating per-thread buffers (valid for the next 7 calls). */
+const char *dir_path(const char *dir, const char *name);
 void rm_rf(const char *dir);
 int copy_file(const char *from, const char *to);
 int write_text(const char *path, const char *text);
