@@ -256,6 +256,17 @@ static void prep_queries(const tern_kvq *L, const float *q, int nq, size_t q_str
         }                                                                             \
     }
 
+/* An ISA's entry points: scores_ISA and accum_ISA for 1..8 queries. */
+#define INSTANTIATE_ISA(isa, ATTR)                                                                          \
+    INSTANTIATE_Q(scores_##isa, scores_##isa##_t, ATTR,                                                     \
+                  (const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n, \
+                   float scale, float *scores, int nq),                                                     \
+                  L, head, P, K, k_stride, n, scale, scores)                                                \
+    INSTANTIATE_Q(accum_##isa, accum_##isa##_t, ATTR,                                                       \
+                  (const tern_kvq *L, int head, const float *p, const uint8_t *V, size_t v_stride, int n,   \
+                   float *o, size_t o_stride, int nq),                                                      \
+                  L, head, p, V, v_stride, n, o, o_stride)
+
 #if TERN_X86
 
 /* ==== AVX2 =============================================================== */
@@ -277,29 +288,40 @@ AVX2 INLINE void widen_sb_avx2(head_slice h, int n_g, float *sv, float *bv) {
     }
 }
 
-/* Values [c, c+16) of a slice as two vectors, widened and dequantized
- * (q * *sv + *bv, the scale and bias of c's group). 4-bit: the 8 bytes from c/2 give the even
- * elements in w[0] and the odd ones in w[1] (kernel order: prepared query
- * offsets c' and c'+16, see below). */
-AVX2 INLINE void deq16_avx2(head_slice h, int c, const float *sv, const float *bv, int bits, __m256 w[2]) {
-    if (bits == 16) {
-        w[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h.vals + 2 * (size_t)c)));
-        w[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h.vals + 2 * (size_t)c + 16)));
-        return;
-    }
-    __m256 s = _mm256_set1_ps(*sv), b = _mm256_set1_ps(*bv);
-    __m256i v0, v1;
-    if (bits == 8) {
-        v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h.vals + c)));
-        v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h.vals + c + 8)));
-    } else {
-        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h.vals + c / 2)));
-        v0 = _mm256_and_si256(v, _mm256_set1_epi32(15));
-        v1 = _mm256_srli_epi32(v, 4);
-    }
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v0), s, b);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v1), s, b);
+/* Values [c, c + 2N) of a slice as two vectors of N lanes, widened and
+ * dequantized (q * *sv + *bv, the scale and bias of c's group), written
+ * once for both ISAs: VEC/VECI the float and int vector types, LD_PH the
+ * load of N halves, LD_Q the load of N bytes, the rest the ISA's own
+ * intrinsics. 16/8-bit: [c, c+N) and [c+N, c+2N); 4-bit: the N bytes from
+ * c/2 give the even elements in w[0] and the odd ones in w[1] (kernel
+ * order: prepared query offsets, see koff). */
+#define DEFINE_DEQ(NAME, ISA, VEC, VECI, N, LD_PH, CVTPH, LD_Q, CVTU8, AND, SRLI, SET1I, SET1, CVTI, FMADD)          \
+ISA INLINE void NAME(head_slice h, int c, const float *sv, const float *bv, int bits, VEC w[2]) {                   \
+    if (bits == 16) {                                                                                              \
+        w[0] = CVTPH(LD_PH(h.vals + 2 * (size_t)c));                                                               \
+        w[1] = CVTPH(LD_PH(h.vals + 2 * (size_t)c + 2 * N));                                                       \
+        return;                                                                                                    \
+    }                                                                                                              \
+    VEC s = SET1(*sv), b = SET1(*bv);                                                                              \
+    VECI v0, v1;                                                                                                   \
+    if (bits == 8) {                                                                                               \
+        v0 = CVTU8(LD_Q(h.vals + c));                                                                              \
+        v1 = CVTU8(LD_Q(h.vals + c + N));                                                                          \
+    } else {                                                                                                       \
+        VECI v = CVTU8(LD_Q(h.vals + c / 2));                                                                      \
+        v0 = AND(v, SET1I(15));                                                                                    \
+        v1 = SRLI(v, 4);                                                                                           \
+    }                                                                                                              \
+    w[0] = FMADD(CVTI(v0), s, b);                                                                                  \
+    w[1] = FMADD(CVTI(v1), s, b);                                                                                  \
 }
+
+#define LD64(p) _mm_loadl_epi64((const __m128i *)(p))
+#define LD128(p) _mm_loadu_si128((const __m128i *)(p))
+#define LD256(p) _mm256_loadu_si256((const __m256i *)(p))
+
+DEFINE_DEQ(deq16_avx2, AVX2, __m256, __m256i, 8, LD128, _mm256_cvtph_ps, LD64, _mm256_cvtepu8_epi32, _mm256_and_si256,
+           _mm256_srli_epi32, _mm256_set1_epi32, _mm256_set1_ps, _mm256_cvtepi32_ps, _mm256_fmadd_ps)
 
 /* Offsets in the prepared query of deq16_avx2's two vectors: 4-bit block
  * b = c / 32, half k = (c % 32) / 16 holds kernel positions 32b + 8k
@@ -317,39 +339,48 @@ AVX2 INLINE __m256 reduce8_avx2(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-AVX2 INLINE void scores_avx2_t(const tern_kvq *L, int head, const query_prep *P, const uint8_t *K,
-                               size_t k_stride, int n, float scale, float *scores, const int NQ) {
-    int hd = L->head_dim, G = L->group, bits = L->bits;
-    for (int j = 0; j < n; j++) {
-        head_slice h = slice_of(L, K + (size_t)j * k_stride, head);
-        float sv[16], bv[16];
-        if (bits != 16) widen_sb_avx2(h, hd / G, sv, bv);
-        __m256 acc[8][2];
-        UNROLL
-        for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-        for (int c = 0; c < hd; c += 16) {
-            __m256 w[2];
-            deq16_avx2(h, c, sv + c / G, bv + c / G, bits, w);
-            UNROLL
-            for (int i = 0; i < NQ; i++) {
-                acc[i][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(P->x[i] + koff(c, bits, 0)), acc[i][0]);
-                acc[i][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(P->x[i] + koff(c, bits, 1)), acc[i][1]);
-            }
-        }
-        __m256 v[8];
-        UNROLL
-        for (int i = 0; i < 8; i++) v[i] = _mm256_add_ps(acc[i][0], acc[i][1]);
-        if (NQ < 4) {
-            UNROLL
-            for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = scale * hsum256(v[i]);
-            continue;
-        }
-        float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(reduce8_avx2(v), _mm256_set1_ps(scale)));
-        UNROLL
-        for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = out[i];
-    }
+/* q K^T for one head, written once for both ISAs: VEC the vector type and
+ * STEP the values two of them hold; WIDEN and DEQ the ISA's scale widening
+ * and dequantization, KOFF where DEQ's two vectors sit in the prepared
+ * query, HSUM one vector's sum and REDUCE8 eight vectors' sums at once
+ * (it pays from 4 queries on). */
+#define DEFINE_SCORES(NAME, ISA, VEC, STEP, ZERO, LOADU, FMADD, ADD, WIDEN, DEQ, KOFF, HSUM, REDUCE8)              \
+ISA INLINE void NAME(const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n,   \
+                     float scale, float *scores, const int NQ) {                                                   \
+    int hd = L->head_dim, G = L->group, bits = L->bits;                                                            \
+    for (int j = 0; j < n; j++) {                                                                                  \
+        head_slice h = slice_of(L, K + (size_t)j * k_stride, head);                                                \
+        float sv[16], bv[16];                                                                                      \
+        if (bits != 16) WIDEN(h, hd / G, sv, bv);                                                                  \
+        VEC acc[8][2];                                                                                             \
+        UNROLL                                                                                                     \
+        for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = ZERO();                                                \
+        for (int c = 0; c < hd; c += STEP) {                                                                       \
+            VEC w[2];                                                                                              \
+            DEQ(h, c, sv + c / G, bv + c / G, bits, w);                                                            \
+            UNROLL                                                                                                 \
+            for (int i = 0; i < NQ; i++) {                                                                         \
+                acc[i][0] = FMADD(w[0], LOADU(P->x[i] + KOFF(c, bits, 0)), acc[i][0]);                             \
+                acc[i][1] = FMADD(w[1], LOADU(P->x[i] + KOFF(c, bits, 1)), acc[i][1]);                             \
+            }                                                                                                      \
+        }                                                                                                          \
+        VEC v[8];                                                                                                  \
+        UNROLL                                                                                                     \
+        for (int i = 0; i < 8; i++) v[i] = ADD(acc[i][0], acc[i][1]);                                              \
+        if (NQ < 4) {                                                                                              \
+            UNROLL                                                                                                 \
+            for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = scale * HSUM(v[i]);                           \
+            continue;                                                                                              \
+        }                                                                                                          \
+        float out[8];                                                                                              \
+        _mm256_storeu_ps(out, _mm256_mul_ps(REDUCE8(v), _mm256_set1_ps(scale)));                                   \
+        UNROLL                                                                                                     \
+        for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = out[i];                                           \
+    }                                                                                                              \
 }
+
+DEFINE_SCORES(scores_avx2_t, AVX2, __m256, 16, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_add_ps,
+              widen_sb_avx2, deq16_avx2, koff, hsum256, reduce8_avx2)
 
 /* Adds acc (kernel order, from deq16_avx2 at c) into o at c. 4-bit: even
  * and odd elements interleave back to natural order. */
@@ -400,14 +431,7 @@ ISA INLINE void NAME(const tern_kvq *L, int head, const float *p, const uint8_t 
 DEFINE_ACCUM(accum_avx2_t, AVX2, __m256, 16, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, widen_sb_avx2,
              deq16_avx2, add_out_avx2)
 
-INSTANTIATE_Q(scores_avx2, scores_avx2_t, AVX2,
-              (const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n,
-               float scale, float *scores, int nq),
-              L, head, P, K, k_stride, n, scale, scores)
-INSTANTIATE_Q(accum_avx2, accum_avx2_t, AVX2,
-              (const tern_kvq *L, int head, const float *p, const uint8_t *V, size_t v_stride, int n, float *o,
-               size_t o_stride, int nq),
-              L, head, p, V, v_stride, n, o, o_stride)
+INSTANTIATE_ISA(avx2, AVX2)
 
 /* ==== AVX-512 ============================================================ */
 
@@ -418,28 +442,8 @@ AVX512 INLINE void widen_sb_avx512(head_slice h, int n_g, float *sv, float *bv) 
     _mm512_mask_storeu_ps(bv, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h.biases)));
 }
 
-/* Values [c, c+32) of a slice as two vectors, widened and dequantized.
- * 16/8-bit: [c, c+16) and [c+16, c+32); 4-bit: the even elements and the
- * odd ones (kernel order). */
-AVX512 INLINE void deq32_avx512(head_slice h, int c, const float *sv, const float *bv, int bits, __m512 w[2]) {
-    if (bits == 16) {
-        w[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h.vals + 2 * (size_t)c)));
-        w[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h.vals + 2 * (size_t)c + 32)));
-        return;
-    }
-    __m512 s = _mm512_set1_ps(*sv), b = _mm512_set1_ps(*bv);
-    __m512i v0, v1;
-    if (bits == 8) {
-        v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h.vals + c)));
-        v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h.vals + c + 16)));
-    } else {
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h.vals + c / 2)));
-        v0 = _mm512_and_si512(v, _mm512_set1_epi32(15));
-        v1 = _mm512_srli_epi32(v, 4);
-    }
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v0), s, b);
-    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v1), s, b);
-}
+DEFINE_DEQ(deq32_avx512, AVX512, __m512, __m512i, 16, LD256, _mm512_cvtph_ps, LD128, _mm512_cvtepu8_epi32,
+           _mm512_and_si512, _mm512_srli_epi32, _mm512_set1_epi32, _mm512_set1_ps, _mm512_cvtepi32_ps, _mm512_fmadd_ps)
 
 /* Sums of 8 vectors, lane i = sum of v[i]: a transpose-and-add tree
  * (25 shuffles and adds instead of 8 full reductions, ~64). */
@@ -459,41 +463,17 @@ AVX512 INLINE __m256 reduce8_avx512(const __m512 *v) {
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, e));
 }
 
-/* Few queries leave the FMA latency exposed; they keep NA = 2
- * accumulators each. */
-AVX512 INLINE void scores_avx512_t(const tern_kvq *L, int head, const query_prep *P, const uint8_t *K,
-                                   size_t k_stride, int n, float scale, float *scores, const int NQ) {
-    int hd = L->head_dim, G = L->group, bits = L->bits;
-    for (int j = 0; j < n; j++) {
-        head_slice h = slice_of(L, K + (size_t)j * k_stride, head);
-        float sv[16], bv[16];
-        if (bits != 16) widen_sb_avx512(h, hd / G, sv, bv);
-        __m512 acc[8][2];
-        UNROLL
-        for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int c = 0; c < hd; c += 32) {
-            __m512 w[2];
-            deq32_avx512(h, c, sv + c / G, bv + c / G, bits, w);
-            UNROLL
-            for (int i = 0; i < NQ; i++) {
-                acc[i][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(P->x[i] + c), acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(P->x[i] + c + 16), acc[i][1]);
-            }
-        }
-        __m512 v[8];
-        UNROLL
-        for (int i = 0; i < 8; i++) v[i] = _mm512_add_ps(acc[i][0], acc[i][1]);
-        if (NQ < 4) {   /* the tree pays from 4 queries on */
-            UNROLL
-            for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = scale * _mm512_reduce_add_ps(v[i]);
-            continue;
-        }
-        float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(reduce8_avx512(v), _mm256_set1_ps(scale)));
-        UNROLL
-        for (int i = 0; i < NQ; i++) scores[(size_t)i * n + j] = out[i];
-    }
+/* Offsets in the prepared query of deq32_avx512's two vectors: the
+ * chunk's two halves (4-bit: its even and odd elements, as prepared). */
+static inline int koff512(int c, int bits, int which) {
+    (void)bits;
+    return c + 16 * which;
 }
+
+/* Few queries leave the FMA latency exposed; they keep 2 accumulators
+ * each. */
+DEFINE_SCORES(scores_avx512_t, AVX512, __m512, 32, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_add_ps,
+              widen_sb_avx512, deq32_avx512, koff512, _mm512_reduce_add_ps, reduce8_avx512)
 
 /* Adds acc (from deq32_avx512 at c) into o at c; 4-bit interleaves the
  * even and odd elements back. */
@@ -512,14 +492,7 @@ AVX512 INLINE void add_out_avx512(float *o, int c, int bits, __m512 a0, __m512 a
 DEFINE_ACCUM(accum_avx512_t, AVX512, __m512, 32, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, widen_sb_avx512,
              deq32_avx512, add_out_avx512)
 
-INSTANTIATE_Q(scores_avx512, scores_avx512_t, AVX512,
-              (const tern_kvq *L, int head, const query_prep *P, const uint8_t *K, size_t k_stride, int n,
-               float scale, float *scores, int nq),
-              L, head, P, K, k_stride, n, scale, scores)
-INSTANTIATE_Q(accum_avx512, accum_avx512_t, AVX512,
-              (const tern_kvq *L, int head, const float *p, const uint8_t *V, size_t v_stride, int n, float *o,
-               size_t o_stride, int nq),
-              L, head, p, V, v_stride, n, o, o_stride)
+INSTANTIATE_ISA(avx512, AVX512)
 
 #endif /* TERN_X86 */
 
