@@ -40,8 +40,9 @@ void tern_cuda_host_free(void *p);
 int tern_cuda_copy_host(void *dst, const void *src, size_t bytes, int to_host, tern_stream s, tern_error *err);
 int tern_cuda_sync(tern_stream s, tern_error *err);             /* waits; reports kernel faults */
 /* A measurement build's phase trace (src/cuda/trace.cuh) into a CSV file;
- * in other builds an error saying so. */
+ * in other builds an error saying so. _built: 1 in a measurement build. */
 int tern_cuda_trace_dump(const char *path, tern_error *err);
+int tern_cuda_trace_built(void);
 
 tern_stream tern_cuda_stream_create(tern_error *err);
 void tern_cuda_stream_destroy(tern_stream s);

@@ -80,6 +80,14 @@ extern "C" int tern_cuda_trace_dump_moe_down(FILE *f);
 extern "C" int tern_cuda_trace_dump_gdn(FILE *f);
 extern "C" int tern_cuda_trace_dump_sample(FILE *f);
 #endif
+int tern_cuda_trace_built(void) {
+#ifdef TERN_PHASE_TRACE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int tern_cuda_trace_dump(const char *path, tern_error *err) {
 #ifndef TERN_PHASE_TRACE
     return tern_fail(err, "phase trace %s: this build has no phase trace (build with make CUDA=1 TRACE=1)", path);
@@ -299,8 +307,11 @@ int tern_cuda_mark(tern_cuda_marks *m, int i, tern_stream s) {
 
 float tern_cuda_marks_ms(const tern_cuda_marks *m, int i, int j) {
     float ms = -1.0f;
-    if (i < 0 || j < 0 || i >= m->n || j >= m->n || cudaEventElapsedTime(&ms, m->ev[i], m->ev[j]) != cudaSuccess)
+    if (i < 0 || j < 0 || i >= m->n || j >= m->n) return -1.0f;
+    if (cudaEventElapsedTime(&ms, m->ev[i], m->ev[j]) != cudaSuccess) {
+        cudaGetLastError();   /* (not left for the next launch check to report) */
         return -1.0f;
+    }
     return ms;
 }
 

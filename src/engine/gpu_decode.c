@@ -449,7 +449,7 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
     if (!graph || (g->st && g->st->graph)) {   /* measured per step: synchronised here */
         if (tern_cuda_sync(g->stream, err)) return -1;
         if (g->st && g->st->n_marks > 0) tern_gpu_collect(g->st, tern_now_s() * 1e3 - t0, 1);
-        if (g->st && g->st->graph) {
+        if (graph && g->st && g->st->graph) {   /* (replay_step's marks: a replayed step only) */
             g->st->graph_ms += tern_cuda_marks_ms(g->st->marks, 0, 1);
             g->st->graph_wall_ms += tern_now_s() * 1e3 - t0;
             g->st->graph_steps++;

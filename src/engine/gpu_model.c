@@ -249,8 +249,10 @@ static int take_debug(gpu_model *g, const tern_load_params *p, tern_error *err) 
         return tern_fail(err, "debug.kernel_stats %d is not an enum tern_kernel_stats", g->kernel_stats);
     if (g->piece && (g->piece < 16 || g->piece > 65536))
         return tern_fail(err, "debug.piece must be 16..65536 tokens (got %d)", g->piece);
-    if (p->debug.phase_trace && *p->debug.phase_trace && !(g->phase_trace = strdup(p->debug.phase_trace)))
-        return tern_fail(err, "out of memory");
+    if (!p->debug.phase_trace || !*p->debug.phase_trace) return 0;
+    if (!tern_cuda_trace_built())
+        return tern_fail(err, "debug.phase_trace: this build has no phase trace (build with make CUDA=1 TRACE=1)");
+    if (!(g->phase_trace = strdup(p->debug.phase_trace))) return tern_fail(err, "out of memory");
     return 0;
 }
 
