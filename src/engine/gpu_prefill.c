@@ -35,7 +35,7 @@ int tern_gpu_mm(const gpu_model *gm, const gpu_session *g, float *y, const float
 int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
                         const tern_attn_w *w, int l, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
     if (g->pos_dev)
         return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
@@ -52,7 +52,7 @@ int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *
 
 /* The end of the attention role and the output projection of g->o. */
 static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_gpu_stage(g, R_ATTN, 1);
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
     int rc = tern_gpu_mm(s->m->gpu, g, g->out, g->o, T, &w->o, err);
@@ -63,7 +63,7 @@ static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *er
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_attn_dims d = tern_gpu_attn_dims(c);
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
@@ -107,7 +107,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
 static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_gdn_w gw = tern_gpu_gdn_w_of(c, w);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
@@ -137,7 +137,7 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
 }
 
 int tern_gpu_observe(tern_session *s, int l, int T, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int K = s->m->cfg.top_k;
     if (tern_cuda_sync(g->stream, err) || tern_cuda_download(g->host_ids, g->ids, (size_t)T * K * sizeof(int32_t), err))
         return -1;
@@ -149,7 +149,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     const tern_config *c = &s->m->cfg;
     const tern_model *m = s->m;
     const gpu_model *gm = m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int E = c->n_experts, K = c->top_k;
     tern_gpu_stage(g, R_ROUTER, 0);
     if (tern_gpu_mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
@@ -203,7 +203,7 @@ int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, i
 int tern_gpu_layers(tern_session *s, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int H = c->hidden;
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];
