@@ -85,11 +85,6 @@ struct tern_session {
     int max_ctx;
     tern_kv_format kvf;
     int pos;                  /* tokens held */
-    /* a GPU session's device KV rows (cap of them) and DeltaNet state,
-     * until gpu_session holds them */
-    int cap;
-    tern_kv *kv;
-    tern_gdn_state *gdn;
     tern_kv mtp_kv;
     int mtp_pos, mtp_cap;
     float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */

@@ -106,7 +106,7 @@ static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int 
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_GDN_PROJ, r, err)) return -1;
     float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
     tern_gpu_stage(g, R_GDN, 0);
-    if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
+    if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, g->gdn[l].conv, g->gdn[l].S, g->g_out, g->stream, err)) return -1;
     tern_gpu_stage(g, R_GDN, 1);
     return out_proj1(s, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
@@ -249,9 +249,9 @@ static int graph_current(tern_session *s, int T, int rows, const tern_gpu_rule *
     const tern_config *c = &s->m->cfg;
     int moved = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        moved |= g->kv_key[2 * l] != s->kv[l].k || g->kv_key[2 * l + 1] != s->kv[l].v;
-        g->kv_key[2 * l] = s->kv[l].k;
-        g->kv_key[2 * l + 1] = s->kv[l].v;
+        moved |= g->kv_key[2 * l] != g->kv[l].k || g->kv_key[2 * l + 1] != g->kv[l].v;
+        g->kv_key[2 * l] = g->kv[l].k;
+        g->kv_key[2 * l + 1] = g->kv[l].v;
     }
     g->kv_gen += moved;
     int b = g->blk;
@@ -430,7 +430,7 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
     if (g->n_flight == 2) return tern_fail(err, "GPU sampling: two steps are in flight already");
     if (token < 0 && !g->n_flight && !g->drawn)
         return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
-    if (s->pos + 1 > s->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
+    if (s->pos + 1 > g->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);
     int graph = graphs_allowed(s);

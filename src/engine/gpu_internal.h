@@ -101,6 +101,12 @@ typedef struct stats {
 } stats;
 
 typedef struct gpu_session {
+    /* The sequence state, on the device: per layer, an attention layer's
+     * KV rows (cap of them; NULL arrays for DeltaNet layers) or a DeltaNet
+     * layer's conv window and state (NULL arrays for attention layers). */
+    int cap;
+    tern_kv *kv;
+    tern_gdn_state *gdn;
     tern_stream stream;
     /* The decode step's graphs, one per input block (blk): a step launched
      * while the one before is in flight writes the other block, so each

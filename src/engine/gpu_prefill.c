@@ -39,13 +39,13 @@ int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *
     float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
     if (g->pos_dev)
         return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
-                                      s->kv[l].k, s->kv[l].v, g->stream, err) ||
-                       tern_cuda_attention_at(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, g->pos_dev, g->n_plan, scale,
+                                      g->kv[l].k, g->kv[l].v, g->stream, err) ||
+                       tern_cuda_attention_at(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, g->pos_dev, g->n_plan, scale,
                                               g->att_work, g->att_bytes, g->o, g->stream, err)
                    ? -1 : 0;
-    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
-                               s->kv[l].v, g->stream, err) ||
-                   tern_cuda_attention(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->att_work,
+    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
+                               g->kv[l].v, g->stream, err) ||
+                   tern_cuda_attention(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->att_work,
                                        g->att_bytes, g->o, g->stream, err)
                ? -1 : 0;
 }
@@ -81,14 +81,14 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     tern_gpu_stage(g, R_ATTN_PROJ, 1);
     tern_gpu_stage(g, R_ATTN, 0);
     if (T <= SUB) return tern_gpu_attend_small(s, &d, qg, k, v, w, l, T, err) ? -1 : attn_out(s, w, T, err);
-    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
-                            s->kv[l].v, g->stream, err))
+    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
+                            g->kv[l].v, g->stream, err))
         return -1;
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
     if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
-        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
+        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
         return attn_out(s, w, T, err);
@@ -97,7 +97,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
      * attends causally from its own first position */
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
-        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, s->kv[l].k, s->kv[l].v, n, s->pos + t0, scale,
+        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, g->kv[l].k, g->kv[l].v, n, s->pos + t0, scale,
                                 g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
             return -1;
     }
@@ -126,9 +126,9 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     tern_gpu_stage(g, R_GDN_PROJ, 1);
     tern_gpu_stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->gdn_work, g->gdn_bytes,
+    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->gdn_work, g->gdn_bytes,
                                          g->g_out, g->stream, err)
-                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err);
+                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->g_out, g->stream, err);
     tern_gpu_stage(g, R_GDN, 1);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     rc = rc || tern_gpu_mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;

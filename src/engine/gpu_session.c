@@ -113,15 +113,14 @@ static int configure(gpu_session *g, const gpu_model *gm, int max_ctx, tern_erro
 }
 
 /* Every DeltaNet layer's conv window and recurrent state, zeroed. */
-static int alloc_gdn_state(tern_session *s, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
+static int alloc_gdn_state(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        s->gdn[l].conv = dalloc(tern_cfg_gdn_conv_floats(c), &ok, err);
-        s->gdn[l].S = dalloc(tern_cfg_gdn_state_floats(c), &ok, err);
-        if (ok && (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), NULL, err) ||
-                   tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), NULL, err)))
+        g->gdn[l].conv = dalloc(tern_cfg_gdn_conv_floats(c), &ok, err);
+        g->gdn[l].S = dalloc(tern_cfg_gdn_state_floats(c), &ok, err);
+        if (ok && (tern_cuda_fill(g->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), NULL, err) ||
+                   tern_cuda_fill(g->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), NULL, err)))
             ok = 0;
     }
     return ok ? tern_cuda_sync(NULL, err) : -1;
@@ -134,12 +133,12 @@ static int gpu_create(tern_session *s, tern_error *err) {
     gpu_session *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
     s->state = g;   /* gpu_destroy releases whatever was allocated */
-    s->kv = calloc((size_t)c->n_layers, sizeof *s->kv);
-    s->gdn = calloc((size_t)c->n_layers, sizeof *s->gdn);
-    if (!s->kv || !s->gdn) return tern_fail(err, "out of memory creating a session");
+    g->kv = calloc((size_t)c->n_layers, sizeof *g->kv);
+    g->gdn = calloc((size_t)c->n_layers, sizeof *g->gdn);
+    if (!g->kv || !g->gdn) return tern_fail(err, "out of memory creating a session");
     if (configure(g, s->m->gpu, s->max_ctx, err) || alloc_activations(g, c, err) ||
         alloc_workspaces(g, c, s->max_ctx, err) || !(g->stream = tern_cuda_stream_create(err)) ||
-        alloc_gdn_state(s, err))
+        alloc_gdn_state(g, c, err))
         return -1;
     atomic_fetch_add(sessions_of(s->m), 1);
     g->counted = 1;
@@ -147,28 +146,25 @@ static int gpu_create(tern_session *s, tern_error *err) {
 }
 
 /* The session's device KV rows and DeltaNet state. */
-static void free_state(tern_session *s) {
-    const tern_config *c = &s->m->cfg;
+static void free_state(gpu_session *g, const tern_config *c) {
     for (int l = 0; l < c->n_layers; l++) {
-        if (s->kv) {
-            tern_cuda_free(s->kv[l].k);
-            tern_cuda_free(s->kv[l].v);
+        if (g->kv) {
+            tern_cuda_free(g->kv[l].k);
+            tern_cuda_free(g->kv[l].v);
         }
-        if (s->gdn) {
-            tern_cuda_free(s->gdn[l].conv);
-            tern_cuda_free(s->gdn[l].S);
+        if (g->gdn) {
+            tern_cuda_free(g->gdn[l].conv);
+            tern_cuda_free(g->gdn[l].S);
         }
     }
-    free(s->kv);
-    free(s->gdn);
-    s->kv = NULL;
-    s->gdn = NULL;
+    free(g->kv);
+    free(g->gdn);
 }
 
 static void gpu_destroy(tern_session *s) {
     gpu_session *g = s->state;
-    free_state(s);
     if (!g) return;
+    free_state(g, &s->m->cfg);
     if (g->stream) tern_cuda_sync(g->stream, NULL);
     if (g->counted) atomic_fetch_sub(sessions_of(s->m), 1);   /* its last grid has ended */
     if (((gpu_model *)s->m->gpu)->last == s) ((gpu_model *)s->m->gpu)->last = NULL;
@@ -222,15 +218,16 @@ static int grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *err
 
 int tern_gpu_reserve(tern_session *s, int needed, tern_error *err) {
     const tern_config *c = &s->m->cfg;
-    if (needed <= s->cap) return 0;
-    int n = tern_kv_next_cap(s->cap, needed, s->max_ctx, err);
+    gpu_session *g = s->state;
+    if (needed <= g->cap) return 0;
+    int n = tern_kv_next_cap(g->cap, needed, s->max_ctx, err);
     if (n < 0) return -1;
-    size_t row = s->kvf.row_bytes, old = (size_t)s->cap * row;
+    size_t row = s->kvf.row_bytes, old = (size_t)g->cap * row;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
-        if (grow(&s->kv[l].k, old, (size_t)n * row, err) || grow(&s->kv[l].v, old, (size_t)n * row, err)) return -1;
+        if (grow(&g->kv[l].k, old, (size_t)n * row, err) || grow(&g->kv[l].v, old, (size_t)n * row, err)) return -1;
     }
-    s->cap = n;
+    g->cap = n;
     return 0;
 }
 
@@ -241,8 +238,8 @@ static int gpu_reset(tern_session *s, tern_error *err) {
     if (tern_cuda_sync(g->stream, err)) return -1;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        if (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), g->stream, err) ||
-            tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
+        if (tern_cuda_fill(g->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), g->stream, err) ||
+            tern_cuda_fill(g->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
             return -1;
     }
     return tern_cuda_sync(g->stream, err);
@@ -266,11 +263,12 @@ static size_t gpu_state_bytes(const tern_session *s, int pos) {
  * buf in backend.h's order; to_buf picks the direction. */
 static int walk_layers(const tern_session *s, uint8_t *buf, int pos, int to_buf, tern_error *err) {
     const tern_config *c = &s->m->cfg;
+    const gpu_session *g = s->state;
     size_t row = s->kvf.row_bytes, off = 0;
     size_t conv = tern_cfg_gdn_conv_floats(c) * sizeof(float), S = tern_cfg_gdn_state_floats(c) * sizeof(float);
     for (int l = 0; l < c->n_layers; l++) {
         int attn = c->layer_kind[l] == TERN_LAYER_ATTN;
-        void *parts[2] = {attn ? (void *)s->kv[l].k : s->gdn[l].conv, attn ? (void *)s->kv[l].v : s->gdn[l].S};
+        void *parts[2] = {attn ? (void *)g->kv[l].k : g->gdn[l].conv, attn ? (void *)g->kv[l].v : g->gdn[l].S};
         size_t sizes[2] = {attn ? (size_t)pos * row : conv, attn ? (size_t)pos * row : S};
         for (int i = 0; i < 2; i++) {
             if (!sizes[i]) continue;   /* an empty cache may have no buffer at all */
