@@ -1,7 +1,7 @@
 /* The CUDA path of the engine: a packed model's weights uploaded once, a
  * session's state (KV rows, DeltaNet state) in device memory, and the
  * forward pass of forward.c in the same order on the ops of src/cuda. The
- * CPU engine is its reference (tests/cuda/check_engine.c compares them).
+ * CPU engine is its reference (tests/gpu/check_engine.c compares them).
  *
  * This header is the model's side; a GPU session is the GPU backend
  * (engine/backend.h's tern_gpu_backend, gpu_session.c), which session.c
