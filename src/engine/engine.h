@@ -6,12 +6,14 @@
 #include <stdlib.h>
 
 #include "cpu/kvquant.h"
+#include "engine/backend.h"
 #include "experts/cache.h"
 #include "model/config.h"
 #include "model/manifest.h"
 #include "model/tensors.h"
 #include "model/weights.h"
 #include "tern.h"
+#include "util/err.h"
 #include "util/pool.h"
 
 struct tern_model {
@@ -77,53 +79,65 @@ typedef void (*tern_layer_hook)(void *ctx, int layer, const float *x, int T);
 
 struct tern_session {
     tern_model *m;
+    const tern_backend *be;   /* chosen at creation: runs the steps and holds `state` */
+    void *state;              /* the backend's session state */
     int gdn_mode;
     int max_ctx;
     tern_kv_format kvf;
-    int pos, cap;             /* tokens held; KV rows allocated */
-    tern_kv *kv;              /* per layer; NULL arrays for GDN layers */
-    tern_gdn_state *gdn;      /* per layer; NULL arrays for attention layers */
+    int pos;                  /* tokens held */
     tern_kv mtp_kv;
     int mtp_pos, mtp_cap;
     float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */
-    const float *hidden_dev;  /* a GPU session's: where the device holds it now (snapshots copy it
-                               * from there), NULL when `hidden` is current; never a per-token copy */
+    const float *hidden_dev;  /* where the backend's memory holds it now (a GPU session's last step
+                               * leaves it on the device; snapshots copy it from there), NULL when
+                               * `hidden` is current; never a per-token copy */
     int has_hidden;
     int broken;               /* a step failed midway (an expert read): state is inconsistent */
     tern_layer_hook hook;
     void *hook_ctx;
     tern_route_fn route_fn;   /* tern_session_set_route_observer */
     void *route_ud;
-    void *gpu;                /* engine/gpu_session.c: a GPU session (kv and gdn then hold device pointers) */
 };
 
-/* Grow the KV caches (main / MTP) to hold `needed` positions; capacity
- * doubles, so a long prefill does not reallocate per token. */
-int tern_session_reserve(tern_session *s, int needed, tern_error *err);
-int tern_session_reserve_mtp(tern_session *s, int needed, tern_error *err);
+/* The KV rows to allocate for `needed` positions when `cap` are held:
+ * capacity doubles from 256, so a long prefill does not reallocate per
+ * token, up to max_ctx; -1 past it. */
+static inline int tern_kv_next_cap(int cap, int needed, int max_ctx, tern_error *err) {
+    if (needed > max_ctx)
+        return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, max_ctx);
+    int n = cap < 256 ? 256 : cap;
+    while (n < needed) n = n > max_ctx / 2 ? max_ctx : n * 2;
+    return n > max_ctx ? max_ctx : n;
+}
+
+/* Host KV rows (the CPU's, the MTP head's) grown to hold `needed`
+ * positions, *cap updated. cpu_backend.c. */
+int tern_kv_reserve_host(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, tern_error *err);
+
+/* Bytes of the layers' state at pos (backend.h's snapshot order): K and V
+ * rows up to pos per attention layer, conv window and state per DeltaNet
+ * layer. */
+static inline size_t tern_layer_state_bytes(const tern_config *c, size_t row_bytes, int pos) {
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n += c->layer_kind[l] == TERN_LAYER_ATTN
+                 ? 2 * (size_t)pos * row_bytes
+                 : (tern_cfg_gdn_conv_floats(c) + tern_cfg_gdn_state_floats(c)) * sizeof(float);
+    return n;
+}
 
 /* Runs T tokens through the model at positions pos..pos+T-1 and advances
  * pos. logits: T rows if all_logits, else the last row (may be NULL).
  * hidden_out: [T, hidden] final-normed states (may be NULL). session.c:
- * the checks, the KV caches' growth, then the session's engine (the CPU's
- * below, or engine/gpu.h's). */
+ * the checks, the KV caches' growth, then the session's backend. */
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err);
-/* forward.c, the CPU engine: tern_forward's step once the tokens are
- * checked and the caches hold them; tern_mtp_forward's head. */
-int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
-                     float *hidden_out, tern_error *err);
-int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                         tern_error *err);
 /* Every id within the vocabulary (forward.c). */
 int tern_check_tokens(const tern_config *c, const int32_t *tokens, int T, tern_error *err);
 
-/* The GPU sampler's rule (engine/sampler.h's, as tern_sampler_gpu_rule
- * gives it) over the first n_valid logits. */
-typedef struct tern_gpu_rule {
-    int n_valid, greedy, top_k;
-    float temperature, top_p, min_p;
-} tern_gpu_rule;
+/* Whether the session's steps can draw the next id with rule (a GPU
+ * session's, unless debug.cpu_sampling, with a rule its sampler takes). */
+int tern_session_sample_ok(const tern_session *s, const tern_gpu_rule *rule);
 /* A GPU session's decode step and the draw of the next id in one go: token
  * at s->pos, then the rule at u over its logits; *next gets the id (the
  * only bytes that come back). tern_session_eval's checks first. */

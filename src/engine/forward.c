@@ -3,8 +3,8 @@
  * then the MoE block) -> final norm -> lm_head; and the MTP block. Each
  * block follows ../shared/docs/qwen36-model.md §2 (section numbers in the
  * banners); the per-op math is in src/cpu, the routed experts' scheduling
- * in engine/experts_cpu.c. session.c picks the engine that runs a
- * session's steps and checks their tokens first. */
+ * in engine/experts_cpu.c. The CPU backend (cpu_backend.c) runs a
+ * session's steps here once session.c has checked their tokens. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +14,7 @@
 #include "cpu/moe.h"
 #include "cpu/ops.h"
 #include "cpu/qmatvec.h"
-#include "engine/engine.h"
+#include "engine/cpu_backend.h"
 #include "engine/experts_cpu.h"
 #include "util/err.h"
 
@@ -252,12 +252,13 @@ int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
                      float *hidden_out, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
+    tern_cpu_state *st = s->state;
     int H = c->hidden;
     float *x = tern_scratch_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
     for (int l = 0; l < c->n_layers; l++) {
         route_obs obs = {s->route_fn, s->route_ud, l, s->pos};
-        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &s->kv[l], &s->kvf, &s->gdn[l], s->gdn_mode, &obs, err)) {
+        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &st->kv[l], &s->kvf, &st->gdn[l], s->gdn_mode, &obs, err)) {
             /* An expert read failed mid-step: the session state is now
              * partly advanced, so it is unusable until restored or reset. */
             free(x);
@@ -283,7 +284,9 @@ int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *ne
     int H = c->hidden;
     if (!m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", m->dir);
     if (n <= 0) return tern_fail(err, "no tokens for the MTP head");
-    if (tern_check_tokens(c, next, n, err) || tern_session_reserve_mtp(s, s->mtp_pos + n, err)) return -1;
+    if (tern_check_tokens(c, next, n, err) ||
+        tern_kv_reserve_host(&s->mtp_kv, &s->mtp_cap, s->mtp_pos + n, s->max_ctx, s->kvf.row_bytes, err))
+        return -1;
     /* u = fc(concat(norm(embed(next)), norm(hidden))): embedding half first. */
     float *cat = tern_scratch_f((size_t)n * 2 * H), *x = tern_scratch_f((size_t)n * H);
     for (int i = 0; i < n; i++) {

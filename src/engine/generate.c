@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/sample_limits.h"   /* TERN_GPU_SAMPLE_MAX_K: the most top-k the GPU sampler keeps */
 #include "engine/engine.h"
-#include "engine/gpu.h"
 #include "engine/sampler.h"
 #include "text/detok.h"
 #include "text/stop.h"
@@ -93,10 +93,10 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     tern_gpu_rule *r = &g->gpu.r;
     r->n_valid = tern_sampler_n_valid(g->sampler);
     /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
-    g->gpu.on = s->gpu && !p->on_logprobs && tern_gpu_sampling_enabled(s) &&
+    g->gpu.on = !p->on_logprobs &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
-                (r->greedy || tern_gpu_sample_fits(r->n_valid, r->top_k));
+                tern_session_sample_ok(s, r);
     if (!tok) return 0;
     g->detok = tern_detok_create(tok, 1, err);
     if (!g->detok) return -1;

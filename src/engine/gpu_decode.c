@@ -20,7 +20,7 @@
 static int claim_one_launch(tern_session *s, tern_error *err) {
     gpu_model *gm = s->m->gpu;
     if (!gm->serial) return atomic_load(&gm->sessions) == 1;
-    if (gm->last && gm->last != s && tern_cuda_sync(((gpu_session *)gm->last->gpu)->stream, err)) return -1;
+    if (gm->last && gm->last != s && tern_cuda_sync(((gpu_session *)gm->last->state)->stream, err)) return -1;
     gm->last = s;
     return 1;
 }
@@ -77,7 +77,7 @@ static int in_proj1(gpu_session *g, const gpu_model *gm, int l, const float *in_
 
 /* The block's output projection into g->out, pending for the next norm. */
 static int out_proj1(tern_session *s, const tern_mat *W, const float *x, int role, resid *r, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_gpu_stage(g, role, 0);
     int rc = gemv_plain(s->m->gpu, g, W, x, g->out, err);
     r->delta = g->out;
@@ -88,7 +88,7 @@ static int out_proj1(tern_session *s, const tern_mat *W, const float *x, int rol
 static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_attn_dims d = tern_gpu_attn_dims(c);
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_ATTN_PROJ, r, err)) return -1;
     float *qg = g->fused_out, *k = qg + w->q.rows, *v = k + w->k.rows;
@@ -101,19 +101,19 @@ static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, in
 static int gdn1(tern_session *s, const tern_gdn_w *w, const float *in_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_gdn_w gw = tern_gpu_gdn_w_of(c, w);
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_GDN_PROJ, r, err)) return -1;
     float *qkv = g->fused_out, *z = qkv + w->qkv.rows, *b = z + w->z.rows, *a = b + w->b.rows;
     tern_gpu_stage(g, R_GDN, 0);
-    if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err)) return -1;
+    if (tern_cuda_gdn_step(&gw, qkv, z, b, a, 1, g->gdn[l].conv, g->gdn[l].S, g->g_out, g->stream, err)) return -1;
     tern_gpu_stage(g, R_GDN, 1);
     return out_proj1(s, &w->out, g->g_out, R_GDN_PROJ, r, err);
 }
 
 static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, int l, resid *r, tern_error *err) {
     const tern_config *c = &s->m->cfg;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     const gpu_model *gm = s->m->gpu;
     tern_cuda_experts ex = tern_gpu_experts_of(s->m, l);
     ex.one_launch = g->one_launch;
@@ -151,7 +151,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
 static int step1(tern_session *s, int rows, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     resid r = {g->x, g->x2, NULL, NULL};
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];
@@ -189,7 +189,7 @@ static int step1(tern_session *s, int rows, tern_error *err) {
  * before's draw, which the sampler also left in d_id. */
 static int embed(tern_session *s, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     if (tern_cuda_copy_host(g->step_dev, g->step_host[g->blk], STEP_BYTES(T), 0, g->stream, err)) return -1;
     return tern_cuda_embed_prev(&gm->w.embed, g->tok_dev, g->d_id, T, g->x, g->stream, err);
 }
@@ -216,7 +216,7 @@ static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
 static int enqueue_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int H = c->hidden, rc;
     if (embed(s, T, err)) return -1;
     if (T == 1 && gm->one_token) {
@@ -245,13 +245,13 @@ static int plan_of(const tern_session *s, int T) {
  * sampling rule, the experts' launch form and the KV caches it points at
  * (they grow by reallocation; kv_gen counts the moves). */
 static int graph_current(tern_session *s, int T, int rows, const tern_gpu_rule *rule) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     const tern_config *c = &s->m->cfg;
     int moved = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        moved |= g->kv_key[2 * l] != s->kv[l].k || g->kv_key[2 * l + 1] != s->kv[l].v;
-        g->kv_key[2 * l] = s->kv[l].k;
-        g->kv_key[2 * l + 1] = s->kv[l].v;
+        moved |= g->kv_key[2 * l] != g->kv[l].k || g->kv_key[2 * l + 1] != g->kv[l].v;
+        g->kv_key[2 * l] = g->kv[l].k;
+        g->kv_key[2 * l + 1] = g->kv[l].v;
     }
     g->kv_gen += moved;
     int b = g->blk;
@@ -268,7 +268,7 @@ static int graph_current(tern_session *s, int T, int rows, const tern_gpu_rule *
  * or a moved KV cache captures again, updating the executable graph in
  * place. The caller has checked graph_current (which records a move). */
 static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *rule, int current, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int b = g->blk, n_plan = plan_of(s, T);
     if (!current) {
         /* a new plan changes the attention's splits, and with them the
@@ -313,7 +313,7 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
  * none in flight, and a sampled step takes the block the step before it
  * did not. */
 static void put_step(tern_session *s, const int32_t *tokens, int T, double u) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int32_t pos = (int32_t)s->pos;
     memcpy(g->step_host[g->blk] + STEP_U, &u, sizeof u);
     memcpy(g->step_host[g->blk] + STEP_POS, &pos, sizeof pos);
@@ -323,7 +323,7 @@ static void put_step(tern_session *s, const int32_t *tokens, int T, double u) {
 /* After a step that failed to enqueue: the layers it ran left sums in
  * their slots that the next ones did not zero. */
 static void clear_slots(tern_session *s) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     const tern_config *c = &s->m->cfg;
     tern_cuda_fill(g->fx, 0, g->fx_bytes * (size_t)c->n_layers, g->stream, NULL);
 }
@@ -332,7 +332,7 @@ static void clear_slots(tern_session *s) {
  * debug.no_graphs, and per-role marks on decode steps (TERN_STATS_DECODE)
  * and the route observer need them uncaptured. */
 static int graphs_allowed(const tern_session *s) {
-    const gpu_session *g = s->gpu;
+    const gpu_session *g = s->state;
     int decode_marks = g->st && !g->st->graph && !g->st->prefill;
     return g->use_graph && !decode_marks && !s->route_fn;
 }
@@ -344,7 +344,7 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const gpu_model *gm = m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int H = c->hidden, V = c->vocab;
     double t0 = tern_now_s() * 1e3;
     if (g->n_flight) return tern_fail(err, "GPU: a piece while %d sampled steps are in flight", g->n_flight);
@@ -384,9 +384,10 @@ static int piece(tern_session *s, const int32_t *tokens, int T, float *logits, i
 
 /* The tokens in pieces of g->piece. */
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
-                     tern_error *err) {
+                     float *hidden_out, tern_error *err) {
+    if (hidden_out) return tern_fail(err, "GPU: per-token hidden states are not read back");
     size_t V = (size_t)s->m->cfg.vocab;
-    int P = ((gpu_session *)s->gpu)->piece;
+    int P = ((gpu_session *)s->state)->piece;
     for (int done = 0; done < T; done += P) {
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
@@ -399,11 +400,12 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
     return 0;
 }
 
-int tern_gpu_sampling_enabled(const tern_session *s) {
-    return s->gpu && !((const gpu_model *)s->m->gpu)->cpu_sampling;
+/* (a vocabulary too large for the sampler's merge at this top-k: the CPU
+ * sampler) */
+int tern_gpu_sample_ok(const tern_session *s, const tern_gpu_rule *rule) {
+    return !((const gpu_model *)s->m->gpu)->cpu_sampling &&
+           (rule->greedy || tern_cuda_sample_fits(rule->n_valid, rule->top_k));
 }
-
-int tern_gpu_sample_fits(int n_valid, int top_k) { return tern_cuda_sample_fits(n_valid, top_k); }
 
 static int rule_ok(const tern_session *s, const tern_gpu_rule *r, double u, tern_error *err) {
     if (r->n_valid < 1 || r->n_valid > s->m->cfg.vocab)
@@ -424,11 +426,11 @@ static int drain(gpu_session *g, tern_error *err) {
  * caches' growth (a reallocation), a capture, and the uncaptured forms
  * (measurement modes, the route observer), which also end synchronised. */
 static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     if (g->n_flight == 2) return tern_fail(err, "GPU sampling: two steps are in flight already");
     if (token < 0 && !g->n_flight && !g->drawn)
         return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
-    if (s->pos + 1 > s->cap && (drain(g, err) || tern_session_reserve(s, s->pos + 1, err))) return -1;
+    if (s->pos + 1 > g->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);
     int graph = graphs_allowed(s);
@@ -471,7 +473,7 @@ int tern_gpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *
 }
 
 int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     if (!g->n_flight) return tern_fail(err, "GPU sampling: no step in flight");
     int b = g->flight[0];
     g->flight[0] = g->flight[1];
@@ -485,13 +487,14 @@ int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err) {
 }
 
 int tern_gpu_sample_in_flight(const tern_session *s) {
-    const gpu_session *g = s->gpu;
+    const gpu_session *g = s->state;
     return g ? g->n_flight : 0;
 }
 
 int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
                             tern_error *err) {
-    if (((gpu_session *)s->gpu)->n_flight) return tern_fail(err, "GPU sampling: a step is in flight");
+    if (((gpu_session *)s->state)->n_flight) return tern_fail(err, "GPU sampling: a step is in flight");
+    if (tern_gpu_reserve(s, s->pos + 1, err)) return -1;
     return tern_gpu_sample_launch(s, token, rule, u, err) || tern_gpu_sample_wait(s, next, err) ? -1 : 0;
 }
 

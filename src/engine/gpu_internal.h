@@ -1,5 +1,6 @@
-/* The GPU engine's private header, shared by its parts (engine/gpu.h is
- * the interface the rest of the engine uses):
+/* The GPU engine's private header, shared by its parts (the rest of the
+ * engine uses engine/gpu.h for the model and engine/backend.h's
+ * tern_gpu_backend for sessions):
  *   gpu_model.c    the weights' upload and the model-level plans
  *   gpu_session.c  a session's device buffers, state and kernel statistics
  *   gpu_prefill.c  the forward pass over T tokens, layer by layer
@@ -100,6 +101,12 @@ typedef struct stats {
 } stats;
 
 typedef struct gpu_session {
+    /* The sequence state, on the device: per layer, an attention layer's
+     * KV rows (cap of them; NULL arrays for DeltaNet layers) or a DeltaNet
+     * layer's conv window and state (NULL arrays for attention layers). */
+    int cap;
+    tern_kv *kv;
+    tern_gdn_state *gdn;
     tern_stream stream;
     /* The decode step's graphs, one per input block (blk): a step launched
      * while the one before is in flight writes the other block, so each
@@ -151,7 +158,10 @@ tern_cuda_gdn_w tern_gpu_gdn_w_of(const tern_config *c, const tern_gdn_w *w);
 /* Layer l's routed experts on the device (base + e * stride). */
 tern_cuda_experts tern_gpu_experts_of(const tern_model *m, int l);
 
-/* gpu_session.c */
+/* gpu_session.c: the backend's table (tern_gpu_backend) and the session's
+ * device state. The KV rows for `needed` positions (reallocated: no step
+ * may be in flight). */
+int tern_gpu_reserve(tern_session *s, int needed, tern_error *err);
 tern_cuda_attn_dims tern_gpu_attn_dims(const tern_config *c);
 /* Kernel statistics: marks around a role's ops (only on uncaptured
  * single-token steps); after a step's final sync, its marks' times added
@@ -176,5 +186,27 @@ int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, i
 /* Every layer and the final norm over T tokens, enqueued on the session's
  * stream. */
 int tern_gpu_layers(tern_session *s, int T, tern_error *err);
+
+/* gpu_decode.c: the backend's steps (engine/backend.h). tern_gpu_forward:
+ * T tokens at s->pos in pieces of gpu_session.piece, logits as
+ * tern_forward's (no per-token hidden states). */
+int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                     float *hidden_out, tern_error *err);
+/* Sampling on the GPU (unless tern_load_params.debug.cpu_sampling):
+ * tern_gpu_forward_sample is a decode step and the draw of the next id with
+ * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured
+ * graph, the token and u go up, only the id comes back, one
+ * synchronisation. */
+int tern_gpu_sample_ok(const tern_session *s, const tern_gpu_rule *rule);
+int tern_gpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                            tern_error *err);
+/* The same step in two halves (tern_session_sample_launch): the launch
+ * enqueues it, its input in the block the step in flight does not read
+ * and its id into that block's word, and grows the KV caches first when
+ * they must (after waiting for the steps in flight); the wait gives the
+ * oldest step's draw. */
+int tern_gpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err);
+int tern_gpu_sample_wait(tern_session *s, int32_t *next, tern_error *err);
+int tern_gpu_sample_in_flight(const tern_session *s);
 
 #endif

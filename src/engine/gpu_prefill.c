@@ -35,24 +35,24 @@ int tern_gpu_mm(const gpu_model *gm, const gpu_session *g, float *y, const float
 int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
                         const tern_attn_w *w, int l, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
     if (g->pos_dev)
         return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
-                                      s->kv[l].k, s->kv[l].v, g->stream, err) ||
-                       tern_cuda_attention_at(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, g->pos_dev, g->n_plan, scale,
+                                      g->kv[l].k, g->kv[l].v, g->stream, err) ||
+                       tern_cuda_attention_at(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, g->pos_dev, g->n_plan, scale,
                                               g->att_work, g->att_bytes, g->o, g->stream, err)
                    ? -1 : 0;
-    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
-                               s->kv[l].v, g->stream, err) ||
-                   tern_cuda_attention(d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->att_work,
+    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
+                               g->kv[l].v, g->stream, err) ||
+                   tern_cuda_attention(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->att_work,
                                        g->att_bytes, g->o, g->stream, err)
                ? -1 : 0;
 }
 
 /* The end of the attention role and the output projection of g->o. */
 static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_gpu_stage(g, R_ATTN, 1);
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
     int rc = tern_gpu_mm(s->m->gpu, g, g->out, g->o, T, &w->o, err);
@@ -63,7 +63,7 @@ static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *er
 static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_attn_dims d = tern_gpu_attn_dims(c);
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
@@ -81,14 +81,14 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     tern_gpu_stage(g, R_ATTN_PROJ, 1);
     tern_gpu_stage(g, R_ATTN, 0);
     if (T <= SUB) return tern_gpu_attend_small(s, &d, qg, k, v, w, l, T, err) ? -1 : attn_out(s, w, T, err);
-    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, s->kv[l].k,
-                            s->kv[l].v, g->stream, err))
+    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
+                            g->kv[l].v, g->stream, err))
         return -1;
     size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
     if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
-        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, s->kv[l].k, s->kv[l].v, T, s->pos, scale, g->o,
+        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->o,
                                         g->stream, err))
             return -1;
         return attn_out(s, w, T, err);
@@ -97,7 +97,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
      * attends causally from its own first position */
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
-        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, s->kv[l].k, s->kv[l].v, n, s->pos + t0, scale,
+        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, g->kv[l].k, g->kv[l].v, n, s->pos + t0, scale,
                                 g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
             return -1;
     }
@@ -107,7 +107,7 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
 static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     tern_cuda_gdn_w gw = tern_gpu_gdn_w_of(c, w);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
@@ -126,9 +126,9 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     tern_gpu_stage(g, R_GDN_PROJ, 1);
     tern_gpu_stage(g, R_GDN, 0);
     /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->gdn_work, g->gdn_bytes,
+    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->gdn_work, g->gdn_bytes,
                                          g->g_out, g->stream, err)
-                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, s->gdn[l].conv, s->gdn[l].S, g->g_out, g->stream, err);
+                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->g_out, g->stream, err);
     tern_gpu_stage(g, R_GDN, 1);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     rc = rc || tern_gpu_mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
@@ -137,7 +137,7 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
 }
 
 int tern_gpu_observe(tern_session *s, int l, int T, tern_error *err) {
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int K = s->m->cfg.top_k;
     if (tern_cuda_sync(g->stream, err) || tern_cuda_download(g->host_ids, g->ids, (size_t)T * K * sizeof(int32_t), err))
         return -1;
@@ -149,7 +149,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     const tern_config *c = &s->m->cfg;
     const tern_model *m = s->m;
     const gpu_model *gm = m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int E = c->n_experts, K = c->top_k;
     tern_gpu_stage(g, R_ROUTER, 0);
     if (tern_gpu_mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
@@ -203,7 +203,7 @@ int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, i
 int tern_gpu_layers(tern_session *s, int T, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
     int H = c->hidden;
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];

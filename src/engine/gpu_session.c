@@ -1,7 +1,8 @@
-/* A GPU session's device side: activations and op workspaces for pieces
- * of up to gpu_session.piece tokens, the DeltaNet state, the snapshots'
- * device copies (engine/gpu.h), and the kernel statistics
- * (tern_load_params.debug.kernel_stats). */
+/* The GPU backend (engine/backend.h): a GPU session's device side
+ * (activations and op workspaces for pieces of up to gpu_session.piece
+ * tokens, the KV rows and DeltaNet state), its snapshots' device copies,
+ * and the kernel statistics (tern_load_params.debug.kernel_stats); the
+ * steps are gpu_decode.c's. */
 #ifdef TERN_CUDA
 
 #include "engine/gpu_internal.h"
@@ -112,53 +113,58 @@ static int configure(gpu_session *g, const gpu_model *gm, int max_ctx, tern_erro
 }
 
 /* Every DeltaNet layer's conv window and recurrent state, zeroed. */
-static int alloc_gdn_state(tern_session *s, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
+static int alloc_gdn_state(gpu_session *g, const tern_config *c, tern_error *err) {
     int ok = 1;
     for (int l = 0; ok && l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        s->gdn[l].conv = dalloc(tern_cfg_gdn_conv_floats(c), &ok, err);
-        s->gdn[l].S = dalloc(tern_cfg_gdn_state_floats(c), &ok, err);
-        if (ok && (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), NULL, err) ||
-                   tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), NULL, err)))
+        g->gdn[l].conv = dalloc(tern_cfg_gdn_conv_floats(c), &ok, err);
+        g->gdn[l].S = dalloc(tern_cfg_gdn_state_floats(c), &ok, err);
+        if (ok && (tern_cuda_fill(g->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), NULL, err) ||
+                   tern_cuda_fill(g->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), NULL, err)))
             ok = 0;
     }
     return ok ? tern_cuda_sync(NULL, err) : -1;
 }
 
-int tern_gpu_session_init(tern_session *s, tern_error *err) {
+static int gpu_create(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     if (s->kvf.bits == 32)
         return tern_fail(err, "GPU: the KV cache is 16, 8 or 4-bit on the GPU (kv_bits 32 is the CPU reference's)");
     gpu_session *g = calloc(1, sizeof *g);
     if (!g) return tern_fail(err, "out of memory");
-    s->gpu = g;   /* tern_gpu_session_free releases whatever was allocated */
+    s->state = g;   /* gpu_destroy releases whatever was allocated */
+    g->kv = calloc((size_t)c->n_layers, sizeof *g->kv);
+    g->gdn = calloc((size_t)c->n_layers, sizeof *g->gdn);
+    if (!g->kv || !g->gdn) return tern_fail(err, "out of memory creating a session");
     if (configure(g, s->m->gpu, s->max_ctx, err) || alloc_activations(g, c, err) ||
         alloc_workspaces(g, c, s->max_ctx, err) || !(g->stream = tern_cuda_stream_create(err)) ||
-        alloc_gdn_state(s, err))
+        alloc_gdn_state(g, c, err))
         return -1;
     atomic_fetch_add(sessions_of(s->m), 1);
     g->counted = 1;
     return 0;
 }
 
-void tern_gpu_session_free(tern_session *s) {
-    gpu_session *g = s->gpu;
-    const tern_config *c = &s->m->cfg;
+/* The session's device KV rows and DeltaNet state. */
+static void free_state(gpu_session *g, const tern_config *c) {
     for (int l = 0; l < c->n_layers; l++) {
-        if (s->kv) {
-            tern_cuda_free(s->kv[l].k);
-            tern_cuda_free(s->kv[l].v);
-            s->kv[l].k = s->kv[l].v = NULL;
+        if (g->kv) {
+            tern_cuda_free(g->kv[l].k);
+            tern_cuda_free(g->kv[l].v);
         }
-        if (s->gdn) {
-            tern_cuda_free(s->gdn[l].conv);
-            tern_cuda_free(s->gdn[l].S);
-            s->gdn[l].conv = NULL;
-            s->gdn[l].S = NULL;
+        if (g->gdn) {
+            tern_cuda_free(g->gdn[l].conv);
+            tern_cuda_free(g->gdn[l].S);
         }
     }
+    free(g->kv);
+    free(g->gdn);
+}
+
+static void gpu_destroy(tern_session *s) {
+    gpu_session *g = s->state;
     if (!g) return;
+    free_state(g, &s->m->cfg);
     if (g->stream) tern_cuda_sync(g->stream, NULL);
     if (g->counted) atomic_fetch_sub(sessions_of(s->m), 1);   /* its last grid has ended */
     if (((gpu_model *)s->m->gpu)->last == s) ((gpu_model *)s->m->gpu)->last = NULL;
@@ -192,10 +198,12 @@ void tern_gpu_session_free(tern_session *s) {
     free(g->host_ids);
     free(g->kv_key);
     free(g);
-    s->gpu = NULL;
+    s->state = NULL;
 }
 
-int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *err) {
+/* Device KV rows: a new buffer of new_bytes holding the first old_bytes of
+ * *p (NULL: nothing yet), the old one freed. */
+static int grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *err) {
     uint8_t *n = tern_cuda_alloc(new_bytes, err);
     if (!n) return -1;
     if (*p && old_bytes && (tern_cuda_sync(NULL, err) || tern_cuda_copy(n, *p, old_bytes, NULL, err) ||
@@ -208,34 +216,118 @@ int tern_gpu_grow(uint8_t **p, size_t old_bytes, size_t new_bytes, tern_error *e
     return 0;
 }
 
-/* The DeltaNet state back to zero, as a new session has them. */
-int tern_gpu_session_reset(tern_session *s, tern_error *err) {
+int tern_gpu_reserve(tern_session *s, int needed, tern_error *err) {
     const tern_config *c = &s->m->cfg;
-    gpu_session *g = s->gpu;
+    gpu_session *g = s->state;
+    if (needed <= g->cap) return 0;
+    int n = tern_kv_next_cap(g->cap, needed, s->max_ctx, err);
+    if (n < 0) return -1;
+    size_t row = s->kvf.row_bytes, old = (size_t)g->cap * row;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
+        if (grow(&g->kv[l].k, old, (size_t)n * row, err) || grow(&g->kv[l].v, old, (size_t)n * row, err)) return -1;
+    }
+    g->cap = n;
+    return 0;
+}
+
+/* The DeltaNet state back to zero, as a new session has them. */
+static int gpu_reset(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    gpu_session *g = s->state;
     if (tern_cuda_sync(g->stream, err)) return -1;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
-        if (tern_cuda_fill(s->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), g->stream, err) ||
-            tern_cuda_fill(s->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
+        if (tern_cuda_fill(g->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float), g->stream, err) ||
+            tern_cuda_fill(g->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float), g->stream, err))
             return -1;
     }
     return tern_cuda_sync(g->stream, err);
 }
 
-void *tern_gpu_alloc(size_t n, tern_error *err) { return tern_cuda_alloc(n, err); }
-
-void tern_gpu_free(void *p) { tern_cuda_free(p); }
-
-int tern_gpu_copy_d2d(void *dst, const void *src, size_t n, tern_error *err) {
-    return tern_cuda_copy(dst, src, n, NULL, err);
+static int gpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                           tern_error *err) {
+    return tern_fail(err, "the MTP head does not run on the GPU yet");
 }
 
-int tern_gpu_wait(tern_error *err) { return tern_cuda_sync(NULL, err); }
+/* ---- snapshots: device memory, device-to-device copies --------------------
+ * Copies between device pointers are enqueued in order on the default
+ * stream and done once gpu_wait returns; they read the state the session's
+ * last piece or step left, which ends synchronised. */
 
-int tern_gpu_copy(void *host, void *dev, size_t n, int to_host, tern_error *err) {
+static size_t gpu_state_bytes(const tern_session *s, int pos) {
+    return tern_layer_state_bytes(&s->m->cfg, s->kvf.row_bytes, pos);
+}
+
+/* Enqueues the copies of the layers' state at pos between the session and
+ * buf in backend.h's order; to_buf picks the direction. */
+static int walk_layers(const tern_session *s, uint8_t *buf, int pos, int to_buf, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    const gpu_session *g = s->state;
+    size_t row = s->kvf.row_bytes, off = 0;
+    size_t conv = tern_cfg_gdn_conv_floats(c) * sizeof(float), S = tern_cfg_gdn_state_floats(c) * sizeof(float);
+    for (int l = 0; l < c->n_layers; l++) {
+        int attn = c->layer_kind[l] == TERN_LAYER_ATTN;
+        void *parts[2] = {attn ? (void *)g->kv[l].k : g->gdn[l].conv, attn ? (void *)g->kv[l].v : g->gdn[l].S};
+        size_t sizes[2] = {attn ? (size_t)pos * row : conv, attn ? (size_t)pos * row : S};
+        for (int i = 0; i < 2; i++) {
+            if (!sizes[i]) continue;   /* an empty cache may have no buffer at all */
+            if (to_buf ? tern_cuda_copy(buf + off, parts[i], sizes[i], NULL, err)
+                       : tern_cuda_copy(parts[i], buf + off, sizes[i], NULL, err))
+                return -1;
+            off += sizes[i];
+        }
+    }
+    return 0;
+}
+
+static int gpu_save(const tern_session *s, uint8_t *buf, int pos, tern_error *err) {
+    return walk_layers(s, buf, pos, 1, err);
+}
+
+static int gpu_load(tern_session *s, const uint8_t *buf, int pos, tern_error *err) {
+    return walk_layers(s, (uint8_t *)buf, pos, 0, err);
+}
+
+/* Host ends are copied at once, after the work before them. */
+static int gpu_copy(void *dst, const void *src, size_t n, tern_copy_kind kind, tern_error *err) {
+    if (!n) return 0;
+    if (kind == TERN_COPY_IN_BE) return tern_cuda_copy(dst, src, n, NULL, err);
     if (tern_cuda_sync(NULL, err) != 0) return -1;
-    return to_host ? tern_cuda_download(host, dev, n, err) : tern_cuda_upload(dev, host, n, err);
+    return kind == TERN_COPY_TO_HOST ? tern_cuda_download(dst, src, n, err) : tern_cuda_upload(dst, src, n, err);
 }
+
+static void *gpu_snap_alloc(size_t n, tern_error *err) { return tern_cuda_alloc(n, err); }
+
+static void gpu_snap_free(void *p) { tern_cuda_free(p); }
+
+static int gpu_wait(tern_error *err) { return tern_cuda_sync(NULL, err); }
+
+/* An evaluation's whole run goes to tern_gpu_forward, which cuts it into
+ * pieces of its own size (tern_load_params.debug.piece), bounded by the
+ * session's preallocated buffers. */
+const tern_backend tern_gpu_backend = {
+    .kv_bits = 16,   /* the GPU keeps no fp32 rows */
+    .eval_piece = 0,
+    .create = gpu_create,
+    .destroy = gpu_destroy,
+    .reset = gpu_reset,
+    .reserve = tern_gpu_reserve,
+    .forward = tern_gpu_forward,
+    .mtp_forward = gpu_mtp_forward,
+    .sample_ok = tern_gpu_sample_ok,
+    .forward_sample = tern_gpu_forward_sample,
+    .sample_launch = tern_gpu_sample_launch,
+    .sample_wait = tern_gpu_sample_wait,
+    .sample_in_flight = tern_gpu_sample_in_flight,
+    .state_bytes = gpu_state_bytes,
+    .save = gpu_save,
+    .load = gpu_load,
+    .copy = gpu_copy,
+    .snap_alloc = gpu_snap_alloc,
+    .snap_free = gpu_snap_free,
+    .wait = gpu_wait,
+};
 
 /* ---- kernel statistics ---------------------------------------------------- */
 

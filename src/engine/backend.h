@@ -1,0 +1,80 @@
+/* A session's backend: the engine that holds the session's sequence state
+ * (the attention layers' KV rows, the DeltaNet layers' conv window and
+ * recurrent state) and runs its steps. tern_session_create picks one for
+ * the model (the CPU's, cpu_backend.c; the GPU's, gpu_session.c) and keeps
+ * it for the session's life, with the backend's own state struct in
+ * s->state. session.c checks each call (tokens, context, a broken session)
+ * and keeps what no backend owns (position, the MTP head's KV rows, the
+ * hidden state, snapshots' headers), then calls the backend; backends never
+ * call back into session.c. */
+#ifndef TERN_ENGINE_BACKEND_H
+#define TERN_ENGINE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tern.h"
+
+/* The sampler's rule for a draw inside the step (engine/sampler.h's, as
+ * tern_sampler_gpu_rule gives it) over the first n_valid logits. */
+typedef struct tern_gpu_rule {
+    int n_valid, greedy, top_k;
+    float temperature, top_p, min_p;
+} tern_gpu_rule;
+
+/* Where a copy's ends are: host memory or the backend's memory (a GPU's
+ * device memory; host memory again on the CPU). */
+typedef enum tern_copy_kind {
+    TERN_COPY_TO_BE,          /* host -> backend */
+    TERN_COPY_TO_HOST,        /* backend -> host */
+    TERN_COPY_IN_BE           /* backend -> backend */
+} tern_copy_kind;
+
+typedef struct tern_backend {
+    int kv_bits;              /* the KV rows' precision when the session asks none (kv_bits 0) */
+    int eval_piece;           /* tokens per forward call of an evaluation; 0: the whole run at once */
+
+    /* s->state: made once s->kvf and s->max_ctx are set (after a failure,
+     * destroy frees what was made), freed, and back to a new session's
+     * (nothing in flight). */
+    int (*create)(tern_session *s, tern_error *err);
+    void (*destroy)(tern_session *s);
+    int (*reset)(tern_session *s, tern_error *err);
+    /* KV rows for `needed` positions; fails past s->max_ctx. */
+    int (*reserve)(tern_session *s, int needed, tern_error *err);
+
+    /* tern_forward's step: T checked tokens at s->pos, the rows reserved. */
+    int (*forward)(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                   float *hidden_out, tern_error *err);
+    /* tern_mtp_forward's head (fails where it does not run). */
+    int (*mtp_forward)(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
+                       tern_error *err);
+
+    /* Sampling in the step (engine.h's tern_session_sample_*): whether rule
+     * can be drawn there, and the step with its draw, whole or in two
+     * halves (token checked; these fail where the step cannot sample). */
+    int (*sample_ok)(const tern_session *s, const tern_gpu_rule *rule);
+    int (*forward_sample)(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                          tern_error *err);
+    int (*sample_launch)(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err);
+    int (*sample_wait)(tern_session *s, int32_t *next, tern_error *err);
+    int (*sample_in_flight)(const tern_session *s);
+
+    /* Snapshots. The state at pos is, in layer order, an attention layer's
+     * K then V rows up to pos and a DeltaNet layer's conv window then
+     * state, state_bytes of it; save copies it into buf, load back from
+     * buf (buffers from snap_alloc, in the backend's memory). Copies may be
+     * only enqueued: they are done once wait returns. */
+    size_t (*state_bytes)(const tern_session *s, int pos);
+    int (*save)(const tern_session *s, uint8_t *buf, int pos, tern_error *err);
+    int (*load)(tern_session *s, const uint8_t *buf, int pos, tern_error *err);
+    int (*copy)(void *dst, const void *src, size_t n, tern_copy_kind kind, tern_error *err);
+    void *(*snap_alloc)(size_t n, tern_error *err);
+    void (*snap_free)(void *p);
+    int (*wait)(tern_error *err);
+} tern_backend;
+
+extern const tern_backend tern_cpu_backend;   /* cpu_backend.c */
+extern const tern_backend tern_gpu_backend;   /* gpu_session.c; gpu_stub.c's create fails without CUDA */
+
+#endif

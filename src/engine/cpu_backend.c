@@ -1,0 +1,176 @@
+/* The CPU backend (engine/backend.h): a session's state in host memory (KV
+ * rows grown on demand, DeltaNet state of fixed size), forward.c's forward
+ * pass, and snapshots as plain copies. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu_backend.h"
+#include "util/err.h"
+
+int tern_kv_reserve_host(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, tern_error *err) {
+    if (needed <= *cap) return 0;
+    int n = tern_kv_next_cap(*cap, needed, max_ctx, err);
+    if (n < 0) return -1;
+    uint8_t *k = realloc(kv->k, (size_t)n * row_bytes);
+    if (k) kv->k = k;
+    uint8_t *v = k ? realloc(kv->v, (size_t)n * row_bytes) : NULL;
+    if (v) kv->v = v;
+    if (!k || !v) return tern_fail(err, "out of memory growing the KV cache to %d positions", n);
+    *cap = n;
+    return 0;
+}
+
+static int cpu_create(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    tern_cpu_state *st = calloc(1, sizeof *st);
+    if (!st) return tern_fail(err, "out of memory creating a session");
+    s->state = st;   /* cpu_destroy frees whatever was allocated */
+    st->kv = calloc((size_t)c->n_layers, sizeof *st->kv);
+    st->gdn = calloc((size_t)c->n_layers, sizeof *st->gdn);
+    int ok = st->kv && st->gdn;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        st->gdn[l].conv = calloc(tern_cfg_gdn_conv_floats(c) + 1, sizeof(float));
+        st->gdn[l].S = calloc(tern_cfg_gdn_state_floats(c), sizeof(float));
+        ok = st->gdn[l].conv && st->gdn[l].S;
+    }
+    return ok ? 0 : tern_fail(err, "out of memory creating a session");
+}
+
+static void cpu_destroy(tern_session *s) {
+    tern_cpu_state *st = s->state;
+    if (!st) return;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        if (st->kv) { free(st->kv[l].k); free(st->kv[l].v); }
+        if (st->gdn) { free(st->gdn[l].conv); free(st->gdn[l].S); }
+    }
+    free(st->kv);
+    free(st->gdn);
+    free(st);
+    s->state = NULL;
+}
+
+static int cpu_reset(tern_session *s, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    tern_cpu_state *st = s->state;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        memset(st->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float));
+        memset(st->gdn[l].S, 0, tern_cfg_gdn_state_floats(c) * sizeof(float));
+    }
+    return 0;
+}
+
+/* Every attention layer's rows grow together: one capacity for all. */
+static int cpu_reserve(tern_session *s, int needed, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    tern_cpu_state *st = s->state;
+    if (needed <= st->cap) return 0;
+    int cap = st->cap;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_ATTN) continue;
+        cap = st->cap;
+        if (tern_kv_reserve_host(&st->kv[l], &cap, needed, s->max_ctx, s->kvf.row_bytes, err)) return -1;
+    }
+    st->cap = cap;
+    return 0;
+}
+
+/* ---- sampling in the step: the CPU samples the logits on the host ------- */
+
+static int no_step_sampling(tern_error *err) { return tern_fail(err, "sampling in the step needs a GPU session"); }
+
+static int cpu_sample_ok(const tern_session *s, const tern_gpu_rule *rule) { return 0; }
+
+static int cpu_forward_sample(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, int32_t *next,
+                              tern_error *err) {
+    return no_step_sampling(err);
+}
+
+static int cpu_sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *rule, double u, tern_error *err) {
+    return no_step_sampling(err);
+}
+
+static int cpu_sample_wait(tern_session *s, int32_t *next, tern_error *err) { return no_step_sampling(err); }
+
+static int cpu_sample_in_flight(const tern_session *s) { return 0; }
+
+/* ---- snapshots: host copies ---------------------------------------------- */
+
+static size_t cpu_state_bytes(const tern_session *s, int pos) {
+    return tern_layer_state_bytes(&s->m->cfg, s->kvf.row_bytes, pos);
+}
+
+/* Copies the layers' state at pos between the session and buf in
+ * backend.h's order; to_buf picks the direction. */
+static void walk_layers(const tern_session *s, uint8_t *buf, int pos, int to_buf) {
+    const tern_config *c = &s->m->cfg;
+    const tern_cpu_state *st = s->state;
+    size_t row = s->kvf.row_bytes, off = 0;
+    size_t conv = tern_cfg_gdn_conv_floats(c) * sizeof(float), S = tern_cfg_gdn_state_floats(c) * sizeof(float);
+    void *parts[2];
+    size_t sizes[2];
+    for (int l = 0; l < c->n_layers; l++) {
+        int attn = c->layer_kind[l] == TERN_LAYER_ATTN;
+        parts[0] = attn ? (void *)st->kv[l].k : st->gdn[l].conv;
+        parts[1] = attn ? (void *)st->kv[l].v : st->gdn[l].S;
+        sizes[0] = attn ? (size_t)pos * row : conv;
+        sizes[1] = attn ? (size_t)pos * row : S;
+        for (int i = 0; i < 2; i++) {
+            if (!sizes[i]) continue;   /* an empty cache may have no buffer at all */
+            if (to_buf) memcpy(buf + off, parts[i], sizes[i]);
+            else memcpy(parts[i], buf + off, sizes[i]);
+            off += sizes[i];
+        }
+    }
+}
+
+static int cpu_save(const tern_session *s, uint8_t *buf, int pos, tern_error *err) {
+    walk_layers(s, buf, pos, 1);
+    return 0;
+}
+
+static int cpu_load(tern_session *s, const uint8_t *buf, int pos, tern_error *err) {
+    walk_layers(s, (uint8_t *)buf, pos, 0);
+    return 0;
+}
+
+static int cpu_copy(void *dst, const void *src, size_t n, tern_copy_kind kind, tern_error *err) {
+    if (n) memcpy(dst, src, n);
+    return 0;
+}
+
+static void *cpu_snap_alloc(size_t n, tern_error *err) {
+    void *p = malloc(n);
+    if (!p) tern_fail(err, "out of memory for a %zu-byte snapshot", n);
+    return p;
+}
+
+static int cpu_wait(tern_error *err) { return 0; }
+
+/* Long prompts run in pieces so scratch memory stays bounded; a multiple of
+ * the GDN chunk keeps the chunk boundaries where one long call puts them. */
+#define EVAL_PIECE 512
+
+const tern_backend tern_cpu_backend = {
+    .kv_bits = 32,
+    .eval_piece = EVAL_PIECE,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .reset = cpu_reset,
+    .reserve = cpu_reserve,
+    .forward = tern_cpu_forward,
+    .mtp_forward = tern_cpu_mtp_forward,
+    .sample_ok = cpu_sample_ok,
+    .forward_sample = cpu_forward_sample,
+    .sample_launch = cpu_sample_launch,
+    .sample_wait = cpu_sample_wait,
+    .sample_in_flight = cpu_sample_in_flight,
+    .state_bytes = cpu_state_bytes,
+    .save = cpu_save,
+    .load = cpu_load,
+    .copy = cpu_copy,
+    .snap_alloc = cpu_snap_alloc,
+    .snap_free = free,
+    .wait = cpu_wait,
+};
