@@ -177,7 +177,13 @@ def test_connection_limit(start_server):
     s = start_server("--max-connections", "4", "--ctx", "4096")
     held = [socket.create_connection((s.host, s.port), timeout=5) for _ in range(4)]
     try:
-        time.sleep(0.3)
+        for h in held:  # a kept-alive exchange on each: the server holds all four, however loaded the machine
+            h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while not got.endswith(b'{"status":"ok"}'):
+                chunk = h.recv(4096)
+                assert chunk, f"a held connection closed: {got!r}"
+                got += chunk
         raw = raw_exchange(s, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3)
         assert status_of(raw) is None, f"a 5th connection was served: {raw[:200]!r}"
     finally:
