@@ -199,9 +199,19 @@ int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits,
  * cache, last hidden state); restore brings a session of the same model back
  * to it bit for bit. */
 tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err);
+/* The same, sharing the KV rows of an earlier snapshot `base` of this
+ * session's own sequence (its tokens a prefix of those the session holds
+ * now; the caller vouches for that): it holds only the rows after base's
+ * position and the rest of the state (DeltaNet state, MTP rows, hidden
+ * state), and keeps base alive until it is freed itself. Restoring copies
+ * the rows of the whole chain. base NULL: tern_session_snapshot. */
+tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot *base, tern_error *err);
 int tern_session_restore(tern_session *s, const tern_snapshot *snap,
                          tern_error *err);
+/* Releases the caller's snapshot; its memory goes once no snapshot taken
+ * after it holds it either. */
 void tern_snapshot_free(tern_snapshot *snap);
+/* The bytes the snapshot holds itself (not its base's). */
 size_t tern_snapshot_bytes(const tern_snapshot *snap);
 
 

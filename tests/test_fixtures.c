@@ -289,6 +289,58 @@ static void check_snapshot(const char *name) {
     fx_close(&f);
 }
 
+/* A chain of snapshots each taken after the one before (tokens 0..32,
+ * 32..48, 48..64, the first two released by their owner at once): each
+ * holds only its own rows, and restoring the last, or the middle one,
+ * into a new session gives the same logits, bit for bit, as the session
+ * that went on. */
+static void check_snapshot_chain(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_error err;
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    const int at[3] = {32, 48, 64};
+    tern_snapshot *snap[3], *base = NULL;
+    for (int i = 0; i < 3; i++) {
+        int from = i ? at[i - 1] : 0;
+        free(eval_all(&f, s, f.prompt + from, at[i] - from));
+        snap[i] = tern_session_snapshot_after(s, base, &err);
+        cr_assert_not_null(snap[i], "%s", err.msg);
+        base = snap[i];
+    }
+    tern_snapshot *full = tern_session_snapshot(s, &err);
+    cr_assert_not_null(full, "%s", err.msg);
+    size_t sum = tern_snapshot_bytes(snap[0]) + tern_snapshot_bytes(snap[1]) + tern_snapshot_bytes(snap[2]);
+    cr_expect_lt(tern_snapshot_bytes(snap[2]), tern_snapshot_bytes(full), "%s: a later snapshot holds every row", name);
+    cr_expect_gt(sum, tern_snapshot_bytes(full), "%s: the chain's recurrent state is held once per link", name);
+    float *a = eval_all(&f, s, f.prompt + 64, 16);
+    tern_session *mid = new_session(&f, TERN_GDN_CHUNKED);
+    cr_assert_eq(tern_session_restore(mid, snap[1], &err), 0, "%s", err.msg);
+    free(eval_all(&f, mid, f.prompt + 48, 16));   /* (the same pieces as s took) */
+    float *m = eval_all(&f, mid, f.prompt + 64, 16);
+    tern_snapshot_free(snap[0]);
+    tern_snapshot_free(snap[1]);
+    tern_session *s2 = new_session(&f, TERN_GDN_CHUNKED);
+    cr_assert_eq(tern_session_restore(s2, snap[2], &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_pos(s2), 64);
+    float *c = eval_all(&f, s2, f.prompt + 64, 16);
+    size_t row = (size_t)f.V * sizeof(float);
+    cr_expect(memcmp(a, c, 16 * row) == 0, "%s: logits after restoring a chain differ", name);
+    cr_expect(memcmp(a, m, 16 * row) == 0, "%s: logits after restoring a chain's middle differ",
+              name);
+    tern_session *ahead = new_session(&f, TERN_GDN_CHUNKED);
+    free(eval_all(&f, ahead, f.prompt, 8));
+    cr_expect_null(tern_session_snapshot_after(ahead, snap[2], &err), "%s: a base past the session was taken", name);
+    free(a); free(m); free(c);
+    tern_snapshot_free(snap[2]);
+    tern_snapshot_free(full);
+    tern_session_destroy(s);
+    tern_session_destroy(mid);
+    tern_session_destroy(s2);
+    tern_session_destroy(ahead);
+    fx_close(&f);
+}
+
 /* MTP draft logits for (final hidden of token t, token t+1), t = 0..128:
  * all at once through the internal entry, and one at a time through the
  * public decode-time call. */
@@ -341,6 +393,7 @@ static void check_mtp(const char *name) {
     Test(fixture, N##_split_prefill) { check_split_prefill(#N); }                     \
     Test(fixture, N##_chunked_vs_recurrent) { check_modes_agree(#N); }                \
     Test(fixture, N##_snapshot_restore) { check_snapshot(#N); }                       \
+    Test(fixture, N##_snapshot_chain) { check_snapshot_chain(#N); }                   \
     Test(fixture, N##_mtp) { check_mtp(#N); }
 
 FIXTURE_TESTS(tiny)

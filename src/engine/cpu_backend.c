@@ -97,41 +97,31 @@ static int cpu_sample_in_flight(const tern_session *s) { return 0; }
 
 /* ---- snapshots: host copies ---------------------------------------------- */
 
-static size_t cpu_state_bytes(const tern_session *s, int pos) {
-    return tern_layer_state_bytes(&s->m->cfg, s->kvf.row_bytes, pos);
+static size_t cpu_state_bytes(const tern_session *s, int from, int pos, int recurrent) {
+    return tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, from, pos, recurrent);
 }
 
-/* Copies the layers' state at pos between the session and buf in
- * backend.h's order; to_buf picks the direction. */
-static void walk_layers(const tern_session *s, uint8_t *buf, int pos, int to_buf) {
+/* Copies the layer state's pieces between the session and buf; to_buf
+ * picks the direction. */
+static void walk_layers(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, int to_buf) {
     const tern_config *c = &s->m->cfg;
     const tern_cpu_state *st = s->state;
-    size_t row = s->kvf.row_bytes, off = 0;
-    size_t conv = tern_cfg_gdn_conv_floats(c) * sizeof(float), S = tern_cfg_gdn_state_floats(c) * sizeof(float);
-    void *parts[2];
-    size_t sizes[2];
-    for (int l = 0; l < c->n_layers; l++) {
-        int attn = c->layer_kind[l] == TERN_LAYER_ATTN;
-        parts[0] = attn ? (void *)st->kv[l].k : st->gdn[l].conv;
-        parts[1] = attn ? (void *)st->kv[l].v : st->gdn[l].S;
-        sizes[0] = attn ? (size_t)pos * row : conv;
-        sizes[1] = attn ? (size_t)pos * row : S;
-        for (int i = 0; i < 2; i++) {
-            if (!sizes[i]) continue;   /* an empty cache may have no buffer at all */
-            if (to_buf) memcpy(buf + off, parts[i], sizes[i]);
-            else memcpy(parts[i], buf + off, sizes[i]);
-            off += sizes[i];
-        }
+    tern_span sp[2 * TERN_MAX_LAYERS];
+    int n = tern_state_spans(c, st->kv, st->gdn, s->kvf.row_bytes, from, pos, recurrent, sp);
+    for (int i = 0; i < n; i++) {
+        if (to_buf) memcpy(buf, sp[i].p, sp[i].n);
+        else memcpy(sp[i].p, buf, sp[i].n);
+        buf += sp[i].n;
     }
 }
 
-static int cpu_save(const tern_session *s, uint8_t *buf, int pos, tern_error *err) {
-    walk_layers(s, buf, pos, 1);
+static int cpu_save(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, tern_error *err) {
+    walk_layers(s, buf, from, pos, recurrent, 1);
     return 0;
 }
 
-static int cpu_load(tern_session *s, const uint8_t *buf, int pos, tern_error *err) {
-    walk_layers(s, (uint8_t *)buf, pos, 0);
+static int cpu_load(tern_session *s, const uint8_t *buf, int from, int pos, int recurrent, tern_error *err) {
+    walk_layers(s, (uint8_t *)buf, from, pos, recurrent, 0);
     return 0;
 }
 

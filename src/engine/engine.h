@@ -114,17 +114,22 @@ static inline int tern_kv_next_cap(int cap, int needed, int max_ctx, tern_error 
  * positions, *cap updated. cpu_backend.c. */
 int tern_kv_reserve_host(tern_kv *kv, int *cap, int needed, int max_ctx, size_t row_bytes, tern_error *err);
 
-/* Bytes of the layers' state at pos (backend.h's snapshot order): K and V
- * rows up to pos per attention layer, conv window and state per DeltaNet
- * layer. */
-static inline size_t tern_layer_state_bytes(const tern_config *c, size_t row_bytes, int pos) {
-    size_t n = 0;
-    for (int l = 0; l < c->n_layers; l++)
-        n += c->layer_kind[l] == TERN_LAYER_ATTN
-                 ? 2 * (size_t)pos * row_bytes
-                 : (tern_cfg_gdn_conv_floats(c) + tern_cfg_gdn_state_floats(c)) * sizeof(float);
-    return n;
-}
+/* One piece of a session's layer state: n bytes at p (host or device
+ * memory, the backend's). */
+typedef struct tern_span {
+    uint8_t *p;
+    size_t n;
+} tern_span;
+
+/* The pieces of the layers' state a snapshot holds, in backend.h's order:
+ * every attention layer's K then V rows [from, pos), then, with recurrent,
+ * every DeltaNet layer's conv window then state. Empty pieces are left
+ * out (an empty cache may have no buffer). Returns how many went into
+ * out (at most 2 * n_layers). engine_state.c. */
+int tern_state_spans(const tern_config *c, const tern_kv *kv, const tern_gdn_state *gdn, size_t row_bytes, int from,
+                     int pos, int recurrent, tern_span *out);
+/* Their total size. */
+size_t tern_state_bytes(const tern_config *c, size_t row_bytes, int from, int pos, int recurrent);
 
 /* Runs T tokens through the model at positions pos..pos+T-1 and advances
  * pos. logits: T rows if all_logits, else the last row (may be NULL).

@@ -255,38 +255,31 @@ static int gpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *
  * stream and done once gpu_wait returns; they read the state the session's
  * last piece or step left, which ends synchronised. */
 
-static size_t gpu_state_bytes(const tern_session *s, int pos) {
-    return tern_layer_state_bytes(&s->m->cfg, s->kvf.row_bytes, pos);
+static size_t gpu_state_bytes(const tern_session *s, int from, int pos, int recurrent) {
+    return tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, from, pos, recurrent);
 }
 
-/* Enqueues the copies of the layers' state at pos between the session and
- * buf in backend.h's order; to_buf picks the direction. */
-static int walk_layers(const tern_session *s, uint8_t *buf, int pos, int to_buf, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
+/* Enqueues the copies of the layer state's pieces between the session and
+ * buf; to_buf picks the direction. */
+static int walk_layers(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, int to_buf,
+                       tern_error *err) {
     const gpu_session *g = s->state;
-    size_t row = s->kvf.row_bytes, off = 0;
-    size_t conv = tern_cfg_gdn_conv_floats(c) * sizeof(float), S = tern_cfg_gdn_state_floats(c) * sizeof(float);
-    for (int l = 0; l < c->n_layers; l++) {
-        int attn = c->layer_kind[l] == TERN_LAYER_ATTN;
-        void *parts[2] = {attn ? (void *)g->kv[l].k : g->gdn[l].conv, attn ? (void *)g->kv[l].v : g->gdn[l].S};
-        size_t sizes[2] = {attn ? (size_t)pos * row : conv, attn ? (size_t)pos * row : S};
-        for (int i = 0; i < 2; i++) {
-            if (!sizes[i]) continue;   /* an empty cache may have no buffer at all */
-            if (to_buf ? tern_cuda_copy(buf + off, parts[i], sizes[i], NULL, err)
-                       : tern_cuda_copy(parts[i], buf + off, sizes[i], NULL, err))
-                return -1;
-            off += sizes[i];
-        }
+    tern_span sp[2 * TERN_MAX_LAYERS];
+    int n = tern_state_spans(&s->m->cfg, g->kv, g->gdn, s->kvf.row_bytes, from, pos, recurrent, sp);
+    for (int i = 0; i < n; i++) {
+        if (to_buf ? tern_cuda_copy(buf, sp[i].p, sp[i].n, NULL, err) : tern_cuda_copy(sp[i].p, buf, sp[i].n, NULL, err))
+            return -1;
+        buf += sp[i].n;
     }
     return 0;
 }
 
-static int gpu_save(const tern_session *s, uint8_t *buf, int pos, tern_error *err) {
-    return walk_layers(s, buf, pos, 1, err);
+static int gpu_save(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, tern_error *err) {
+    return walk_layers(s, buf, from, pos, recurrent, 1, err);
 }
 
-static int gpu_load(tern_session *s, const uint8_t *buf, int pos, tern_error *err) {
-    return walk_layers(s, (uint8_t *)buf, pos, 0, err);
+static int gpu_load(tern_session *s, const uint8_t *buf, int from, int pos, int recurrent, tern_error *err) {
+    return walk_layers(s, (uint8_t *)buf, from, pos, recurrent, 0, err);
 }
 
 /* Host ends are copied at once, after the work before them. */

@@ -2,6 +2,7 @@
  * (position, the MTP head's KV rows, the last hidden state) and snapshots;
  * the sequence state itself and the steps are the session's backend's
  * (engine/backend.h), chosen when the session is created. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,9 +162,13 @@ int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, t
 struct tern_snapshot {
     const tern_model *m;
     const tern_backend *be;   /* whose memory data is */
-    int pos, mtp_pos, has_hidden, kv_bits;
+    int from, pos, mtp_pos, has_hidden, kv_bits;
     size_t n_bytes;
-    uint8_t *data;   /* the backend's layer state (backend.h), then MTP KV rows and the hidden state */
+    /* the KV rows [from, pos) and the recurrent state (backend.h), then the
+     * MTP head's KV rows and the hidden state */
+    uint8_t *data;
+    tern_snapshot *base;      /* holds the rows before from (NULL: from is 0) */
+    atomic_int refs;          /* the owner's, and one per snapshot taken after this one */
 };
 
 static size_t tail_bytes(const tern_session *s, int mtp_pos) {
@@ -192,29 +197,59 @@ static int load_tail(tern_session *s, const uint8_t *buf, size_t off, int mtp_po
     return be->copy(s->hidden, buf + off + 2 * kv, h, TERN_COPY_TO_HOST, err);
 }
 
-tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
+tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot *base, tern_error *err) {
+    if (base && (base->m != s->m || base->be != s->be || base->kv_bits != s->kvf.bits)) {
+        tern_fail(err, "snapshot_after: the base snapshot belongs to another model or KV precision");
+        return NULL;
+    }
+    if (base && base->pos > s->pos) {
+        tern_fail(err, "snapshot_after: the base snapshot is at position %d, past the session's %d", base->pos, s->pos);
+        return NULL;
+    }
     const tern_backend *be = s->be;
     tern_snapshot *snap = calloc(1, sizeof *snap);
-    if (!snap) { tern_fail(err, "out of memory"); return NULL; }
+    if (!snap) {
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
     snap->m = s->m;
     snap->be = be;
+    snap->from = base ? base->pos : 0;
     snap->pos = s->pos;
     snap->mtp_pos = s->mtp_pos;
     snap->has_hidden = s->has_hidden;
     snap->kv_bits = s->kvf.bits;
-    size_t layers = be->state_bytes(s, s->pos);
+    atomic_init(&snap->refs, 1);
+    size_t layers = be->state_bytes(s, snap->from, s->pos, 1);
     snap->n_bytes = layers + tail_bytes(s, s->mtp_pos);
     if (!(snap->data = be->snap_alloc(snap->n_bytes ? snap->n_bytes : 1, err))) {
         free(snap);
         return NULL;
     }
     /* the copies may only be enqueued: one wait for them all */
-    if (be->save(s, snap->data, s->pos, err) || save_tail(s, snap->data, layers, err) || be->wait(err)) {
+    if (be->save(s, snap->data, snap->from, s->pos, 1, err) || save_tail(s, snap->data, layers, err) ||
+        be->wait(err)) {
         tern_err_prefix(err, "the session state could not be copied");
         tern_snapshot_free(snap);
         return NULL;
     }
+    if (base) atomic_fetch_add(&base->refs, 1);
+    snap->base = base;
     return snap;
+}
+
+tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
+    return tern_session_snapshot_after(s, NULL, err);
+}
+
+/* The layer state of snap: its own rows and recurrent state, then the rows
+ * of each base before it (each chain link holds distinct positions). */
+static int load_chain(tern_session *s, const tern_snapshot *snap, tern_error *err) {
+    const tern_backend *be = s->be;
+    if (be->load(s, snap->data, snap->from, snap->pos, 1, err)) return -1;
+    for (const tern_snapshot *b = snap->base; b; b = b->base)
+        if (be->load(s, b->data, b->from, b->pos, 0, err)) return -1;
+    return 0;
 }
 
 int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error *err) {
@@ -225,9 +260,8 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
         tern_kv_reserve_host(&s->mtp_kv, &s->mtp_cap, snap->mtp_pos, s->max_ctx, s->kvf.row_bytes, err))
         return -1;
     const tern_backend *be = s->be;
-    size_t layers = be->state_bytes(s, snap->pos);
-    if (be->load(s, snap->data, snap->pos, err) || load_tail(s, snap->data, layers, snap->mtp_pos, err) ||
-        be->wait(err)) {
+    size_t layers = be->state_bytes(s, snap->from, snap->pos, 1);
+    if (load_chain(s, snap, err) || load_tail(s, snap->data, layers, snap->mtp_pos, err) || be->wait(err)) {
         s->broken = 1;
         tern_err_prefix(err, "the snapshot could not be copied into the session");
         return -1;
@@ -241,9 +275,12 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
 }
 
 void tern_snapshot_free(tern_snapshot *snap) {
-    if (!snap) return;
-    snap->be->snap_free(snap->data);
-    free(snap);
+    while (snap && atomic_fetch_sub(&snap->refs, 1) == 1) {
+        tern_snapshot *base = snap->base;
+        snap->be->snap_free(snap->data);
+        free(snap);
+        snap = base;   /* (a loop: a long chain's release needs no recursion) */
+    }
 }
 
 size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }

@@ -343,9 +343,23 @@ static void snapshot(const char *dir) {
     for (int i = 0; i < 2; i++) tern_session_eval(s, ids + 12 + i, 1, x + (size_t)(2 + i) * V, 0, &err);
     report("tern-tiny GPU snapshot/restore (bitwise)", memcmp(x, x + 2 * (size_t)V, 2 * (size_t)V * sizeof(float)) != 0,
            0);
-    free(x);
+    /* a snapshot after it (rows 12..14 only), restored into a new session
+     * with the first one released: the chain's rows and the last state */
+    tern_snapshot *after = tern_session_snapshot_after(s, snap, &err);
+    if (!after) { fprintf(stderr, "%s\n", err.msg); exit(2); }
     tern_snapshot_free(snap);
+    float *y = malloc((size_t)V * 2 * sizeof(float));
+    tern_session_eval(s, ids + 14, 1, y, 0, &err);
+    tern_session *s2 = tern_session_create(gpu, &sp, &err);
+    if (!s2 || tern_session_restore(s2, after, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    tern_session_eval(s2, ids + 14, 1, y + V, 0, &err);
+    report("tern-tiny GPU snapshot after another, restored (bitwise)",
+           memcmp(y, y + V, (size_t)V * sizeof(float)) != 0, 0);
+    free(x);
+    free(y);
+    tern_snapshot_free(after);
     tern_session_destroy(s);
+    tern_session_destroy(s2);
     tern_model_free(gpu);
 }
 
