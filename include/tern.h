@@ -213,6 +213,20 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap,
 void tern_snapshot_free(tern_snapshot *snap);
 /* The bytes the snapshot holds itself (not its base's). */
 size_t tern_snapshot_bytes(const tern_snapshot *snap);
+/* Writes the bytes the snapshot holds itself (not its base's) to f, behind
+ * a header with the model's identity, the positions and the KV precision,
+ * and followed by a SHA-256 of it all. */
+int tern_snapshot_write(const tern_snapshot *snap, FILE *f, tern_error *err);
+/* Reads one back for model m. base: the snapshot whose rows it continues
+ * (NULL when it starts at position 0), held as tern_session_snapshot_after
+ * holds it. Refuses, with a line naming the cause, a file of another model
+ * identity, sizes that do not agree, another base, a short file, or bytes
+ * whose SHA-256 differs. */
+tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, tern_snapshot *base, tern_error *err);
+/* 64 hex digits naming what a saved state's validity depends on: the
+ * engine (CPU kernels or GPU), the model's files (names, sizes, inodes,
+ * modification times) and its packed layout. */
+int tern_model_identity(const tern_model *m, char hex[65], tern_error *err);
 
 
 /* ---- text --------------------------------------------------------------- */

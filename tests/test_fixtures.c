@@ -341,6 +341,79 @@ static void check_snapshot_chain(const char *name) {
     fx_close(&f);
 }
 
+/* Snapshot files: a chain written and read back restores bit for bit; a
+ * flipped byte, a cut file, a missing base and another model's file are
+ * refused, each with its cause. */
+static tern_snapshot *read_back(fx *f, FILE *fp, tern_snapshot *base, tern_error *err) {
+    rewind(fp);
+    return tern_snapshot_read(f->m, fp, base, err);
+}
+
+static FILE *written(const tern_snapshot *snap) {
+    FILE *fp = tmpfile();
+    tern_error err;
+    cr_assert_not_null(fp);
+    cr_assert_eq(tern_snapshot_write(snap, fp, &err), 0, "%s", err.msg);
+    return fp;
+}
+
+static void check_snapshot_file(const char *name) {
+    fx f;
+    fx_open(&f, name);
+    tern_error err;
+    tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
+    free(eval_all(&f, s, f.prompt, 32));
+    tern_snapshot *a = tern_session_snapshot(s, &err);
+    cr_assert_not_null(a, "%s", err.msg);
+    free(eval_all(&f, s, f.prompt + 32, 32));
+    tern_snapshot *b = tern_session_snapshot_after(s, a, &err);
+    cr_assert_not_null(b, "%s", err.msg);
+    float *want = eval_all(&f, s, f.prompt + 64, 16);
+    FILE *fa = written(a), *fb = written(b);
+    tern_snapshot *ra = read_back(&f, fa, NULL, &err);
+    cr_assert_not_null(ra, "%s", err.msg);
+    tern_snapshot *rb = read_back(&f, fb, ra, &err);
+    cr_assert_not_null(rb, "%s", err.msg);
+    tern_snapshot_free(ra);
+    tern_session *s2 = new_session(&f, TERN_GDN_CHUNKED);
+    cr_assert_eq(tern_session_restore(s2, rb, &err), 0, "%s", err.msg);
+    float *got = eval_all(&f, s2, f.prompt + 64, 16);
+    cr_expect(memcmp(want, got, (size_t)16 * f.V * sizeof(float)) == 0, "%s: a chain read back differs", name);
+
+    cr_expect_null(read_back(&f, fb, NULL, &err), "%s: a file continuing a snapshot read without its base", name);
+    cr_expect(strstr(err.msg, "continues a snapshot at position 32"), "%s", err.msg);
+    fseek(fa, 0, SEEK_END);
+    long size = ftell(fa);
+    fseek(fa, size / 2, SEEK_SET);
+    int c = fgetc(fa);
+    fseek(fa, size / 2, SEEK_SET);
+    fputc(c ^ 1, fa);
+    cr_expect_null(read_back(&f, fa, NULL, &err), "%s: a flipped byte was read", name);
+    cr_expect(strstr(err.msg, "SHA-256"), "%s", err.msg);
+    FILE *cut = tmpfile();
+    rewind(fa);
+    for (long i = 0; i < size - 100; i++) fputc(fgetc(fa), cut);
+    cr_expect_null(read_back(&f, cut, NULL, &err), "%s: a cut file was read", name);
+    cr_expect(strstr(err.msg, "shorter"), "%s", err.msg);
+    fx other;
+    fx_open(&other, strcmp(name, "tiny") ? "tiny" : "odd");
+    cr_expect_null(read_back(&other, fb, NULL, &err), "%s: another model read the file", name);
+    cr_expect(strstr(err.msg, "another model"), "%s", err.msg);
+    char id1[65], id2[65];
+    cr_assert_eq(tern_model_identity(f.m, id1, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_model_identity(other.m, id2, &err), 0, "%s", err.msg);
+    cr_expect(strcmp(id1, id2) != 0);
+    fx_close(&other);
+    fclose(fa); fclose(fb); fclose(cut);
+    free(want); free(got);
+    tern_snapshot_free(a);
+    tern_snapshot_free(b);
+    tern_snapshot_free(rb);
+    tern_session_destroy(s);
+    tern_session_destroy(s2);
+    fx_close(&f);
+}
+
 /* MTP draft logits for (final hidden of token t, token t+1), t = 0..128:
  * all at once through the internal entry, and one at a time through the
  * public decode-time call. */
@@ -394,6 +467,7 @@ static void check_mtp(const char *name) {
     Test(fixture, N##_chunked_vs_recurrent) { check_modes_agree(#N); }                \
     Test(fixture, N##_snapshot_restore) { check_snapshot(#N); }                       \
     Test(fixture, N##_snapshot_chain) { check_snapshot_chain(#N); }                   \
+    Test(fixture, N##_snapshot_file) { check_snapshot_file(#N); }                     \
     Test(fixture, N##_mtp) { check_mtp(#N); }
 
 FIXTURE_TESTS(tiny)

@@ -131,6 +131,14 @@ int tern_state_spans(const tern_config *c, const tern_kv *kv, const tern_gdn_sta
 /* Their total size. */
 size_t tern_state_bytes(const tern_config *c, size_t row_bytes, int from, int pos, int recurrent);
 
+/* The KV rows' layout for bits (0: 32, fp32 rows; 16, 8, 4 quantized).
+ * session.c. */
+int tern_kv_format_init(tern_kv_format *f, const tern_config *c, int bits, tern_error *err);
+
+/* KV rows for `needed` positions, refused past the session's context
+ * (session.c). */
+int tern_session_reserve_rows(tern_session *s, int needed, tern_error *err);
+
 /* Runs T tokens through the model at positions pos..pos+T-1 and advances
  * pos. logits: T rows if all_logits, else the last row (may be NULL).
  * hidden_out: [T, hidden] final-normed states (may be NULL). session.c:

@@ -2,7 +2,6 @@
  * (position, the MTP head's KV rows, the last hidden state) and snapshots;
  * the sequence state itself and the steps are the session's backend's
  * (engine/backend.h), chosen when the session is created. */
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,13 +9,13 @@
 #include "util/err.h"
 
 /* The KV rows for `needed` positions, within the session's context. */
-static int reserve(tern_session *s, int needed, tern_error *err) {
+int tern_session_reserve_rows(tern_session *s, int needed, tern_error *err) {
     if (needed > s->max_ctx)
         return tern_fail(err, "context full: %d tokens exceed the session's max context of %d", needed, s->max_ctx);
     return s->be->reserve(s, needed, err);
 }
 
-static int init_kv_format(tern_kv_format *f, const tern_config *c, int bits, tern_error *err) {
+int tern_kv_format_init(tern_kv_format *f, const tern_config *c, int bits, tern_error *err) {
     f->bits = bits ? bits : 32;
     if (f->bits == 32) {
         f->row_bytes = (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
@@ -42,7 +41,7 @@ tern_session *tern_session_create(tern_model *m, const tern_session_params *p, t
         return NULL;
     }
     int kv_bits = p && p->kv_bits ? p->kv_bits : s->be->kv_bits;
-    if (init_kv_format(&s->kvf, c, kv_bits, err) != 0) {
+    if (tern_kv_format_init(&s->kvf, c, kv_bits, err) != 0) {
         free(s);
         return NULL;
     }
@@ -96,7 +95,7 @@ static int can_eval(const tern_session *s, int n, tern_error *err) {
 int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                  float *hidden_out, tern_error *err) {
     if (T <= 0) return tern_fail(err, "no tokens to evaluate");
-    if (tern_check_tokens(&s->m->cfg, tokens, T, err) || reserve(s, s->pos + T, err)) return -1;
+    if (tern_check_tokens(&s->m->cfg, tokens, T, err) || tern_session_reserve_rows(s, s->pos + T, err)) return -1;
     return s->be->forward(s, tokens, T, logits, all_logits, hidden_out, err);
 }
 
@@ -156,134 +155,6 @@ int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, t
     if (!s->has_hidden) return tern_fail(err, "MTP draft needs at least one evaluated token");
     return tern_mtp_forward(s, s->hidden, &next_token, 1, logits, err);
 }
-
-/* ---- snapshots ---------------------------------------------------------- */
-
-struct tern_snapshot {
-    const tern_model *m;
-    const tern_backend *be;   /* whose memory data is */
-    int from, pos, mtp_pos, has_hidden, kv_bits;
-    size_t n_bytes;
-    /* the KV rows [from, pos) and the recurrent state (backend.h), then the
-     * MTP head's KV rows and the hidden state */
-    uint8_t *data;
-    tern_snapshot *base;      /* holds the rows before from (NULL: from is 0) */
-    atomic_int refs;          /* the owner's, and one per snapshot taken after this one */
-};
-
-static size_t tail_bytes(const tern_session *s, int mtp_pos) {
-    return 2 * (size_t)mtp_pos * s->kvf.row_bytes + (size_t)s->m->cfg.hidden * sizeof(float);
-}
-
-/* After the layers, the host state at off: the MTP head's K and V rows,
- * then the hidden state, from where the last step left it. */
-static int save_tail(const tern_session *s, uint8_t *buf, size_t off, tern_error *err) {
-    const tern_backend *be = s->be;
-    size_t kv = (size_t)s->mtp_pos * s->kvf.row_bytes, h = (size_t)s->m->cfg.hidden * sizeof(float);
-    if (kv && (be->copy(buf + off, s->mtp_kv.k, kv, TERN_COPY_TO_BE, err) ||
-               be->copy(buf + off + kv, s->mtp_kv.v, kv, TERN_COPY_TO_BE, err)))
-        return -1;
-    off += 2 * kv;
-    if (s->hidden_dev) return be->copy(buf + off, s->hidden_dev, h, TERN_COPY_IN_BE, err);
-    return be->copy(buf + off, s->hidden, h, TERN_COPY_TO_BE, err);
-}
-
-static int load_tail(tern_session *s, const uint8_t *buf, size_t off, int mtp_pos, tern_error *err) {
-    const tern_backend *be = s->be;
-    size_t kv = (size_t)mtp_pos * s->kvf.row_bytes, h = (size_t)s->m->cfg.hidden * sizeof(float);
-    if (kv && (be->copy(s->mtp_kv.k, buf + off, kv, TERN_COPY_TO_HOST, err) ||
-               be->copy(s->mtp_kv.v, buf + off + kv, kv, TERN_COPY_TO_HOST, err)))
-        return -1;
-    return be->copy(s->hidden, buf + off + 2 * kv, h, TERN_COPY_TO_HOST, err);
-}
-
-tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot *base, tern_error *err) {
-    if (base && (base->m != s->m || base->be != s->be || base->kv_bits != s->kvf.bits)) {
-        tern_fail(err, "snapshot_after: the base snapshot belongs to another model or KV precision");
-        return NULL;
-    }
-    if (base && base->pos > s->pos) {
-        tern_fail(err, "snapshot_after: the base snapshot is at position %d, past the session's %d", base->pos, s->pos);
-        return NULL;
-    }
-    const tern_backend *be = s->be;
-    tern_snapshot *snap = calloc(1, sizeof *snap);
-    if (!snap) {
-        tern_fail(err, "out of memory");
-        return NULL;
-    }
-    snap->m = s->m;
-    snap->be = be;
-    snap->from = base ? base->pos : 0;
-    snap->pos = s->pos;
-    snap->mtp_pos = s->mtp_pos;
-    snap->has_hidden = s->has_hidden;
-    snap->kv_bits = s->kvf.bits;
-    atomic_init(&snap->refs, 1);
-    size_t layers = be->state_bytes(s, snap->from, s->pos, 1);
-    snap->n_bytes = layers + tail_bytes(s, s->mtp_pos);
-    if (!(snap->data = be->snap_alloc(snap->n_bytes ? snap->n_bytes : 1, err))) {
-        free(snap);
-        return NULL;
-    }
-    /* the copies may only be enqueued: one wait for them all */
-    if (be->save(s, snap->data, snap->from, s->pos, 1, err) || save_tail(s, snap->data, layers, err) ||
-        be->wait(err)) {
-        tern_err_prefix(err, "the session state could not be copied");
-        tern_snapshot_free(snap);
-        return NULL;
-    }
-    if (base) atomic_fetch_add(&base->refs, 1);
-    snap->base = base;
-    return snap;
-}
-
-tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err) {
-    return tern_session_snapshot_after(s, NULL, err);
-}
-
-/* The layer state of snap: its own rows and recurrent state, then the rows
- * of each base before it (each chain link holds distinct positions). */
-static int load_chain(tern_session *s, const tern_snapshot *snap, tern_error *err) {
-    const tern_backend *be = s->be;
-    if (be->load(s, snap->data, snap->from, snap->pos, 1, err)) return -1;
-    for (const tern_snapshot *b = snap->base; b; b = b->base)
-        if (be->load(s, b->data, b->from, b->pos, 0, err)) return -1;
-    return 0;
-}
-
-int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error *err) {
-    if (snap->m != s->m || snap->be != s->be) return tern_fail(err, "snapshot belongs to another model");
-    if (snap->kv_bits != s->kvf.bits)
-        return tern_fail(err, "snapshot has %d-bit KV rows, the session %d-bit", snap->kv_bits, s->kvf.bits);
-    if (reserve(s, snap->pos, err) ||
-        tern_kv_reserve_host(&s->mtp_kv, &s->mtp_cap, snap->mtp_pos, s->max_ctx, s->kvf.row_bytes, err))
-        return -1;
-    const tern_backend *be = s->be;
-    size_t layers = be->state_bytes(s, snap->from, snap->pos, 1);
-    if (load_chain(s, snap, err) || load_tail(s, snap->data, layers, snap->mtp_pos, err) || be->wait(err)) {
-        s->broken = 1;
-        tern_err_prefix(err, "the snapshot could not be copied into the session");
-        return -1;
-    }
-    s->pos = snap->pos;
-    s->broken = 0;
-    s->mtp_pos = snap->mtp_pos;
-    s->has_hidden = snap->has_hidden;
-    s->hidden_dev = NULL;
-    return 0;
-}
-
-void tern_snapshot_free(tern_snapshot *snap) {
-    while (snap && atomic_fetch_sub(&snap->refs, 1) == 1) {
-        tern_snapshot *base = snap->base;
-        snap->be->snap_free(snap->data);
-        free(snap);
-        snap = base;   /* (a loop: a long chain's release needs no recursion) */
-    }
-}
-
-size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }
 
 void tern_session_set_route_observer(tern_session *s, tern_route_fn fn, void *ud) {
     s->route_fn = fn;
