@@ -184,6 +184,29 @@ Test(pcache, recency_among_equals) {
     pcache_destroy(c);
 }
 
+/* A hit below a base is a use of the base: once its descendant is gone it
+ * outlives a checkpoint of the same value used before that hit. */
+Test(pcache, a_hit_refreshes_the_bases) {
+    pcache *c = pcache_create(3 * S);
+    int32_t s[200], x[200], y[400], z[400];
+    seq(s, 200, 1);
+    seq(x, 200, 10000);
+    seq(y, 400, 20000);
+    seq(z, 400, 30000);
+    insert(c, s, 100);
+    insert(c, x, 100);   /* as valuable as s's, and used after it */
+    insert(c, s, 150);   /* held by nothing: the first to go */
+    cr_expect_eq(found(c, s, 200), 150);   /* used through s[0..150) */
+    insert(c, y, 300);
+    int exact;   /* (not a lookup: that would be a use of s's) */
+    pc_node *nd = pcache_base(c, s, 150, &exact);
+    cr_expect(nd && !exact && pc_node_depth(nd) == 100, "the descendant went first");
+    insert(c, z, 300);
+    cr_expect_eq(found(c, x, 200), 0, "the base was used later than x");
+    cr_expect_eq(found(c, s, 200), 100);
+    pcache_destroy(c);
+}
+
 /* Random conversations from a small alphabet (many shared prefixes, edges
  * split and merged again): the invariants hold throughout, and a lookup
  * never gives a checkpoint deeper than the prompt allows. */

@@ -93,9 +93,16 @@ static void touch(pcache *c, pc_node *nd) {
     nd->used = ++c->clock;
 }
 
+/* A use of nd is a use of the prefixes it was built on: its bases are
+ * refreshed with it, so a shared prefix is as recent as its most recently
+ * used descendant once they are gone. */
+static void hit(pcache *c, pc_node *nd) {
+    for (; nd; nd = nd->base) touch(c, nd);
+}
+
 pc_node *pcache_lookup(pcache *c, const int32_t *prompt, int n) {
     pc_node *best = walk(c, prompt, n, n - 1, NULL);
-    if (best) touch(c, best);
+    if (best) hit(c, best);
     return best;
 }
 
@@ -103,7 +110,7 @@ pc_node *pcache_base(pcache *c, const int32_t *tokens, int n, int *exact) {
     pc_node *best = walk(c, tokens, n, n, NULL);
     *exact = best && best->depth == n;
     /* the conversation passed this checkpoint again: it is in use */
-    if (*exact) touch(c, best);
+    if (*exact) hit(c, best);
     return best;
 }
 
@@ -249,7 +256,7 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap) 
     nd->lnext = c->list;
     if (c->list) c->list->lprev = nd;
     c->list = nd;
-    touch(c, nd);
+    hit(c, nd);
     pthread_mutex_lock(&c->mu);
     c->st.bytes += bytes;
     c->st.checkpoints++;

@@ -21,7 +21,9 @@
  * tie) and L rises to its H, so a checkpoint not used for a while loses to
  * newer ones, faster the less it saves per byte. A long shared prefix (a
  * system prompt) is held by every checkpoint of a conversation after it,
- * so it goes only after all of them.
+ * so it goes only after all of them; and a use of a checkpoint (a hit, or
+ * a checkpoint added below it) refreshes its bases too, so the prefix is
+ * then as recent as the conversation used last.
  *
  * Not thread-safe: the scheduler's thread owns it; the statistics have
  * their own lock (pcache_stats may be called from any thread). */
@@ -42,7 +44,8 @@ void pcache_destroy(pcache *c);
 
 /* The deepest checkpoint whose path is a prefix of prompt[0..n) with fewer
  * than n tokens (the prompt's last token must still be evaluated for its
- * logits); NULL if none. Counts a hit on it (its priority is refreshed). */
+ * logits); NULL if none. Counts a hit on it (its priority and its bases'
+ * are refreshed). */
 pc_node *pcache_lookup(pcache *c, const int32_t *prompt, int n);
 
 /* The deepest checkpoint whose path is a prefix of tokens[0..n), n
