@@ -140,9 +140,11 @@ int srv_run(const srv_params *p) {
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %.0f MiB%s\n",
-            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit,
-            (double)sp.cache_bytes / (1 << 20), p->api_key ? ", API key required" : "");
+    char cache[64] = "off";
+    if (sp.cache_bytes) snprintf(cache, sizeof cache, "%.0f MiB", (double)sp.cache_bytes / (1 << 20));
+    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
+            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
+            p->api_key ? ", API key required" : "");
 
     pthread_mutex_lock(&ss.mu);
     while (ss.count == 0) pthread_cond_wait(&ss.cv, &ss.mu);
