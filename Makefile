@@ -87,11 +87,12 @@ test: deps
 
 # tern serve end to end (tests/server, Python): the official SDKs and the real
 # Codex and Claude Code CLIs, installed from PyPI at test time into
-# build/pydeps; then the malformed-request corpus and the concurrency tests
-# again against the ASan build.
+# build/pydeps; then the malformed-request corpus, the concurrency and the
+# prefix cache tests again against the ASan build.
 test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
-	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py
+	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
+	    tests/server/test_prefix_cache.py
 
 # The server under load for SOAK_SECONDS (default 600): 32 streaming clients,
 # disconnects, slow readers and malformed requests; memory and descriptors must

@@ -736,6 +736,40 @@ Test(server, prompt_boundary) {
     json_decref(msgs);
 }
 
+/* With a system prompt the prompt also splits where the first message
+ * ends (a checkpoint other conversations share), still tokenizing as the
+ * whole text does. */
+Test(server, prompt_first_message_boundary) {
+    const char *mj = "[{\"role\":\"system\",\"content\":\"You tell fortunes.\"},"
+                     "{\"role\":\"user\",\"content\":\"Hello there\"}]";
+    json_t *msgs = json_loads(mj, 0, NULL);
+    srv_job *j = srv_job_create();
+    srv_prompt_opts po = {.thinking = 1};
+    srv_err e = {0};
+    cr_assert_eq(srv_build_chat_prompt(&ctx, msgs, NULL, &po, j, &e), 0, "%s", e.msg);
+    cr_assert(j->first_boundary > 0 && j->first_boundary < j->boundary && j->boundary < j->n_prompt);
+    tern_chat_options o;
+    tern_chat_options_default(&o);
+    o.add_generation_prompt = 1;
+    tern_error err;
+    char *whole = tern_chat_render(mj, NULL, &o, &err);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tern_tokenizer_encode(ctx.tok, whole, strlen(whole), 0, &ids, &n, &err), 0);
+    cr_assert_eq((int)n, j->n_prompt);
+    cr_expect_arr_eq(ids, j->prompt, n * sizeof *ids);
+    char *head;
+    size_t hl;
+    cr_assert_eq(tern_tokenizer_decode(ctx.tok, j->prompt, (size_t)j->first_boundary, 0, &head, &hl, &err), 0);
+    cr_expect(hl >= 11 && !strcmp(head + hl - 11, "<|im_end|>\n") && strstr(head, "fortunes") && !strstr(head, "Hello"),
+              "the first boundary is after the system message: %s", head);
+    free(head);
+    free(ids);
+    free(whole);
+    srv_job_release(j);
+    json_decref(msgs);
+}
+
 /* A generation that fails mid-stream ends the stream in each API's way:
  * an error chunk then [DONE] (chat), response.failed (responses), an
  * error event (messages). */

@@ -229,8 +229,11 @@ def main():
     ap.add_argument("--json", help="write the samples and the verdict here")
     a = ap.parse_args()
     helpers.TERN_BIN = a.bin
+    # a prefix cache small enough to fill during the warm-up (RSS grows up to its budget, then must stay flat)
+    # and to evict all along
     server = helpers.Server(["--ctx", CTX, "--queue-limit", 2 * a.clients, "--max-connections", 4 * a.clients,
-                             "--max-body", MAX_BODY, "--read-timeout", 5, "--heartbeat", 1, "--no-think"])
+                             "--max-body", MAX_BODY, "--read-timeout", 5, "--heartbeat", 1, "--no-think",
+                             "--cache-ram", "8M"])
     pid = server.proc.pid
     base = sample(pid)
     print(f"soak: tern serve pid {pid} on port {server.port}: {a.clients} clients for {a.seconds:.0f} s; "

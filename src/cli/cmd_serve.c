@@ -20,8 +20,12 @@ static void serve_usage(FILE *f) {
             "  --api-key KEY          require Authorization: Bearer KEY or x-api-key: KEY (default: none)\n"
             "  --model-id NAME        the name responses carry (default: the model directory's name)\n"
             "  --strict-model         refuse requests that name another model (default: any name is served)\n"
-            "  --slots N              conversations kept for prefix reuse (default 4)\n"
+            "  --slots N              live sessions kept for conversations that continue (default 4)\n"
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
+            "  --cache-ram SIZE       prefix cache: checkpoint bytes kept (default a quarter of the available\n"
+            "                         RAM, at most 32G; 4G on a GPU); 0 turns it off\n"
+            "  --cache-checkpoint-interval N   prompt tokens between checkpoints of a long prefill\n"
+            "                         (default 2048; 0: only at message boundaries and the ends)\n"
             "  --max-tokens N         default generation limit (default: until the context ends)\n"
             "  --responses-store N    responses kept in memory for previous_response_id (default 64)\n"
             "  --max-body SIZE        largest request body (default 8M; 413 beyond)\n"
@@ -62,7 +66,8 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 int tern_cli_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
                     .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .queue_limit = 16,
-                    .responses_store = 64, .max_tokens = -1, .think = 1};
+                    .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1,
+                    .checkpoint_interval = 2048};
     tern_synth_params synth = {.bits = 4};
     const char *synth_shape = NULL;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -83,7 +88,8 @@ int tern_cli_serve(int argc, char **argv) {
         int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
-                        IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer");
+                        IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
+                        IS("--cache-ram") || IS("--cache-checkpoint-interval");
         if (!serve_opt) { rest[n_rest++] = argv[i]; continue; }
         if (!v) { fprintf(stderr, "tern serve: %s needs a value\n", a); bad = 1; break; }
         i++;
@@ -101,7 +107,15 @@ int tern_cli_serve(int argc, char **argv) {
         else if (IS("--read-timeout")) bad = parse_seconds(a, v, &p.read_timeout_s);
         else if (IS("--idle-timeout")) bad = parse_seconds(a, v, &p.idle_timeout_s);
         else if (IS("--heartbeat")) bad = parse_seconds(a, v, &p.heartbeat_s);
-        else if (IS("--synth")) synth_shape = v;
+        else if (IS("--cache-checkpoint-interval")) bad = parse_int(a, v, 0, INT_MAX, &p.checkpoint_interval);
+        else if (IS("--cache-ram")) {
+            if (tern_parse_size(v, &size, &err) || size > (1ull << 50)) {
+                fprintf(stderr, "tern serve: --cache-ram needs a size such as 8G (0 turns the cache off), got '%s'\n",
+                        v);
+                bad = 1;
+            }
+            p.cache_ram = (long long)size;
+        } else if (IS("--synth")) synth_shape = v;
         else if (IS("--bits") && (bad = strcmp(v, "4") && strcmp(v, "8")))
             fprintf(stderr, "tern serve: --bits must be 4 or 8, got '%s'\n", v);
         else if (IS("--bits")) synth.bits = atoi(v);

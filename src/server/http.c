@@ -425,8 +425,11 @@ static enum MHD_Result answer_models(req *r, struct MHD_Connection *c, srv_ctx *
 static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx *ctx) {
     srv_gauges g = {0};
     tern_stream_stats ss;
+    srv_cache_stats cs;
     if (ctx) {
         srv_sched_load(ctx->sched, &g.queued, &g.generating);
+        srv_sched_cache_stats(ctx->sched, &cs);
+        g.cache = &cs;
         tern_model_stream_stats(ctx->m, &ss);
         g.experts = &ss;
     }

@@ -41,9 +41,9 @@ typedef struct srv_usage {
     int reasoning_tokens;    /* of which inside the reasoning block */
     double queue_s;          /* submitted until the engine took it */
     double prefill_s;        /* the engine took it until the first token was drawn, of which: */
-    double restore_s;        /*   a kept session reset or its snapshot restored */
+    double restore_s;        /*   a kept session reset or a checkpoint restored */
     double eval_s;           /*   the prompt evaluated, all but its last token */
-    double snapshot_s;       /*   the snapshot taken at the prompt's boundary */
+    double snapshot_s;       /*   the checkpoints taken during the prefill */
     double decode_s;         /* the first token until the last */
 } srv_usage;
 
@@ -85,7 +85,9 @@ typedef struct srv_job {
     int32_t *prompt;         /* rendered and tokenized */
     int n_prompt;
     int boundary;            /* prompt tokens before the generation prompt (the chat's last message
-                              * boundary): the slot snapshots there; 0 = none */
+                              * boundary): a checkpoint is taken there; 0 = none */
+    int first_boundary;      /* prompt tokens of the first message (the system prompt, which
+                              * conversations share): a checkpoint too; 0 = none */
     tern_sampler_params sampling;
     int max_tokens;          /* < 0: until EOS or the context's end */
     int ignore_eos;          /* generate past end-of-sequence ids (benchmarks) */

@@ -87,8 +87,27 @@ static void counter(sbuf *out, const char *name, const char *help, unsigned long
     sbuf_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
 }
 
+static void gauge_u(sbuf *out, const char *name, const char *help, unsigned long long v) {
+    sbuf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
+}
+
 static void gauge(sbuf *out, const char *name, const char *help, double v) {
     sbuf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
+}
+
+static void render_cache(sbuf *out, const srv_cache_stats *c) {
+    sbuf_puts(out, "# HELP tern_prefix_cache_hits_total Generations that reused a prompt prefix: a live session "
+                   "continued, or a checkpoint restored.\n# TYPE tern_prefix_cache_hits_total counter\n");
+    sbuf_printf(out, "tern_prefix_cache_hits_total{source=\"live\"} %llu\n", c->hits_live);
+    sbuf_printf(out, "tern_prefix_cache_hits_total{source=\"checkpoint\"} %llu\n", c->hits_restored);
+    counter(out, "tern_prefix_cache_misses_total", "Generations that prefilled their whole prompt.", c->misses);
+    counter(out, "tern_prefix_cache_restored_tokens_total", "Prompt tokens restored from checkpoints.",
+            c->restored_tokens);
+    counter(out, "tern_prefix_cache_checkpoints_total", "Checkpoints added to the prefix cache.", c->inserted);
+    counter(out, "tern_prefix_cache_evictions_total", "Checkpoints evicted to stay within the budget.", c->evicted);
+    gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held.", (unsigned long long)c->checkpoints);
+    gauge_u(out, "tern_prefix_cache_bytes", "Bytes of checkpoints held (RAM tier).", c->bytes);
+    gauge_u(out, "tern_prefix_cache_budget_bytes", "The prefix cache's budget (--cache-ram).", c->budget);
 }
 
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
@@ -100,7 +119,7 @@ void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
                     m->req[i].status, m->req[i].n);
     counter(out, "tern_generations_total", "Generations finished.", m->generations);
     counter(out, "tern_prompt_tokens_total", "Prompt tokens of finished generations.", m->prompt_tokens);
-    counter(out, "tern_cached_prompt_tokens_total", "Prompt tokens reused from a kept session, not prefilled.",
+    counter(out, "tern_cached_prompt_tokens_total", "Prompt tokens reused (a live session or a checkpoint), not prefilled.",
             m->cached_tokens);
     counter(out, "tern_generated_tokens_total", "Tokens generated.", m->generated_tokens);
     render_hist(out, "tern_time_to_first_token_seconds", "From a request's submission to its first token.", &m->ttft,
@@ -111,6 +130,7 @@ void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
     gauge(out, "tern_queue_depth", "Requests waiting for the engine.", g->queued);
     gauge(out, "tern_requests_generating", "Requests the engine is running.", g->generating);
     gauge(out, "tern_requests_in_flight", "HTTP requests being handled.", g->in_flight);
+    if (g->cache) render_cache(out, g->cache);
     if (g->experts && g->experts->streaming) {
         const tern_stream_stats *s = g->experts;
         unsigned long long req = s->hits + s->misses;

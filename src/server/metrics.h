@@ -4,6 +4,7 @@
 
 #include "server/job.h"
 #include "server/sbuf.h"
+#include "server/sched.h"
 #include "tern.h"
 
 typedef struct srv_metrics srv_metrics;
@@ -18,6 +19,7 @@ void srv_metrics_generation(srv_metrics *m, const srv_usage *u, double ttft_s);
 typedef struct srv_gauges {
     int queued, generating, in_flight;
     const tern_stream_stats *experts;   /* NULL: not loaded */
+    const srv_cache_stats *cache;       /* NULL: not loaded */
 } srv_gauges;
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out);
 

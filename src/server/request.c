@@ -447,6 +447,7 @@ static int append_ids(srv_job *j, const int32_t *ids, size_t n) {
 /* The start of the generation prompt the template appends after the last
  * message (its thinking part follows). */
 static const char GEN_PROMPT[] = "<|im_start|>assistant\n";
+static const char MSG_START[] = "<|im_start|>";
 
 /* The last occurrence of needle in s[0..n), or NULL. */
 static const char *last_of(const char *s, size_t n, const char *needle) {
@@ -454,6 +455,34 @@ static const char *last_of(const char *s, size_t n, const char *needle) {
     for (size_t i = n >= m ? n - m + 1 : 0; i-- > 0;)
         if (memcmp(s + i, needle, m) == 0) return s + i;
     return NULL;
+}
+
+/* Tokenizes text[0..n) onto the job's prompt. */
+static int append_text(srv_ctx *c, srv_job *j, const char *text, size_t n, srv_err *e) {
+    int32_t *ids = NULL;
+    size_t k = 0;
+    if (srv_tokenize(c, text, n, &ids, &k, e)) return -1;
+    int rc = append_ids(j, ids, k);
+    free(ids);
+    if (rc) srv_fail(e, 500, NULL, "out of memory");
+    return rc;
+}
+
+/* Tokenizes the rendered conversation, cut before added tokens (so the
+ * pieces tokenize as the whole does) where checkpoints belong: the end of
+ * the first message (the system prompt and tools, which conversations
+ * share) and the end of the last one (before the generation prompt). */
+static int tokenize_chat(srv_ctx *c, srv_job *j, const char *text, srv_err *e) {
+    size_t len = strlen(text);
+    const char *gen = last_of(text, len, GEN_PROMPT);
+    size_t head = gen ? (size_t)(gen - text) : len;
+    const char *second = head > 1 ? memmem(text + 1, head - 1, MSG_START, strlen(MSG_START)) : NULL;
+    size_t first = second ? (size_t)(second - text) : 0;
+    if (first && append_text(c, j, text, first, e)) return -1;
+    j->first_boundary = j->n_prompt;
+    if (append_text(c, j, text + first, head - first, e)) return -1;
+    j->boundary = gen ? j->n_prompt : 0;
+    return append_text(c, j, text + head, len - head, e);
 }
 
 int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
@@ -466,23 +495,11 @@ int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv
     opt.add_generation_prompt = 1;
     tern_error err;
     char *text = NULL;
-    int32_t *ids = NULL;
-    size_t n = 0;
     int rc = -1;
     if (!mj || (tools && !tj)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
     if (!(text = tern_chat_render(mj, tj, &opt, &err))) { srv_fail(e, 400, "messages", "%s", err.msg); goto done; }
+    if (tokenize_chat(c, j, text, e)) goto done;
     size_t len = strlen(text);
-    const char *gen = last_of(text, len, GEN_PROMPT);
-    size_t head = gen ? (size_t)(gen - text) : len;
-    /* The generation prompt starts with an added token, so the two halves
-     * tokenize as the whole does; the boundary is where the last message ends. */
-    if (srv_tokenize(c, text, head, &ids, &n, e)) goto done;
-    if (append_ids(j, ids, n)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
-    free(ids);
-    ids = NULL;
-    j->boundary = gen ? j->n_prompt : 0;
-    if (srv_tokenize(c, text + head, len - head, &ids, &n, e)) goto done;
-    if (append_ids(j, ids, n)) { srv_fail(e, 500, NULL, "out of memory"); goto done; }
     const char *open = "<think>\n";
     j->start_in_reasoning = len >= strlen(open) && !strcmp(text + len - strlen(open), open);
     if (j->n_prompt >= c->n_ctx) {
@@ -496,7 +513,6 @@ done:
     free(mj);
     free(tj);
     free(text);
-    free(ids);
     return rc;
 }
 

@@ -4,17 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/pcache.h"
 #include "util/clock.h"
 
-/* One kept session. toks[0..n_toks) are the ids its state holds when live;
- * toks[0..snap_pos) are always the ids of snap (the state after them). */
+/* One kept session. toks[0..n_toks) are the ids its state holds when live. */
 typedef struct slot {
     tern_session *s;
     int32_t *toks;
     int n_toks, cap;
     int live;                    /* the session's state is toks[0..n_toks) */
-    tern_snapshot *snap;
-    int snap_pos;
     uint64_t used;               /* last use, for LRU */
 } slot;
 
@@ -26,6 +24,8 @@ struct srv_sched {
     void *ud;
     slot *slots;
     uint64_t clock;
+    pcache *cache;               /* NULL: off */
+    srv_cache_stats cs;          /* the counters (under mu) */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* work arrived / the thread went idle */
@@ -82,58 +82,95 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
-/* How many of the prompt's tokens slot sl can give without prefilling
- * them (fewer than n: the last token must be evaluated for its logits),
- * and whether its snapshot must be restored for that. */
-static int slot_reuse(const slot *sl, const int32_t *prompt, int n, int *restore) {
-    *restore = 0;
-    int L = common_prefix(sl->toks, sl->n_toks, prompt, n);
-    int best = 0;
-    if (sl->live && L == sl->n_toks && sl->n_toks < n) best = sl->n_toks;
-    if (sl->snap && sl->snap_pos <= L && sl->snap_pos < n && sl->snap_pos > best) {
-        best = sl->snap_pos;
-        *restore = 1;
-    }
-    return best;
+/* How many of the prompt's tokens the live session of sl gives without
+ * prefilling them: all it holds when they start the prompt (fewer than n:
+ * the last token must be evaluated for its logits), else none. */
+static int live_reuse(const slot *sl, const int32_t *prompt, int n) {
+    if (!sl->live || sl->n_toks >= n) return 0;
+    return common_prefix(sl->toks, sl->n_toks, prompt, n) == sl->n_toks ? sl->n_toks : 0;
 }
 
-/* The slot for a prompt: the one that reuses most (the most recently used
- * on a tie), else the least recently used (an unused one first). */
-static slot *pick_slot(srv_sched *s, const int32_t *prompt, int n, int *reuse, int *restore) {
-    slot *best = NULL;
-    *reuse = 0;
-    *restore = 0;
-    for (int i = 0; i < s->p.n_slots; i++) {
-        slot *sl = &s->slots[i];
-        int r;
-        int k = slot_reuse(sl, prompt, n, &r);
-        if (k > *reuse || (k == *reuse && k > 0 && sl->used > best->used)) {
-            best = sl;
-            *reuse = k;
-            *restore = r;
-        }
-    }
-    if (best) return best;
-    best = &s->slots[0];
+/* Where a prompt starts from: a slot, the prompt tokens it will hold
+ * without prefilling them, and the checkpoint to restore for that (NULL:
+ * the slot's live session as it stands). */
+typedef struct plan {
+    slot *sl;
+    int reuse;
+    const pc_node *ckpt;
+} plan;
+
+static slot *lru_slot(srv_sched *s) {
+    slot *best = &s->slots[0];
     for (int i = 1; i < s->p.n_slots; i++)
         if (s->slots[i].used < best->used) best = &s->slots[i];
     return best;
 }
 
-/* Brings the slot's session to the first `reuse` tokens of the prompt. */
-static int slot_prepare(slot *sl, int reuse, int restore, tern_error *err) {
-    if (reuse == 0) {
-        if (tern_session_pos(sl->s) > 0 && tern_session_reset(sl->s, err)) return -1;
-        tern_snapshot_free(sl->snap);
-        sl->snap = NULL;
-        sl->snap_pos = 0;
+/* The live session that reuses most (the most recently used on a tie), or
+ * the cache's deepest checkpoint when it reuses more (restored into the
+ * least recently used slot); else the least recently used slot, empty. */
+static plan pick(srv_sched *s, const int32_t *prompt, int n) {
+    plan p = {0};
+    for (int i = 0; i < s->p.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        int k = live_reuse(sl, prompt, n);
+        if (k > p.reuse || (k == p.reuse && k > 0 && sl->used > p.sl->used)) {
+            p.sl = sl;
+            p.reuse = k;
+        }
+    }
+    pc_node *nd = s->cache ? pcache_lookup(s->cache, prompt, n) : NULL;
+    if (nd && pc_node_depth(nd) > p.reuse) {
+        p.sl = NULL;
+        p.reuse = pc_node_depth(nd);
+        p.ckpt = nd;
+    }
+    if (!p.sl) p.sl = lru_slot(s);
+    return p;
+}
+
+/* Brings the slot's session to the first p->reuse tokens of the prompt. */
+static int slot_prepare(const plan *p, const int32_t *prompt, tern_error *err) {
+    slot *sl = p->sl;
+    sl->live = 0;
+    if (p->ckpt) {
+        if (tern_session_restore(sl->s, pc_node_snapshot(p->ckpt), err)) return -1;
         sl->n_toks = 0;
-    } else if (restore) {
-        if (tern_session_restore(sl->s, sl->snap, err)) return -1;
-        sl->n_toks = sl->snap_pos;
+        if (toks_append(sl, prompt, p->reuse)) {
+            snprintf(err->msg, sizeof err->msg, "out of memory");
+            return -1;
+        }
+    } else if (p->reuse == 0) {
+        if (tern_session_reset(sl->s, err)) return -1;
+        sl->n_toks = 0;
     }
     sl->live = 1;
     return 0;
+}
+
+/* The one place a checkpoint's state is taken, after the tokens of the
+ * path to its node; base is the checkpoint above it. Today every snapshot
+ * is whole; sharing the base's KV rows (append-only) is the engine change
+ * this is the seam for, which is why a checkpoint holds its base. */
+static tern_snapshot *take_checkpoint(const tern_session *sess, const pc_node *base, tern_error *err) {
+    (void)base;
+    return tern_session_snapshot(sess, err);
+}
+
+/* Adds the slot's state (all the tokens it holds) to the cache unless a
+ * checkpoint is there already. A failure costs only the checkpoint. */
+static void checkpoint(srv_sched *s, slot *sl, srv_usage *u) {
+    if (!s->cache || !sl->live || sl->n_toks < 1 || tern_session_pos(sl->s) != sl->n_toks) return;
+    int exact;
+    pc_node *base = pcache_base(s->cache, sl->toks, sl->n_toks, &exact);
+    if (exact) return;
+    double t0 = tern_now_s();
+    tern_error err;
+    tern_snapshot *snap = take_checkpoint(sl->s, base, &err);
+    if (!snap) fprintf(stderr, "tern serve: a checkpoint was not taken: %s\n", err.msg);
+    else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap))
+        fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
+    if (u) u->snapshot_s += tern_now_s() - t0;
 }
 
 /* ---- one generation ---------------------------------------------------- */
@@ -226,16 +263,27 @@ static srv_finish finish_of(const tern_gen_stats *st, const run *r) {
  * prefill is noticed between pieces (a multiple of the DeltaNet chunk). */
 #define PREFILL_PIECE 4096
 
+/* Where the prefill from `from` stops next: a piece's end, a boundary,
+ * the next multiple of the checkpoint interval (absolute positions, so two
+ * prompts sharing a prefix checkpoint at the same places) or the end. */
+static int next_stop(const srv_sched *s, const srv_job *j, int from, int end) {
+    int to = end - from > PREFILL_PIECE ? from + PREFILL_PIECE : end;
+    if (j->boundary > from && j->boundary < to) to = j->boundary;
+    if (j->first_boundary > from && j->first_boundary < to) to = j->first_boundary;
+    int iv = s->p.checkpoint_interval;
+    if (iv > 0 && (from / iv + 1) * iv < to) to = (from / iv + 1) * iv;
+    return to;
+}
+
 /* Prefills all but the prompt's last token (tern_generate evaluates that
- * one with its first draw) in pieces, and snapshots at the boundary, so a
- * later prompt sharing the conversation up to this turn restores it.
- * Returns 1 when the job was cancelled on the way. */
-static int prefill(slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
-    int end = j->n_prompt - 1;
+ * one with its first draw) in pieces, checkpointing at the message
+ * boundaries, at each interval and at the end. Returns 1 when the job was cancelled on
+ * the way. */
+static int prefill(srv_sched *s, slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
+    int end = j->n_prompt - 1, iv = s->p.checkpoint_interval;
     while (sl->n_toks < end) {
         if (atomic_load(&j->cancel)) return 1;
-        int from = sl->n_toks, to = end - from > PREFILL_PIECE ? from + PREFILL_PIECE : end;
-        if (j->boundary > from && j->boundary < to) to = j->boundary;
+        int from = sl->n_toks, to = next_stop(s, j, from, end);
         double t0 = tern_now_s();
         if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
         u->eval_s += tern_now_s() - t0;
@@ -244,16 +292,23 @@ static int prefill(slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
             snprintf(err->msg, sizeof err->msg, "out of memory");
             return -1;
         }
-        if (to != j->boundary) continue;
-        t0 = tern_now_s();
-        tern_snapshot *snap = tern_session_snapshot(sl->s, err);
-        u->snapshot_s += tern_now_s() - t0;
-        if (!snap) return -1;
-        tern_snapshot_free(sl->snap);
-        sl->snap = snap;
-        sl->snap_pos = to;
+        if (to == j->boundary || to == j->first_boundary || to == end || (iv > 0 && to % iv == 0))
+            checkpoint(s, sl, u);
     }
     return 0;
+}
+
+static void count_reuse(srv_sched *s, const plan *p) {
+    pthread_mutex_lock(&s->mu);
+    if (p->ckpt) {
+        s->cs.hits_restored++;
+        s->cs.restored_tokens += (unsigned long long)p->reuse;
+    } else if (p->reuse > 0) {
+        s->cs.hits_live++;
+    } else {
+        s->cs.misses++;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void run_job(srv_sched *s, srv_job *j) {
@@ -261,17 +316,18 @@ static void run_job(srv_sched *s, srv_job *j) {
     srv_usage u = {.prompt_tokens = j->n_prompt, .queue_s = t0 - j->t_submit};
     if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &u); return; }
     tern_error err = {{0}};
-    int reuse, restore;
-    slot *sl = pick_slot(s, j->prompt, j->n_prompt, &reuse, &restore);
+    plan p = pick(s, j->prompt, j->n_prompt);
+    slot *sl = p.sl;
     sl->used = ++s->clock;
     run r = {.s = s, .j = j, .sl = sl};
     tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
     r.parser = tern_output_parser_create(&op, on_event, &r, &err);
     int rc = r.parser ? 0 : -1;
-    if (rc == 0) rc = slot_prepare(sl, reuse, restore, &err);
+    if (rc == 0) rc = slot_prepare(&p, j->prompt, &err);
     u.restore_s = tern_now_s() - t0;
     u.cached_tokens = rc == 0 ? sl->n_toks : 0;
-    if (rc == 0) rc = prefill(sl, j, &u, &err);
+    if (rc == 0) count_reuse(s, &p);
+    if (rc == 0) rc = prefill(s, sl, j, &u, &err);
     if (rc == 1) {
         tern_output_parser_destroy(r.parser);
         push_done(j, SRV_FINISH_CANCEL, -1, &u);
@@ -295,7 +351,7 @@ static void run_job(srv_sched *s, srv_job *j) {
     if (tern_session_pos(sl->s) != sl->n_toks) sl->live = 0;
     if (rc != 0) {
         sl->live = 0;
-        sl->n_toks = sl->snap ? sl->snap_pos : 0;
+        sl->n_toks = 0;
         push_text(j, SRV_EV_ERROR, err.msg, strlen(err.msg));
         return;
     }
@@ -305,6 +361,9 @@ static void run_job(srv_sched *s, srv_job *j) {
     u.decode_s = r.t_first ? tern_now_s() - r.t_first : 0;
     if (s->on_done) s->on_done(s->ud, &u, r.t_first ? r.t_first - j->t_submit : 0);
     push_done(j, finish_of(&st, &r), st.stop_index, &u);
+    /* after the answer went out: the state after the generated turn, for
+     * a next prompt that continues it as generated */
+    if (st.stop_reason != TERN_STOP_CALLER || r.stop_after_call) checkpoint(s, sl, NULL);
 }
 
 /* ---- the thread and the queue ------------------------------------------ */
@@ -347,6 +406,13 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     s->p = *p;
     s->on_done = on_done;
     s->ud = ud;
+    s->cs.enabled = p->cache_bytes > 0;
+    if (p->cache_bytes > 0 && !(s->cache = pcache_create(p->cache_bytes))) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        free(s->slots);
+        free(s);
+        return NULL;
+    }
     /* every slot's session now, so no request waits for one (a GPU session
      * allocates its buffers), and a budget too small fails at start */
     for (int i = 0; i < p->n_slots; i++) {
@@ -355,6 +421,7 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
         snprintf(why, sizeof why, "%s", err->msg);
         snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, p->n_slots, why);
         for (int k = 0; k < i; k++) tern_session_destroy(s->slots[k].s);
+        pcache_destroy(s->cache);
         free(s->slots);
         free(s);
         return NULL;
@@ -364,6 +431,7 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err->msg, sizeof err->msg, "could not start the scheduler thread");
         for (int i = 0; i < p->n_slots; i++) tern_session_destroy(s->slots[i].s);
+        pcache_destroy(s->cache);
         free(s->slots);
         free(s);
         return NULL;
@@ -380,10 +448,10 @@ void srv_sched_destroy(srv_sched *s) {
     pthread_join(s->thread, NULL);
     for (int i = 0; i < s->p.n_slots; i++) {
         tern_session_destroy(s->slots[i].s);
-        tern_snapshot_free(s->slots[i].snap);
         free(s->slots[i].toks);
     }
     free(s->slots);
+    pcache_destroy(s->cache);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -454,4 +522,18 @@ void srv_sched_load(srv_sched *s, int *queued, int *running) {
     *queued = s->n_queued;
     *running = s->running != NULL;
     pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->cs;
+    pthread_mutex_unlock(&s->mu);
+    if (!s->cache) return;
+    pcache_stats st;
+    pcache_stats_get(s->cache, &st);
+    out->budget = st.budget;
+    out->bytes = st.bytes;
+    out->checkpoints = st.checkpoints;
+    out->inserted = st.inserted;
+    out->evicted = st.evicted;
 }

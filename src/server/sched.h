@@ -1,15 +1,22 @@
 /* The scheduler: one thread that owns the engine. Jobs wait in a FIFO queue
  * (bounded); the thread takes them one at a time, picks a slot (a session
- * with the token ids it holds and a snapshot at the last chat-message
- * boundary it prefilled), reuses the longest prefix the slot can give, and
+ * with the token ids it holds), reuses the longest prefix it can, and
  * generates, pushing each job's events.
  *
- * Reuse, since a Gated DeltaNet state cannot be rewound: a slot continues
- * where its session stands when every token it holds starts the new prompt
- * (a conversation resent with the reply as generated), or restores its
- * snapshot when that snapshot's tokens start the new prompt (the reply came
- * back rendered differently, e.g. without its reasoning). Either way only
- * the rest of the prompt is prefilled; usage.cached_tokens counts the rest.
+ * Reuse, since a Gated DeltaNet state cannot be rewound: either a slot
+ * continues where its session stands, when every token it holds starts the
+ * new prompt (a conversation resent with the reply as generated), or the
+ * prefix cache (pcache.h, shared by all slots) restores its deepest
+ * checkpoint that starts the prompt into the least recently used slot,
+ * whichever reuses more. Only the rest of the prompt is prefilled;
+ * usage.cached_tokens counts the reused tokens.
+ *
+ * Checkpoints are taken at the chat's last message boundary (the next turn
+ * re-renders the reply, often without its reasoning, so this is the one it
+ * hits), at the end of its first message (a system prompt other
+ * conversations share), every checkpoint_interval prompt tokens (a prompt that diverges in
+ * its middle resumes from the last one before), at the end of the prompt's
+ * prefill, and after a generated turn.
  * Running several sequences in one step is for later: the queue and the job
  * interface stay the same. */
 #ifndef TERN_SERVER_SCHED_H
@@ -24,6 +31,8 @@ typedef struct srv_sched_params {
     int n_slots;                 /* sessions kept (>= 1) */
     int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
     tern_session_params session;
+    size_t cache_bytes;          /* the prefix cache's budget; 0: no cache */
+    int checkpoint_interval;     /* prompt tokens between checkpoints in a long prefill; 0: none */
 } srv_sched_params;
 
 /* Observer of finished generations (metrics); may be NULL. */
@@ -47,5 +56,17 @@ void srv_sched_drain(srv_sched *s);
 void srv_sched_cancel_all(srv_sched *s);
 
 void srv_sched_load(srv_sched *s, int *queued, int *running);
+
+typedef struct srv_cache_stats {
+    int enabled;
+    size_t budget, bytes;        /* checkpoint bytes: the budget, held now */
+    int checkpoints;             /* held now */
+    unsigned long long hits_live;     /* jobs that continued a live session */
+    unsigned long long hits_restored; /* jobs that restored a checkpoint */
+    unsigned long long misses;        /* jobs that reused nothing */
+    unsigned long long restored_tokens, inserted, evicted;
+} srv_cache_stats;
+/* Any thread. */
+void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out);
 
 #endif

@@ -63,6 +63,28 @@ static const char *default_model_id(const srv_params *p, char *buf, size_t cap) 
     return basename(buf);
 }
 
+/* Bytes the system could still give without swapping: MemAvailable, or
+ * the free pages where /proc/meminfo has none. */
+static unsigned long long available_ram(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (unsigned long long)pages * (unsigned long long)size : 0;
+}
+
+/* The prefix cache's default budget: a quarter of the available RAM, at
+ * most 32 GiB. A GPU session's checkpoints live in device memory, which
+ * the model mostly fills: there at most 4 GiB. */
+static size_t default_cache_bytes(const tern_model *m) {
+    unsigned long long b = available_ram() / 4, cap = strcmp(tern_model_device(m), "cpu") ? 4ull << 30 : 32ull << 30;
+    return (size_t)(b < cap ? b : cap);
+}
+
 int srv_run(const srv_params *p) {
     static sigstate ss = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, {{0}}};
     sigemptyset(&ss.set);
@@ -104,7 +126,9 @@ int srv_run(const srv_params *p) {
     ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
-    srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session};
+    srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session,
+                           .checkpoint_interval = p->checkpoint_interval};
+    sp.cache_bytes = p->cache_ram < 0 ? default_cache_bytes(ctx.m) : (size_t)p->cache_ram;
     sp.session.max_context = ctx.n_ctx;
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
         !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
@@ -116,8 +140,11 @@ int srv_run(const srv_params *p) {
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d%s\n", ctx.model_id,
-            tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, p->api_key ? ", API key required" : "");
+    char cache[64] = "off";
+    if (sp.cache_bytes) snprintf(cache, sizeof cache, "%.0f MiB", (double)sp.cache_bytes / (1 << 20));
+    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
+            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
+            p->api_key ? ", API key required" : "");
 
     pthread_mutex_lock(&ss.mu);
     while (ss.count == 0) pthread_cond_wait(&ss.cv, &ss.mu);

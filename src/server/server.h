@@ -35,6 +35,8 @@ typedef struct srv_params {
     int ignore_eos;              /* default of the ignore_eos request field */
     /* scheduling */
     int slots, queue_limit, responses_store;
+    long long cache_ram;         /* prefix cache budget in bytes; 0: off; < 0: default_cache_bytes */
+    int checkpoint_interval;     /* prompt tokens between checkpoints of a long prefill; 0: none */
     FILE *log;                   /* request log; NULL: stderr */
 } srv_params;
 

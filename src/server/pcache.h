@@ -1,0 +1,76 @@
+/* The prefix cache: exact checkpoints of the engine state, indexed by the
+ * token ids that led to them, shared by all of the scheduler's slots.
+ *
+ * A Gated DeltaNet state cannot be rewound, so a prompt can only resume
+ * from a state taken after exactly one of its prefixes. The index is a
+ * radix tree (a compressed trie: each edge a run of token ids); a node may
+ * hold a checkpoint, a tern_snapshot taken after exactly the tokens on the
+ * path from the root. A lookup finds the deepest checkpoint whose path
+ * starts the prompt.
+ *
+ * Each checkpoint holds a reference on its base: the nearest checkpoint
+ * above it when it was inserted (the state it was taken after, which a
+ * later engine change lets it share KV rows with). A checkpoint is evicted
+ * only once nothing holds it, so descendants always go before ancestors.
+ *
+ * Eviction (when the checkpoints' bytes exceed the budget) is GreedyDual-
+ * Size: LRU weighted by value. A checkpoint's value is the prefill it saves
+ * beyond its base (its depth minus the base's), per byte it holds. Each has
+ * a priority H = L + value, set when it is inserted or hit; the evictable
+ * checkpoint with the lowest H goes first (the least recently used on a
+ * tie) and L rises to its H, so a checkpoint not used for a while loses to
+ * newer ones, faster the less it saves per byte. A long shared prefix (a
+ * system prompt) is held by every checkpoint of a conversation after it,
+ * so it goes only after all of them; and a use of a checkpoint (a hit, or
+ * a checkpoint added below it) refreshes its bases too, so the prefix is
+ * then as recent as the conversation used last.
+ *
+ * Not thread-safe: the scheduler's thread owns it; the statistics have
+ * their own lock (pcache_stats may be called from any thread). */
+#ifndef TERN_SERVER_PCACHE_H
+#define TERN_SERVER_PCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tern.h"
+
+typedef struct pcache pcache;
+typedef struct pc_node pc_node;
+
+/* budget: bytes of checkpoints held at most. NULL when out of memory. */
+pcache *pcache_create(size_t budget);
+void pcache_destroy(pcache *c);
+
+/* The deepest checkpoint whose path is a prefix of prompt[0..n) with fewer
+ * than n tokens (the prompt's last token must still be evaluated for its
+ * logits); NULL if none. Counts a hit on it (its priority and its bases'
+ * are refreshed). */
+pc_node *pcache_lookup(pcache *c, const int32_t *prompt, int n);
+
+/* The deepest checkpoint whose path is a prefix of tokens[0..n), n
+ * included: the base a checkpoint at n would be taken after, or the
+ * checkpoint at n itself (then *exact is 1). NULL if none. */
+pc_node *pcache_base(pcache *c, const int32_t *tokens, int n, int *exact);
+
+/* Adds a checkpoint after tokens[0..n) (n >= 1), taking ownership of snap
+ * (freed on every failure, and when a checkpoint is already there). Then
+ * evicts until the bytes held are within the budget, the new checkpoint
+ * included. 0, or -1 when out of memory. */
+int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap);
+
+const tern_snapshot *pc_node_snapshot(const pc_node *nd);
+int pc_node_depth(const pc_node *nd);   /* tokens from the root */
+
+typedef struct pcache_stats {
+    size_t budget, bytes;                /* the budget; checkpoint bytes held now */
+    int checkpoints;                     /* held now */
+    unsigned long long inserted, evicted;
+} pcache_stats;
+void pcache_stats_get(pcache *c, pcache_stats *out);
+
+/* Checks the tree's invariants (edges, depths, references, bytes); 0 when
+ * they hold. For the tests. */
+int pcache_check(const pcache *c);
+
+#endif

@@ -1,0 +1,227 @@
+/* The server's prefix cache (src/server/pcache.c): longest-prefix lookup
+ * over a radix tree of token ids, the budget, and the eviction order
+ * (descendants before their bases, then by value per byte and recency).
+ * The checkpoints are real snapshots of a session on the tiny fixture; the
+ * tree's invariants are checked after every change. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/pcache.h"
+#include "tern.h"
+#include "testutil.h"
+
+static tern_model *model;
+static tern_session *sess;
+static size_t S;   /* bytes of one snapshot of the empty session */
+
+static tern_snapshot *snap(void) {
+    tern_error err;
+    tern_snapshot *s = tern_session_snapshot(sess, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    return s;
+}
+
+static void setup(void) {
+    tern_error err;
+    tern_load_params lp = {.n_threads = 1};
+    model = tern_model_load(fixture_dir("tiny"), &lp, &err);
+    cr_assert_not_null(model, "%s", err.msg);
+    sess = tern_session_create(model, NULL, &err);
+    cr_assert_not_null(sess, "%s", err.msg);
+    tern_snapshot *s = snap();
+    S = tern_snapshot_bytes(s);
+    tern_snapshot_free(s);
+}
+
+static void teardown(void) {
+    tern_session_destroy(sess);
+    tern_model_free(model);
+}
+
+TestSuite(pcache, .init = setup, .fini = teardown);
+
+/* ids base, base+1, ... */
+static void seq(int32_t *t, int n, int32_t base) {
+    for (int i = 0; i < n; i++) t[i] = base + i;
+}
+
+static void insert(pcache *c, const int32_t *t, int n) {
+    cr_assert_eq(pcache_insert(c, t, n, snap()), 0);
+    cr_assert_eq(pcache_check(c), 0, "the tree's invariants after inserting %d ids", n);
+}
+
+static int found(pcache *c, const int32_t *t, int n) {
+    pc_node *nd = pcache_lookup(c, t, n);
+    return nd ? pc_node_depth(nd) : 0;
+}
+
+static pcache_stats stats(pcache *c) {
+    pcache_stats st;
+    pcache_stats_get(c, &st);
+    return st;
+}
+
+Test(pcache, longest_prefix_lookup) {
+    pcache *c = pcache_create(100 * S);
+    int32_t a[64], b[64];
+    seq(a, 64, 1000);
+    memcpy(b, a, sizeof b);
+    b[15] = 7;   /* b leaves a after 15 ids */
+    insert(c, a, 10);
+    insert(c, a, 20);
+    insert(c, b, 25);
+    cr_expect_eq(found(c, a, 64), 20);
+    cr_expect_eq(found(c, a, 21), 20);
+    cr_expect_eq(found(c, a, 20), 10, "the prompt's last id is never restored");
+    cr_expect_eq(found(c, a, 10), 0);
+    cr_expect_eq(found(c, b, 64), 25);
+    cr_expect_eq(found(c, b, 24), 10);
+    int32_t x[8];
+    seq(x, 8, 5);
+    cr_expect_eq(found(c, x, 8), 0);
+    cr_expect_eq(stats(c).checkpoints, 3);
+    cr_expect_eq(stats(c).bytes, 3 * S);
+    pcache_destroy(c);
+}
+
+Test(pcache, divergence_resumes_from_the_last_checkpoint_before_it) {
+    pcache *c = pcache_create(100 * S);
+    int32_t a[300], b[300];
+    seq(a, 300, 1);
+    for (int k = 64; k <= 256; k += 64) insert(c, a, k);
+    memcpy(b, a, sizeof b);
+    b[150] = 99999;
+    cr_expect_eq(found(c, b, 300), 128);
+    b[150] = a[150];
+    b[192] = 99999;   /* right after a checkpoint: that one */
+    cr_expect_eq(found(c, b, 300), 192);
+    b[192] = a[192];
+    b[191] = 99999;   /* right before one: the one before */
+    cr_expect_eq(found(c, b, 300), 128);
+    pcache_destroy(c);
+}
+
+Test(pcache, an_exact_duplicate_is_not_kept_twice) {
+    pcache *c = pcache_create(100 * S);
+    int32_t a[32];
+    seq(a, 32, 1);
+    insert(c, a, 16);
+    insert(c, a, 16);
+    cr_expect_eq(stats(c).checkpoints, 1);
+    cr_expect_eq(stats(c).inserted, 1);
+    int exact;
+    pc_node *nd = pcache_base(c, a, 16, &exact);
+    cr_expect(nd && exact && pc_node_depth(nd) == 16);
+    nd = pcache_base(c, a, 20, &exact);
+    cr_expect(nd && !exact && pc_node_depth(nd) == 16);
+    pcache_destroy(c);
+}
+
+Test(pcache, bytes_held_stay_within_the_budget) {
+    size_t budget = 3 * S + S / 2;
+    pcache *c = pcache_create(budget);
+    int32_t t[40];
+    for (int i = 0; i < 12; i++) {
+        seq(t, 40, 100 * i);   /* unrelated conversations */
+        insert(c, t, 10 + i);
+        cr_assert_leq(stats(c).bytes, budget);
+    }
+    cr_expect_eq(stats(c).checkpoints, 3);
+    cr_expect_eq(stats(c).evicted, 9);
+    pcache_destroy(c);
+    c = pcache_create(S - 1);   /* smaller than one checkpoint: nothing is kept */
+    insert(c, t, 10);
+    cr_expect_eq(stats(c).checkpoints, 0);
+    cr_expect_eq(stats(c).bytes, 0);
+    pcache_destroy(c);
+}
+
+Test(pcache, descendants_go_before_their_base) {
+    pcache *c = pcache_create(3 * S);
+    int32_t a[64], x[64];
+    seq(a, 64, 1);
+    insert(c, a, 10);   /* the oldest and least valuable: yet held by 20 */
+    insert(c, a, 20);
+    insert(c, a, 50);
+    seq(x, 64, 5000);
+    insert(c, x, 60);   /* a fourth: one of a's must go, the leaf */
+    cr_expect_eq(found(c, a, 64), 20);
+    cr_expect_eq(found(c, x, 64), 60);
+    insert(c, x + 1, 60);   /* another: 20 (the leaf of a's chain now) goes before 10 */
+    cr_expect_eq(found(c, a, 64), 10);
+    cr_expect_eq(stats(c).checkpoints, 3);
+    pcache_destroy(c);
+}
+
+Test(pcache, value_per_byte_outweighs_recency) {
+    pcache *c = pcache_create(2 * S);
+    int32_t a[1100], b[64], x[64];
+    seq(a, 1100, 1);
+    seq(b, 64, 20000);
+    seq(x, 64, 30000);
+    insert(c, a, 1000);   /* saves 1000 ids of prefill */
+    insert(c, b, 10);     /* newer, but saves 10 */
+    insert(c, x, 40);
+    cr_expect_eq(found(c, a, 1100), 1000);
+    cr_expect_eq(found(c, b, 64), 0);
+    cr_expect_eq(found(c, x, 64), 40);
+    pcache_destroy(c);
+}
+
+Test(pcache, recency_among_equals) {
+    pcache *c = pcache_create(2 * S);
+    int32_t a[64], b[64], x[64];
+    seq(a, 64, 1);
+    seq(b, 64, 20000);
+    seq(x, 64, 30000);
+    insert(c, a, 30);
+    insert(c, b, 30);
+    cr_expect_eq(found(c, a, 64), 30);   /* a hit: a is now the more recent */
+    insert(c, x, 30);
+    cr_expect_eq(found(c, a, 64), 30);
+    cr_expect_eq(found(c, b, 64), 0);
+    pcache_destroy(c);
+}
+
+/* A hit below a base is a use of the base: once its descendant is gone it
+ * outlives a checkpoint of the same value used before that hit. */
+Test(pcache, a_hit_refreshes_the_bases) {
+    pcache *c = pcache_create(3 * S);
+    int32_t s[200], x[200], y[400], z[400];
+    seq(s, 200, 1);
+    seq(x, 200, 10000);
+    seq(y, 400, 20000);
+    seq(z, 400, 30000);
+    insert(c, s, 100);
+    insert(c, x, 100);   /* as valuable as s's, and used after it */
+    insert(c, s, 150);   /* held by nothing: the first to go */
+    cr_expect_eq(found(c, s, 200), 150);   /* used through s[0..150) */
+    insert(c, y, 300);
+    int exact;   /* (not a lookup: that would be a use of s's) */
+    pc_node *nd = pcache_base(c, s, 150, &exact);
+    cr_expect(nd && !exact && pc_node_depth(nd) == 100, "the descendant went first");
+    insert(c, z, 300);
+    cr_expect_eq(found(c, x, 200), 0, "the base was used later than x");
+    cr_expect_eq(found(c, s, 200), 100);
+    pcache_destroy(c);
+}
+
+/* Random conversations from a small alphabet (many shared prefixes, edges
+ * split and merged again): the invariants hold throughout, and a lookup
+ * never gives a checkpoint deeper than the prompt allows. */
+Test(pcache, random_branches_keep_the_tree_sound) {
+    pcache *c = pcache_create(6 * S);
+    unsigned r = 12345;
+    int32_t t[48];
+    for (int op = 0; op < 400; op++) {
+        int n = 1 + (int)((r = r * 1103515245u + 12345u) >> 16) % 48;
+        for (int i = 0; i < n; i++) t[i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 16) % 3);
+        if (op % 3) insert(c, t, n);
+        int d = found(c, t, n);
+        cr_assert_lt(d, n > 0 ? n : 1);
+        cr_assert_leq(stats(c).bytes, 6 * S);
+        cr_assert_eq(pcache_check(c), 0, "after op %d", op);
+    }
+    pcache_destroy(c);
+}
