@@ -205,7 +205,7 @@ tern_snapshot *tern_session_snapshot(const tern_session *s, tern_error *err);
  * position and the rest of the state (DeltaNet state, MTP rows, hidden
  * state), and keeps base alive until it is freed itself. Restoring copies
  * the rows of the whole chain. base NULL: tern_session_snapshot. */
-tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot *base, tern_error *err);
+tern_snapshot *tern_session_snapshot_after(const tern_session *s, const tern_snapshot *base, tern_error *err);
 int tern_session_restore(tern_session *s, const tern_snapshot *snap,
                          tern_error *err);
 /* Releases the caller's snapshot; its memory goes once no snapshot taken
@@ -222,7 +222,7 @@ int tern_snapshot_write(const tern_snapshot *snap, FILE *f, tern_error *err);
  * holds it. Refuses, with a line naming the cause, a file of another model
  * identity, sizes that do not agree, another base, a short file, or bytes
  * whose SHA-256 differs. */
-tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, tern_snapshot *base, tern_error *err);
+tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, const tern_snapshot *base, tern_error *err);
 /* 64 hex digits naming what a saved state's validity depends on: the
  * engine (CPU kernels or GPU), the model's files (names, sizes, inodes,
  * modification times) and its packed layout. */

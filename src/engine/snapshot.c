@@ -48,7 +48,14 @@ static int load_tail(tern_session *s, const uint8_t *buf, size_t off, int mtp_po
     return be->copy(s->hidden, buf + off + 2 * kv, h, TERN_COPY_TO_HOST, err);
 }
 
-tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot *base, tern_error *err) {
+/* snap keeps base (its rows before snap->from) until it is freed: a
+ * reference count, which changes under a const pointer by design. */
+static void hold(tern_snapshot *snap, const tern_snapshot *base) {
+    snap->base = (tern_snapshot *)base;
+    if (base) atomic_fetch_add(&snap->base->refs, 1);
+}
+
+tern_snapshot *tern_session_snapshot_after(const tern_session *s, const tern_snapshot *base, tern_error *err) {
     if (base && (base->m != s->m || base->be != s->be || base->kv_bits != s->kvf.bits)) {
         tern_fail(err, "snapshot_after: the base snapshot belongs to another model or KV precision");
         return NULL;
@@ -84,8 +91,7 @@ tern_snapshot *tern_session_snapshot_after(const tern_session *s, tern_snapshot 
         tern_snapshot_free(snap);
         return NULL;
     }
-    if (base) atomic_fetch_add(&base->refs, 1);
-    snap->base = base;
+    hold(snap, base);
     return snap;
 }
 
@@ -213,7 +219,7 @@ static int read_header(const tern_model *m, FILE *f, const tern_snapshot *base, 
     return 0;
 }
 
-tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, tern_snapshot *base, tern_error *err) {
+tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, const tern_snapshot *base, tern_error *err) {
     tern_sha256 sh;
     snap_header h;
     if (tern_sha256_init(&sh, err)) return NULL;
@@ -250,8 +256,7 @@ tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, tern_snapshot *b
         goto fail_freed;
     }
     free(buf);
-    if (base) atomic_fetch_add(&base->refs, 1);
-    snap->base = base;
+    hold(snap, base);
     return snap;
 fail:
     tern_sha256_discard(&sh);

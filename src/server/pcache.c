@@ -15,6 +15,7 @@ struct pc_node {
     int holders;                      /* checkpoints whose base this is */
     double prio;                      /* GreedyDual-Size priority */
     uint64_t used;                    /* last insert or hit: LRU among equal priorities */
+    uint64_t serial;                  /* the checkpoint's number, never reused (pc_node_serial) */
     pc_node *lprev, *lnext;           /* the list of checkpoints */
 };
 
@@ -55,6 +56,7 @@ void pcache_destroy(pcache *c) {
 
 const tern_snapshot *pc_node_snapshot(const pc_node *nd) { return nd->snap; }
 int pc_node_depth(const pc_node *nd) { return nd->depth; }
+uint64_t pc_node_serial(const pc_node *nd) { return nd->serial; }
 
 void pcache_stats_get(pcache *c, pcache_stats *out) {
     pthread_mutex_lock(&c->mu);
@@ -261,6 +263,7 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap) 
     c->st.bytes += bytes;
     c->st.checkpoints++;
     c->st.inserted++;
+    nd->serial = c->st.inserted;
     pthread_mutex_unlock(&c->mu);
     evict(c);
     return 0;

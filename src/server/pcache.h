@@ -61,6 +61,9 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap);
 
 const tern_snapshot *pc_node_snapshot(const pc_node *nd);
 int pc_node_depth(const pc_node *nd);   /* tokens from the root */
+/* A number for the checkpoint, unique over the cache's life (>= 1): who
+ * holds it can tell later whether the node it meets is still that one. */
+uint64_t pc_node_serial(const pc_node *nd);
 
 typedef struct pcache_stats {
     size_t budget, bytes;                /* the budget; checkpoint bytes held now */

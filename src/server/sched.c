@@ -14,6 +14,9 @@ typedef struct slot {
     int n_toks, cap;
     int live;                    /* the session's state is toks[0..n_toks) */
     uint64_t used;               /* last use, for LRU */
+    /* the checkpoint (pc_node_serial) whose KV rows the session holds as
+     * they are: restored from it or taken from it; 0: none */
+    uint64_t ckpt;
 } slot;
 
 struct srv_sched {
@@ -135,6 +138,7 @@ static int slot_prepare(const plan *p, const int32_t *prompt, tern_error *err) {
     sl->live = 0;
     if (p->ckpt) {
         if (tern_session_restore(sl->s, pc_node_snapshot(p->ckpt), err)) return -1;
+        sl->ckpt = pc_node_serial(p->ckpt);
         sl->n_toks = 0;
         if (toks_append(sl, prompt, p->reuse)) {
             snprintf(err->msg, sizeof err->msg, "out of memory");
@@ -142,19 +146,22 @@ static int slot_prepare(const plan *p, const int32_t *prompt, tern_error *err) {
         }
     } else if (p->reuse == 0) {
         if (tern_session_reset(sl->s, err)) return -1;
+        sl->ckpt = 0;
         sl->n_toks = 0;
     }
     sl->live = 1;
     return 0;
 }
 
-/* The one place a checkpoint's state is taken, after the tokens of the
- * path to its node; base is the checkpoint above it. Today every snapshot
- * is whole; sharing the base's KV rows (append-only) is the engine change
- * this is the seam for, which is why a checkpoint holds its base. */
-static tern_snapshot *take_checkpoint(const tern_session *sess, const pc_node *base, tern_error *err) {
-    (void)base;
-    return tern_session_snapshot(sess, err);
+/* The one place a checkpoint's state is taken, after the tokens the slot
+ * holds; base is the checkpoint above it. The new one shares base's KV
+ * rows (holding only those after it) when they are the session's own rows,
+ * bit for bit: the slot restored base or took it. Otherwise (the same
+ * tokens prefilled in other pieces by another session) it is whole, so a
+ * restore never joins rows of two computations. */
+static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, tern_error *err) {
+    int shared = base && pc_node_serial(base) == sl->ckpt;
+    return tern_session_snapshot_after(sl->s, shared ? pc_node_snapshot(base) : NULL, err);
 }
 
 /* Adds the slot's state (all the tokens it holds) to the cache unless a
@@ -166,10 +173,12 @@ static void checkpoint(srv_sched *s, slot *sl, srv_usage *u) {
     if (exact) return;
     double t0 = tern_now_s();
     tern_error err;
-    tern_snapshot *snap = take_checkpoint(sl->s, base, &err);
+    tern_snapshot *snap = take_checkpoint(sl, base, &err);
     if (!snap) fprintf(stderr, "tern serve: a checkpoint was not taken: %s\n", err.msg);
     else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap))
         fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
+    pc_node *nd = snap ? pcache_base(s->cache, sl->toks, sl->n_toks, &exact) : NULL;
+    if (nd && exact) sl->ckpt = pc_node_serial(nd);   /* (evicted at once when over the budget: then none) */
     if (u) u->snapshot_s += tern_now_s() - t0;
 }
 

@@ -219,3 +219,4 @@ def test_bad_cache_options_refused(flag, value):
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0], p.stderr
+
