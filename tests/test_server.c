@@ -694,6 +694,24 @@ Test(server, conversations_are_checked) {
     json_decref(ok);
 }
 
+/* The job's prompt is the token ids of the whole rendered conversation
+ * (split prompts tokenize as the whole text does). */
+static void expect_whole_tokenization(const char *messages_json, const srv_job *j) {
+    tern_chat_options o;
+    tern_chat_options_default(&o);
+    o.add_generation_prompt = 1;
+    tern_error err;
+    char *whole = tern_chat_render(messages_json, NULL, &o, &err);
+    cr_assert_not_null(whole, "%s", err.msg);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tern_tokenizer_encode(ctx.tok, whole, strlen(whole), 0, &ids, &n, &err), 0);
+    cr_assert_eq((int)n, j->n_prompt);
+    cr_expect_arr_eq(ids, j->prompt, n * sizeof *ids);
+    free(ids);
+    free(whole);
+}
+
 /* The prompt splits at the last message boundary (the generation prompt
  * after it), and tokenizes as the whole text does. */
 Test(server, prompt_boundary) {
@@ -704,23 +722,13 @@ Test(server, prompt_boundary) {
     cr_assert_eq(srv_build_chat_prompt(&ctx, msgs, NULL, &po, j, &e), 0, "%s", e.msg);
     cr_expect(j->start_in_reasoning);
     cr_assert(j->boundary > 0 && j->boundary < j->n_prompt);
-    tern_chat_options o;
-    tern_chat_options_default(&o);
-    o.add_generation_prompt = 1;
+    expect_whole_tokenization("[{\"role\":\"user\",\"content\":\"Hello there\"}]", j);
     tern_error err;
-    char *whole = tern_chat_render("[{\"role\":\"user\",\"content\":\"Hello there\"}]", NULL, &o, &err);
-    int32_t *ids;
-    size_t n;
-    cr_assert_eq(tern_tokenizer_encode(ctx.tok, whole, strlen(whole), 0, &ids, &n, &err), 0);
-    cr_assert_eq((int)n, j->n_prompt);
-    cr_expect_arr_eq(ids, j->prompt, n * sizeof *ids);
     char *head;
     size_t hl;
     cr_assert_eq(tern_tokenizer_decode(ctx.tok, j->prompt, (size_t)j->boundary, 0, &head, &hl, &err), 0);
     cr_expect(hl >= 11 && !strcmp(head + hl - 11, "<|im_end|>\n"), "the boundary is after the last message: %s", head);
     free(head);
-    free(ids);
-    free(whole);
     srv_job_release(j);
     po.thinking = 0;
     j = srv_job_create();
@@ -748,24 +756,14 @@ Test(server, prompt_first_message_boundary) {
     srv_err e = {0};
     cr_assert_eq(srv_build_chat_prompt(&ctx, msgs, NULL, &po, j, &e), 0, "%s", e.msg);
     cr_assert(j->first_boundary > 0 && j->first_boundary < j->boundary && j->boundary < j->n_prompt);
-    tern_chat_options o;
-    tern_chat_options_default(&o);
-    o.add_generation_prompt = 1;
+    expect_whole_tokenization(mj, j);
     tern_error err;
-    char *whole = tern_chat_render(mj, NULL, &o, &err);
-    int32_t *ids;
-    size_t n;
-    cr_assert_eq(tern_tokenizer_encode(ctx.tok, whole, strlen(whole), 0, &ids, &n, &err), 0);
-    cr_assert_eq((int)n, j->n_prompt);
-    cr_expect_arr_eq(ids, j->prompt, n * sizeof *ids);
     char *head;
     size_t hl;
     cr_assert_eq(tern_tokenizer_decode(ctx.tok, j->prompt, (size_t)j->first_boundary, 0, &head, &hl, &err), 0);
     cr_expect(hl >= 11 && !strcmp(head + hl - 11, "<|im_end|>\n") && strstr(head, "fortunes") && !strstr(head, "Hello"),
               "the first boundary is after the system message: %s", head);
     free(head);
-    free(ids);
-    free(whole);
     srv_job_release(j);
     json_decref(msgs);
 }
