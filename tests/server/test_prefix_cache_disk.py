@@ -126,25 +126,40 @@ def test_bytes_on_disk_stay_within_the_budget(start_server, tmp_path):
     s = start_server("--cache-ram", "2M", "--cache-checkpoint-interval", "16", "--cache-disk", str(d),
                      "--cache-disk-size", "4M")
     words = GENESIS.split()
+    peak = 0
     for i in range(8):
         complete(s, " ".join(words[i * 10:i * 10 + 40]), max_tokens=2)
         on_disk = disk(s, "bytes")
         assert on_disk <= 4 << 20
         assert sum(f.stat().st_size for f in files(d)) == on_disk
+        peak = max(peak, on_disk)
+    assert peak > 2 << 20, "the disk tier filled up"
     assert disk(s, "writes_total") > 0 and s.metric("tern_prefix_cache_evictions_total") > 0
 
 
-def test_stale_files_of_this_model_are_deleted_at_start(start_server, tmp_path):
+def test_nothing_on_disk_survives_a_restart(start_server, tmp_path):
+    """A clean stop deletes the tier's files; those of a killed server are deleted when the next one starts.
+    Another model's files are left alone."""
     d = tmp_path / "restart"
+    other = d / ("0" * 64 + "-0000000000000000-1.snap")
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    other.write_bytes(b"not ours")
+    complete(s, tokenize(GENESIS))
+    idle(s)
+    assert len(files(d)) > 1
+    assert not s.stop()
+    assert files(d) == [other]
     s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
     complete(s, tokenize(GENESIS))
     idle(s)
-    assert files(d)
-    other = d / ("0" * 64 + "-0000000000000000-1.snap")   # another model's: never looked at
-    other.write_bytes(b"not ours")
-    assert not s.stop()
-    s2 = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
-    assert files(d) == [other] and disk(s2, "checkpoints") == 0
+    assert len(files(d)) > 1
+    s.proc.kill()
+    s.proc.wait()
+    s.stopped = True
+    os.unlink(s.log.name)
+    assert len(files(d)) > 1
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    assert files(d) == [other] and disk(s, "checkpoints") == 0
 
 
 def test_no_disk_tier_no_disk_metrics(start_server):
