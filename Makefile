@@ -92,7 +92,7 @@ test: deps
 test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
-	    tests/server/test_prefix_cache.py
+	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py
 
 # The server under load for SOAK_SECONDS (default 600): 32 streaming clients,
 # disconnects, slow readers and malformed requests; memory and descriptors must

@@ -4,8 +4,10 @@
  * The checkpoints are real snapshots of a session on the tiny fixture; the
  * tree's invariants are checked after every change. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/pcache.h"
 #include "tern.h"
@@ -47,7 +49,7 @@ static void seq(int32_t *t, int n, int32_t base) {
 }
 
 static void insert(pcache *c, const int32_t *t, int n) {
-    cr_assert_eq(pcache_insert(c, t, n, snap()), 0);
+    cr_assert_eq(pcache_insert(c, t, n, snap(), 0), 0);
     cr_assert_eq(pcache_check(c), 0, "the tree's invariants after inserting %d ids", n);
 }
 
@@ -224,4 +226,140 @@ Test(pcache, random_branches_keep_the_tree_sound) {
         cr_assert_eq(pcache_check(c), 0, "after op %d", op);
     }
     pcache_destroy(c);
+}
+
+/* ---- the disk tier ----------------------------------------------------- */
+
+static char *disk_dir(void) {
+    static char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/tern-pcache-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    return dir;
+}
+
+static pcache *disk_cache(size_t ram, size_t disk, char **dir) {
+    tern_error err;
+    *dir = disk_dir();
+    pcache *c = pcache_create(ram);
+    pcdisk *d = pcdisk_open(*dir, model, &err);
+    cr_assert_not_null(d, "%s", err.msg);
+    pcache_attach_disk(c, d, disk);
+    return c;
+}
+
+static int files_in(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "ls %s | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    cr_assert(p && fscanf(p, "%d", &n) == 1);
+    pclose(p);
+    return n;
+}
+
+/* A chain of checkpoints of one session, each sharing its base's rows:
+ * spilled leaf first, read back root to leaf, equal to what was taken. */
+Test(pcache, a_chain_spills_to_disk_and_comes_back) {
+    char *dir;
+    pcache *c = disk_cache(2 * S, 100 * S, &dir);
+    tern_error err;
+    int32_t t[64];
+    seq(t, 64, 100);
+    cr_assert_eq(tern_session_reset(sess, &err), 0);
+    const pc_node *base = NULL;
+    for (int k = 1; k <= 4; k++) {
+        cr_assert_eq(tern_session_eval(sess, t + 8 * (k - 1), 8, NULL, 0, &err), 0, "%s", err.msg);
+        int exact;
+        cr_assert_eq(pcache_base(c, t, 8 * k, &exact), base);
+        int shares = base && pc_node_snapshot(base);
+        tern_snapshot *s = tern_session_snapshot_after(sess, shares ? pc_node_snapshot(base) : NULL, &err);
+        cr_assert_not_null(s, "%s", err.msg);
+        cr_assert_eq(pcache_insert(c, t, 8 * k, s, shares), 0);
+        cr_assert_eq(pcache_check(c), 0, "after %d", k);
+        base = pcache_base(c, t, 8 * k, &exact);
+        cr_assert(base && exact);
+    }
+    pcache_stats st = stats(c);
+    cr_expect_gt(st.disk_checkpoints, 0);
+    cr_expect_eq(st.checkpoints + st.disk_checkpoints, 4);
+    cr_expect_eq(files_in(dir), st.disk_checkpoints);
+    pc_node *nd = pcache_lookup(c, t, 64);
+    cr_assert(nd && pc_node_depth(nd) == 32 && !pc_node_snapshot(nd), "the leaf is on disk");
+    cr_assert_eq(pcache_load(c, nd, &err), 0, "%s", err.msg);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_expect_gt(stats(c).disk_reads, 0);
+    tern_session *s2 = tern_session_create(model, NULL, &err);
+    cr_assert_eq(tern_session_restore(s2, pc_node_snapshot(nd), &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_pos(s2), 32);
+    tern_session_destroy(s2);
+    pcache_trim(c);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_assert_leq(stats(c).bytes, 2 * S);
+    pcache_destroy(c);
+    cr_expect_eq(files_in(dir), 0, "the cache's files go with it");
+    rmdir(dir);
+}
+
+/* A file that fails verification drops its checkpoint and those that
+ * continue its rows; the lookup then finds what is left. */
+Test(pcache, a_corrupt_file_drops_its_chain) {
+    char *dir;
+    pcache *c = disk_cache(S + S / 2, 100 * S, &dir);
+    tern_error err;
+    int32_t t[64];
+    seq(t, 64, 100);
+    cr_assert_eq(tern_session_reset(sess, &err), 0);
+    const pc_node *base = NULL;
+    for (int k = 1; k <= 3; k++) {
+        cr_assert_eq(tern_session_eval(sess, t + 8 * (k - 1), 8, NULL, 0, &err), 0, "%s", err.msg);
+        int exact, shares = base && pc_node_snapshot(base);
+        tern_snapshot *s = tern_session_snapshot_after(sess, shares ? pc_node_snapshot(base) : NULL, &err);
+        cr_assert_eq(pcache_insert(c, t, 8 * k, s, shares), 0);
+        base = pcache_base(c, t, 8 * k, &exact);
+    }
+    cr_assert_eq(stats(c).disk_checkpoints, 2, "16 and 24 spilled, 8 in RAM");
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "for f in %s/*; do printf 'x' | dd of=$f bs=1 seek=300 conv=notrunc 2>/dev/null; done",
+             dir);
+    cr_assert_eq(system(cmd), 0);
+    /* as the scheduler does: the deepest, until one is in RAM */
+    pc_node *nd;
+    int failed = 0;
+    while ((nd = pcache_lookup(c, t, 64)) && pcache_load(c, nd, &err)) {
+        failed++;
+        cr_assert_eq(pcache_check(c), 0);
+    }
+    cr_assert(nd && pc_node_depth(nd) == 8 && pc_node_snapshot(nd));
+    pcache_stats st = stats(c);
+    cr_expect(failed >= 1 && st.disk_corrupt == (unsigned long long)failed);
+    cr_expect_eq(st.disk_checkpoints, 0);
+    cr_expect_eq(st.disk_reads, 0);
+    cr_expect_eq(files_in(dir), 0);
+    pcache_destroy(c);
+    rmdir(dir);
+}
+
+/* Random conversations with whole checkpoints through a small RAM tier and
+ * a small disk tier: the invariants hold, each tier within its budget. */
+Test(pcache, random_spills_keep_both_tiers_sound) {
+    char *dir;
+    pcache *c = disk_cache(2 * S, 3 * (S + 4096), &dir);
+    unsigned r = 777;
+    int32_t t[48];
+    tern_error err;
+    for (int op = 0; op < 200; op++) {
+        int n = 1 + (int)((r = r * 1103515245u + 12345u) >> 16) % 48;
+        for (int i = 0; i < n; i++) t[i] = (int32_t)(((r = r * 1103515245u + 12345u) >> 16) % 3);
+        if (op % 3) insert(c, t, n);
+        pc_node *nd = pcache_lookup(c, t, n);
+        if (nd && op % 2) pcache_load(c, nd, &err);
+        pcache_trim(c);
+        cr_assert_leq(stats(c).bytes, 2 * S);
+        cr_assert_leq(stats(c).disk_bytes, 3 * (S + 4096));
+        cr_assert_eq(pcache_check(c), 0, "after op %d", op);
+        cr_assert_eq(files_in(dir), stats(c).disk_checkpoints, "after op %d", op);
+    }
+    cr_expect_gt(stats(c).disk_reads, 0);
+    pcache_destroy(c);
+    rmdir(dir);
 }

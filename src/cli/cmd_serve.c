@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "server/pcdisk.h"
 #include "server/server.h"
 
 static void serve_usage(FILE *f) {
@@ -24,6 +25,9 @@ static void serve_usage(FILE *f) {
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
             "  --cache-ram SIZE       prefix cache: checkpoint bytes kept (default a quarter of the available\n"
             "                         RAM, at most 32G; 4G on a GPU); 0 turns it off\n"
+            "  --cache-disk DIR       prefix cache: a disk tier in DIR (made 0700) for what --cache-ram evicts;\n"
+            "                         emptied of this model's files at start (default: none)\n"
+            "  --cache-disk-size SIZE bytes of checkpoint files kept in DIR (default 16G)\n"
             "  --cache-checkpoint-interval N   prompt tokens between checkpoints of a long prefill\n"
             "                         (default 2048; 0: only at message boundaries and the ends)\n"
             "  --max-tokens N         default generation limit (default: until the context ends)\n"
@@ -67,7 +71,7 @@ int tern_cli_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
                     .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .queue_limit = 16,
                     .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1,
-                    .checkpoint_interval = 2048};
+                    .checkpoint_interval = 2048, .cache_disk_size = -1};
     tern_synth_params synth = {.bits = 4};
     const char *synth_shape = NULL;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -89,7 +93,8 @@ int tern_cli_serve(int argc, char **argv) {
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
                         IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
-                        IS("--cache-ram") || IS("--cache-checkpoint-interval");
+                        IS("--cache-ram") || IS("--cache-checkpoint-interval") || IS("--cache-disk") ||
+                        IS("--cache-disk-size");
         if (!serve_opt) { rest[n_rest++] = argv[i]; continue; }
         if (!v) { fprintf(stderr, "tern serve: %s needs a value\n", a); bad = 1; break; }
         i++;
@@ -115,6 +120,15 @@ int tern_cli_serve(int argc, char **argv) {
                 bad = 1;
             }
             p.cache_ram = (long long)size;
+        } else if (IS("--cache-disk")) {
+            if ((bad = pcdisk_check_dir(v, &err) != 0)) fprintf(stderr, "tern serve: --cache-disk: %s\n", err.msg);
+            p.cache_disk = v;
+        } else if (IS("--cache-disk-size")) {
+            if (tern_parse_size(v, &size, &err) || size < (1u << 20) || size > (1ull << 60)) {
+                fprintf(stderr, "tern serve: --cache-disk-size needs a size from 1M such as 64G, got '%s'\n", v);
+                bad = 1;
+            }
+            p.cache_disk_size = (long long)size;
         } else if (IS("--synth")) synth_shape = v;
         else if (IS("--bits") && (bad = strcmp(v, "4") && strcmp(v, "8")))
             fprintf(stderr, "tern serve: --bits must be 4 or 8, got '%s'\n", v);
@@ -132,6 +146,10 @@ int tern_cli_serve(int argc, char **argv) {
     cli_opts o;
     if (bad || cli_parse(n_rest, rest, &o) != 0) { free(rest); return 2; }
     free(rest);
+    if (p.cache_disk_size >= 0 && !p.cache_disk) {
+        fprintf(stderr, "tern serve: --cache-disk-size needs --cache-disk DIR\n");
+        return 2;
+    }
     if (o.positional) { fprintf(stderr, "tern serve: unexpected argument '%s'\n", o.positional); return 2; }
     if (synth_shape && !p.tokenizer_dir) {
         fprintf(stderr, "tern serve: --synth needs --tokenizer DIR (a synthetic model has no tokenizer)\n");

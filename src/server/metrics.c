@@ -95,6 +95,20 @@ static void gauge(sbuf *out, const char *name, const char *help, double v) {
     sbuf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
 }
 
+static void render_cache_disk(sbuf *out, const srv_cache_stats *c) {
+    gauge_u(out, "tern_prefix_cache_disk_bytes", "Bytes of checkpoint files held (disk tier).", c->disk_bytes);
+    gauge_u(out, "tern_prefix_cache_disk_budget_bytes", "The disk tier's budget (--cache-disk-size).",
+            c->disk_budget);
+    gauge_u(out, "tern_prefix_cache_disk_checkpoints", "Checkpoints held on disk.",
+            (unsigned long long)c->disk_checkpoints);
+    counter(out, "tern_prefix_cache_disk_writes_total", "Checkpoints evicted from RAM and written to disk.",
+            c->disk_writes);
+    counter(out, "tern_prefix_cache_disk_reads_total", "Checkpoint files read back (hits on the disk tier).",
+            c->disk_reads);
+    counter(out, "tern_prefix_cache_disk_corrupt_total",
+            "Checkpoint files missing or failing verification, dropped.", c->disk_corrupt);
+}
+
 static void render_cache(sbuf *out, const srv_cache_stats *c) {
     sbuf_puts(out, "# HELP tern_prefix_cache_hits_total Generations that reused a prompt prefix: a live session "
                    "continued, or a checkpoint restored.\n# TYPE tern_prefix_cache_hits_total counter\n");
@@ -108,6 +122,7 @@ static void render_cache(sbuf *out, const srv_cache_stats *c) {
     gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held.", (unsigned long long)c->checkpoints);
     gauge_u(out, "tern_prefix_cache_bytes", "Bytes of checkpoints held (RAM tier).", c->bytes);
     gauge_u(out, "tern_prefix_cache_budget_bytes", "The prefix cache's budget (--cache-ram).", c->budget);
+    if (c->disk_budget) render_cache_disk(out, c);
 }
 
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {

@@ -1,6 +1,7 @@
 #include "server/pcache.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,11 +9,15 @@ struct pc_node {
     pc_node *parent, *child, *next;   /* the tree: first child, next sibling */
     int32_t *edge;                    /* the ids from the parent to here */
     int n_edge, depth;
-    /* the checkpoint (snap != NULL) */
+    /* the checkpoint (snap != NULL: in RAM; ondisk: in its file) */
     tern_snapshot *snap;
-    size_t bytes;
+    int ondisk;
+    size_t bytes;                     /* in RAM: the snapshot's; on disk: the file's */
+    uint64_t hash;                    /* of the token path: the file's name */
     pc_node *base;                    /* the checkpoint this one holds; NULL: none above */
+    int shares;                       /* the snapshot continues base's KV rows */
     int holders;                      /* checkpoints whose base this is */
+    int ram_holders;                  /* those of them in RAM */
     double prio;                      /* GreedyDual-Size priority */
     uint64_t used;                    /* last insert or hit: LRU among equal priorities */
     uint64_t serial;                  /* the checkpoint's number, never reused (pc_node_serial) */
@@ -26,6 +31,7 @@ struct pcache {
     uint64_t clock;
     pthread_mutex_t mu;               /* guards st (read by other threads) */
     pcache_stats st;
+    pcdisk *disk;                     /* NULL: no disk tier */
 };
 
 pcache *pcache_create(size_t budget) {
@@ -36,11 +42,22 @@ pcache *pcache_create(size_t budget) {
     return c;
 }
 
-static void free_subtree(pc_node *nd) {
+void pcache_attach_disk(pcache *c, pcdisk *d, size_t budget) {
+    pcdisk_close(c->disk);
+    c->disk = d;
+    pthread_mutex_lock(&c->mu);
+    c->st.disk_budget = d ? budget : 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static pcdisk_key key_of(const pc_node *nd) { return (pcdisk_key){nd->hash, nd->serial}; }
+
+static void free_subtree(pcache *c, pc_node *nd) {
     while (nd) {
         pc_node *next = nd->next;
-        free_subtree(nd->child);
+        free_subtree(c, nd->child);
         tern_snapshot_free(nd->snap);
+        if (nd->ondisk) pcdisk_remove(c->disk, key_of(nd));
         free(nd->edge);
         free(nd);
         nd = next;
@@ -49,7 +66,8 @@ static void free_subtree(pc_node *nd) {
 
 void pcache_destroy(pcache *c) {
     if (!c) return;
-    free_subtree(c->root.child);
+    free_subtree(c, c->root.child);
+    pcdisk_close(c->disk);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -66,6 +84,8 @@ void pcache_stats_get(pcache *c, pcache_stats *out) {
 
 /* ---- the tree ---------------------------------------------------------- */
 
+static int is_ckpt(const pc_node *nd) { return nd->snap || nd->ondisk; }
+
 static pc_node *find_child(const pc_node *nd, int32_t first) {
     pc_node *ch = nd->child;
     while (ch && ch->edge[0] != first) ch = ch->next;
@@ -78,7 +98,7 @@ static pc_node *find_child(const pc_node *nd, int32_t first) {
 static pc_node *walk(pcache *c, const int32_t *t, int n, int limit, pc_node **at) {
     pc_node *nd = &c->root, *best = NULL;
     for (;;) {
-        if (nd->snap && nd->depth <= limit) best = nd;
+        if (is_ckpt(nd) && nd->depth <= limit) best = nd;
         if (nd->depth >= n) break;
         pc_node *ch = find_child(nd, t[nd->depth]);
         if (!ch || ch->depth > n || memcmp(ch->edge, t + nd->depth, (size_t)ch->n_edge * sizeof *t)) break;
@@ -169,7 +189,7 @@ static pc_node *node_at(pcache *c, const int32_t *t, int n) {
  * checkpoint and a single child merges into that child (the tree stays
  * compressed). Checkpoints are never moved, so references stay valid. */
 static void prune(pcache *c, pc_node *nd) {
-    while (nd != &c->root && !nd->snap && !nd->child) {
+    while (nd != &c->root && !is_ckpt(nd) && !nd->child) {
         pc_node *parent = nd->parent;
         unlink_child(parent, nd);
         free(nd->edge);
@@ -177,7 +197,7 @@ static void prune(pcache *c, pc_node *nd) {
         nd = parent;
     }
     pc_node *ch = nd->child;
-    if (nd == &c->root || nd->snap || !ch || ch->next) return;
+    if (nd == &c->root || is_ckpt(nd) || !ch || ch->next) return;
     int32_t *e = malloc((size_t)(nd->n_edge + ch->n_edge) * sizeof *e);
     if (!e) return;   /* the tree stays valid, only less compressed */
     memcpy(e, nd->edge, (size_t)nd->n_edge * sizeof *e);
@@ -203,46 +223,160 @@ static void list_remove(pcache *c, pc_node *nd) {
     nd->lprev = nd->lnext = NULL;
 }
 
-static void drop(pcache *c, pc_node *nd) {
-    if (nd->base) nd->base->holders--;
-    list_remove(c, nd);
-    tern_snapshot_free(nd->snap);
+/* A checkpoint enters or leaves its tier's statistics. */
+static void count_tier(pcache *c, const pc_node *nd, int sign) {
     pthread_mutex_lock(&c->mu);
-    c->st.bytes -= nd->bytes;
-    c->st.checkpoints--;
-    c->st.evicted++;
+    if (nd->ondisk) {
+        c->st.disk_bytes += sign > 0 ? nd->bytes : -nd->bytes;
+        c->st.disk_checkpoints += sign;
+    } else {
+        c->st.bytes += sign > 0 ? nd->bytes : -nd->bytes;
+        c->st.checkpoints += sign;
+    }
     pthread_mutex_unlock(&c->mu);
-    nd->snap = NULL;
+}
+
+static void count(pcache *c, unsigned long long *counter) {
+    pthread_mutex_lock(&c->mu);
+    (*counter)++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void hold(pc_node *nd, pc_node *base) {
+    nd->base = base;
+    if (!base) return;
+    base->holders++;
+    if (nd->snap) base->ram_holders++;
+}
+
+static void unhold(pc_node *nd) {
+    if (!nd->base) return;
+    nd->base->holders--;
+    if (nd->snap) nd->base->ram_holders--;
     nd->base = NULL;
+}
+
+static pc_node *holder_of(const pcache *c, const pc_node *nd) {
+    for (pc_node *o = c->list; o; o = o->lnext)
+        if (o->base == nd) return o;
+    return NULL;
+}
+
+/* Removes the checkpoint from the cache (its file too). Those continuing
+ * its KV rows go with it, since nothing could restore them; whole ones
+ * hold its base instead. evicted: to stay within a budget (counted). */
+static void drop(pcache *c, pc_node *nd, int evicted) {
+    pc_node *o;
+    while ((o = holder_of(c, nd))) {
+        if (o->shares) {
+            drop(c, o, evicted);
+        } else {
+            pc_node *b = nd->base;
+            unhold(o);
+            hold(o, b);
+        }
+    }
+    unhold(nd);
+    list_remove(c, nd);
+    count_tier(c, nd, -1);
+    if (evicted) count(c, &c->st.evicted);
+    tern_snapshot_free(nd->snap);
+    if (nd->ondisk) pcdisk_remove(c->disk, key_of(nd));
+    nd->snap = NULL;
+    nd->ondisk = 0;
+    nd->shares = 0;
     nd->bytes = 0;
     prune(c, nd);
 }
 
-/* The checkpoint to evict: nothing holds it (descendants go first), the
+/* The checkpoint of a tier to evict: in RAM, none in RAM holds it (they
+ * hold its memory); on disk, none at all (descendants go first). Then the
  * lowest priority, the least recently used on a tie. */
-static pc_node *victim(const pcache *c) {
+static pc_node *victim(const pcache *c, int ondisk) {
     pc_node *v = NULL;
     for (pc_node *nd = c->list; nd; nd = nd->lnext) {
-        if (nd->holders) continue;
+        if (nd->ondisk != ondisk || (ondisk ? nd->holders : nd->ram_holders)) continue;
         if (!v || nd->prio < v->prio || (nd->prio == v->prio && nd->used < v->used)) v = nd;
     }
     return v;
 }
 
-static void evict(pcache *c) {
+/* Evicts from the disk tier until need more bytes fit its budget. (L is
+ * the RAM tier's: the disk keeps the priorities its checkpoints had.) */
+static int make_room(pcache *c, size_t need) {
     pc_node *v;
-    while (c->st.bytes > c->st.budget && (v = victim(c))) {
+    while (c->st.disk_bytes + need > c->st.disk_budget) {
+        if (!(v = victim(c, 1))) return -1;
+        drop(c, v, 1);
+    }
+    return 0;
+}
+
+/* A file is the snapshot's bytes behind a header and followed by a
+ * checksum: room is made for this much more before it is written. */
+#define FILE_OVERHEAD 4096
+
+/* Moves a RAM victim to its file: it keeps its place in the tree. -1 when
+ * there is no disk tier, no room or the write failed (then it is dropped). */
+static int spill(pcache *c, pc_node *nd) {
+    size_t need = nd->bytes + FILE_OVERHEAD, fbytes;
+    if (!c->disk || need > c->st.disk_budget || make_room(c, need)) return -1;
+    tern_error err;
+    if (pcdisk_write(c->disk, key_of(nd), nd->snap, &fbytes, &err)) {
+        fprintf(stderr, "tern serve: a checkpoint was not written to disk: %s\n", err.msg);
+        return -1;
+    }
+    count_tier(c, nd, -1);
+    if (nd->base) nd->base->ram_holders--;
+    tern_snapshot_free(nd->snap);
+    nd->snap = NULL;
+    nd->ondisk = 1;
+    nd->bytes = fbytes;
+    count_tier(c, nd, +1);
+    count(c, &c->st.disk_writes);
+    make_room(c, 0);   /* a file larger than expected */
+    return 0;
+}
+
+void pcache_trim(pcache *c) {
+    pc_node *v;
+    while (c->st.bytes > c->st.budget && (v = victim(c, 0))) {
         c->L = v->prio;
-        drop(c, v);
+        if (spill(c, v)) drop(c, v, 1);
     }
 }
 
-int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap) {
+/* Reads nd's file, after those of the bases whose rows it continues. */
+static int load(pcache *c, pc_node *nd, tern_error *err) {
+    if (nd->snap) return 0;
+    if (nd->shares && load(c, nd->base, err)) return -1;   /* nd went with its base */
+    tern_snapshot *snap = pcdisk_read(c->disk, key_of(nd), nd->shares ? nd->base->snap : NULL, err);
+    if (!snap) {
+        count(c, &c->st.disk_corrupt);
+        drop(c, nd, 0);
+        return -1;
+    }
+    count_tier(c, nd, -1);
+    pcdisk_remove(c->disk, key_of(nd));
+    nd->ondisk = 0;
+    nd->snap = snap;
+    nd->bytes = tern_snapshot_bytes(snap);
+    if (nd->base) nd->base->ram_holders++;
+    count_tier(c, nd, +1);
+    count(c, &c->st.disk_reads);
+    return 0;
+}
+
+int pcache_load(pcache *c, pc_node *nd, tern_error *err) {
+    return load(c, nd, err);
+}
+
+int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, int shares) {
     size_t bytes = tern_snapshot_bytes(snap);
     int exact;
     pc_node *base = n >= 1 ? pcache_base(c, tokens, n, &exact) : NULL;
     /* one too large for the budget would only evict everything else */
-    if (n < 1 || bytes > c->st.budget || (base && exact)) {
+    if (n < 1 || bytes > c->st.budget || (base && exact) || (shares && !(base && base->snap))) {
         tern_snapshot_free(snap);
         return 0;
     }
@@ -253,8 +387,9 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap) 
     }
     nd->snap = snap;
     nd->bytes = bytes;
-    nd->base = base;
-    if (base) base->holders++;
+    nd->shares = shares;
+    nd->hash = pcdisk_hash(tokens, n);
+    hold(nd, base);
     nd->lnext = c->list;
     if (c->list) c->list->lprev = nd;
     c->list = nd;
@@ -265,7 +400,7 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap) 
     c->st.inserted++;
     nd->serial = c->st.inserted;
     pthread_mutex_unlock(&c->mu);
-    evict(c);
+    pcache_trim(c);
     return 0;
 }
 
@@ -277,20 +412,32 @@ static int is_ancestor(const pc_node *a, const pc_node *nd) {
     return 0;
 }
 
+/* One checkpoint's references: holders counted, a RAM one's shared base
+ * in RAM, its bytes its snapshot's. */
+static int check_ckpt(const pcache *c, const pc_node *ch) {
+    int holders = 0, ram = 0;
+    for (const pc_node *o = c->list; o; o = o->lnext) {
+        holders += o->base == ch;
+        ram += o->base == ch && o->snap;
+    }
+    if (holders != ch->holders || ram != ch->ram_holders || !!ch->snap == !!ch->ondisk) return -1;
+    if (ch->snap && ch->bytes != tern_snapshot_bytes(ch->snap)) return -1;
+    if (ch->shares && (!ch->base || (ch->snap && !ch->base->snap))) return -1;
+    if (ch->base && (!is_ckpt(ch->base) || ch->base == ch || !is_ancestor(ch->base, ch))) return -1;
+    return 0;
+}
+
 static int check_node(const pcache *c, const pc_node *nd, size_t *bytes, int *n) {
     for (const pc_node *ch = nd->child; ch; ch = ch->next) {
         if (ch->parent != nd || ch->n_edge < 1 || ch->depth != nd->depth + ch->n_edge) return -1;
         if (find_child(nd, ch->edge[0]) != ch) return -1;   /* first ids differ among siblings */
         int kids = 0;
         for (const pc_node *g = ch->child; g; g = g->next) kids++;
-        if (!ch->snap && kids < 2) return -1;               /* compressed */
-        if (ch->snap) {
-            int holders = 0;
-            for (const pc_node *o = c->list; o; o = o->lnext) holders += o->base == ch;
-            if (holders != ch->holders || ch->bytes != tern_snapshot_bytes(ch->snap)) return -1;
-            if (ch->base && (!ch->base->snap || ch->base == ch || !is_ancestor(ch->base, ch))) return -1;
-            *bytes += ch->bytes;
-            (*n)++;
+        if (!is_ckpt(ch) && kids < 2) return -1;            /* compressed */
+        if (is_ckpt(ch)) {
+            if (check_ckpt(c, ch)) return -1;
+            bytes[ch->ondisk] += ch->bytes;
+            n[ch->ondisk]++;
         }
         if (check_node(c, ch, bytes, n)) return -1;
     }
@@ -298,9 +445,13 @@ static int check_node(const pcache *c, const pc_node *nd, size_t *bytes, int *n)
 }
 
 int pcache_check(const pcache *c) {
-    size_t bytes = 0;
-    int n = 0, listed = 0;
-    if (c->root.snap || check_node(c, &c->root, &bytes, &n)) return -1;
+    size_t bytes[2] = {0, 0};   /* RAM, disk */
+    int n[2] = {0, 0}, listed = 0;
+    if (is_ckpt(&c->root) || check_node(c, &c->root, bytes, n)) return -1;
     for (const pc_node *o = c->list; o; o = o->lnext) listed++;
-    return bytes == c->st.bytes && n == c->st.checkpoints && n == listed ? 0 : -1;
+    if (bytes[1] > c->st.disk_budget || (n[1] && !c->disk)) return -1;
+    return bytes[0] == c->st.bytes && n[0] == c->st.checkpoints && bytes[1] == c->st.disk_bytes &&
+                   n[1] == c->st.disk_checkpoints && n[0] + n[1] == listed
+               ? 0
+               : -1;
 }

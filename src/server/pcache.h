@@ -25,6 +25,15 @@
  * a checkpoint added below it) refreshes its bases too, so the prefix is
  * then as recent as the conversation used last.
  *
+ * The disk tier (pcache_attach_disk) takes what the RAM budget evicts: a
+ * victim is written to its file (spilled) and keeps its place in the tree,
+ * on disk, instead of being dropped; the disk tier evicts by the same rule
+ * within its own budget. A checkpoint that shares its base's KV rows is
+ * held in RAM only while its base is, and a file holds only its own bytes,
+ * so a checkpoint read back from disk needs its bases read first (root to
+ * leaf). A file that fails verification drops its checkpoint and every one
+ * continuing its rows.
+ *
  * Not thread-safe: the scheduler's thread owns it; the statistics have
  * their own lock (pcache_stats may be called from any thread). */
 #ifndef TERN_SERVER_PCACHE_H
@@ -33,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/pcdisk.h"
 #include "tern.h"
 
 typedef struct pcache pcache;
@@ -41,6 +51,8 @@ typedef struct pc_node pc_node;
 /* budget: bytes of checkpoints held at most. NULL when out of memory. */
 pcache *pcache_create(size_t budget);
 void pcache_destroy(pcache *c);
+/* Gives the cache a disk tier of budget bytes (the cache owns d from now). */
+void pcache_attach_disk(pcache *c, pcdisk *d, size_t budget);
 
 /* The deepest checkpoint whose path is a prefix of prompt[0..n) with fewer
  * than n tokens (the prompt's last token must still be evaluated for its
@@ -54,11 +66,22 @@ pc_node *pcache_lookup(pcache *c, const int32_t *prompt, int n);
 pc_node *pcache_base(pcache *c, const int32_t *tokens, int n, int *exact);
 
 /* Adds a checkpoint after tokens[0..n) (n >= 1), taking ownership of snap
- * (freed on every failure, and when a checkpoint is already there). Then
- * evicts until the bytes held are within the budget, the new checkpoint
- * included. 0, or -1 when out of memory. */
-int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap);
+ * (freed on every failure, and when a checkpoint is already there). shares:
+ * snap was taken after the snapshot of pcache_base's checkpoint, in RAM
+ * (tern_session_snapshot_after); 0: it is whole. Then evicts until the
+ * bytes held are within the budget, the new checkpoint included. 0, or -1
+ * when out of memory. */
+int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, int shares);
 
+/* Brings a checkpoint on disk (and the bases it needs) back into RAM; 0
+ * when it is there. -1 when a file failed (err says why): then nd and the
+ * checkpoints continuing it are gone, and the caller looks up again. Does
+ * not evict: pcache_trim does, once the state was restored. */
+int pcache_load(pcache *c, pc_node *nd, tern_error *err);
+/* Evicts until the bytes in RAM are within the budget. */
+void pcache_trim(pcache *c);
+
+/* The checkpoint's snapshot; NULL while it is on disk. */
 const tern_snapshot *pc_node_snapshot(const pc_node *nd);
 int pc_node_depth(const pc_node *nd);   /* tokens from the root */
 /* A number for the checkpoint, unique over the cache's life (>= 1): who
@@ -66,9 +89,12 @@ int pc_node_depth(const pc_node *nd);   /* tokens from the root */
 uint64_t pc_node_serial(const pc_node *nd);
 
 typedef struct pcache_stats {
-    size_t budget, bytes;                /* the budget; checkpoint bytes held now */
-    int checkpoints;                     /* held now */
-    unsigned long long inserted, evicted;
+    size_t budget, bytes;                /* the budget; checkpoint bytes held in RAM now */
+    int checkpoints;                     /* held in RAM now */
+    unsigned long long inserted, evicted;   /* evicted: dropped to stay within a budget */
+    size_t disk_budget, disk_bytes;      /* the disk tier's (0, 0: none) */
+    int disk_checkpoints;
+    unsigned long long disk_writes, disk_reads, disk_corrupt;   /* spilled; read back; failed verification */
 } pcache_stats;
 void pcache_stats_get(pcache *c, pcache_stats *out);
 

@@ -109,6 +109,19 @@ static slot *lru_slot(srv_sched *s) {
     return best;
 }
 
+/* The cache's deepest checkpoint that starts the prompt and reuses more
+ * than `beat`, in RAM: one on disk is read back first. A file that fails
+ * costs only its checkpoints (dropped): the next deepest is tried. */
+static pc_node *cached_checkpoint(srv_sched *s, const int32_t *prompt, int n, int beat) {
+    pc_node *nd;
+    tern_error err;
+    while (s->cache && (nd = pcache_lookup(s->cache, prompt, n)) && pc_node_depth(nd) > beat) {
+        if (pcache_load(s->cache, nd, &err) == 0) return nd;
+        fprintf(stderr, "tern serve: a checkpoint on disk was dropped: %s\n", err.msg);
+    }
+    return NULL;
+}
+
 /* The live session that reuses most (the most recently used on a tie), or
  * the cache's deepest checkpoint when it reuses more (restored into the
  * least recently used slot); else the least recently used slot, empty. */
@@ -122,8 +135,8 @@ static plan pick(srv_sched *s, const int32_t *prompt, int n) {
             p.reuse = k;
         }
     }
-    pc_node *nd = s->cache ? pcache_lookup(s->cache, prompt, n) : NULL;
-    if (nd && pc_node_depth(nd) > p.reuse) {
+    pc_node *nd = cached_checkpoint(s, prompt, n, p.reuse);
+    if (nd) {
         p.sl = NULL;
         p.reuse = pc_node_depth(nd);
         p.ckpt = nd;
@@ -133,11 +146,15 @@ static plan pick(srv_sched *s, const int32_t *prompt, int n) {
 }
 
 /* Brings the slot's session to the first p->reuse tokens of the prompt. */
-static int slot_prepare(const plan *p, const int32_t *prompt, tern_error *err) {
+static int slot_prepare(srv_sched *s, const plan *p, const int32_t *prompt, tern_error *err) {
     slot *sl = p->sl;
     sl->live = 0;
     if (p->ckpt) {
-        if (tern_session_restore(sl->s, pc_node_snapshot(p->ckpt), err)) return -1;
+        int rc = tern_session_restore(sl->s, pc_node_snapshot(p->ckpt), err);
+        /* a checkpoint read back from disk may have taken the RAM tier over
+         * its budget: evicted only now, so it could not go before its use */
+        pcache_trim(s->cache);
+        if (rc) return -1;
         sl->ckpt = pc_node_serial(p->ckpt);
         sl->n_toks = 0;
         if (toks_append(sl, prompt, p->reuse)) {
@@ -159,9 +176,10 @@ static int slot_prepare(const plan *p, const int32_t *prompt, tern_error *err) {
  * bit for bit: the slot restored base or took it. Otherwise (the same
  * tokens prefilled in other pieces by another session) it is whole, so a
  * restore never joins rows of two computations. */
-static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, tern_error *err) {
-    int shared = base && pc_node_serial(base) == sl->ckpt;
-    return tern_session_snapshot_after(sl->s, shared ? pc_node_snapshot(base) : NULL, err);
+static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, int *shared, tern_error *err) {
+    /* (base on disk has no snapshot to share: the new one is whole) */
+    *shared = base && pc_node_serial(base) == sl->ckpt && pc_node_snapshot(base);
+    return tern_session_snapshot_after(sl->s, *shared ? pc_node_snapshot(base) : NULL, err);
 }
 
 /* Adds the slot's state (all the tokens it holds) to the cache unless a
@@ -173,9 +191,10 @@ static void checkpoint(srv_sched *s, slot *sl, srv_usage *u) {
     if (exact) return;
     double t0 = tern_now_s();
     tern_error err;
-    tern_snapshot *snap = take_checkpoint(sl, base, &err);
+    int shared;
+    tern_snapshot *snap = take_checkpoint(sl, base, &shared, &err);
     if (!snap) fprintf(stderr, "tern serve: a checkpoint was not taken: %s\n", err.msg);
-    else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap))
+    else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap, shared))
         fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
     pc_node *nd = snap ? pcache_base(s->cache, sl->toks, sl->n_toks, &exact) : NULL;
     if (nd && exact) sl->ckpt = pc_node_serial(nd);   /* (evicted at once when over the budget: then none) */
@@ -332,7 +351,7 @@ static void run_job(srv_sched *s, srv_job *j) {
     tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
     r.parser = tern_output_parser_create(&op, on_event, &r, &err);
     int rc = r.parser ? 0 : -1;
-    if (rc == 0) rc = slot_prepare(&p, j->prompt, &err);
+    if (rc == 0) rc = slot_prepare(s, &p, j->prompt, &err);
     u.restore_s = tern_now_s() - t0;
     u.cached_tokens = rc == 0 ? sl->n_toks : 0;
     if (rc == 0) count_reuse(s, &p);
@@ -402,6 +421,26 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
+/* The prefix cache, with its disk tier when one is asked for. */
+static int cache_create(srv_sched *s, const tern_model *m, const srv_sched_params *p, tern_error *err) {
+    if (!(s->cache = pcache_create(p->cache_bytes))) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
+    }
+    if (!p->cache_disk) return 0;
+    pcdisk *d = pcdisk_open(p->cache_disk, m, err);
+    if (!d) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        snprintf(err->msg, sizeof err->msg, "--cache-disk: %.400s", why);
+        pcache_destroy(s->cache);
+        s->cache = NULL;
+        return -1;
+    }
+    pcache_attach_disk(s->cache, d, p->cache_disk_bytes);
+    return 0;
+}
+
 srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
                             srv_done_fn on_done, void *ud, tern_error *err) {
     srv_sched *s = calloc(1, sizeof *s);
@@ -416,8 +455,7 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     s->on_done = on_done;
     s->ud = ud;
     s->cs.enabled = p->cache_bytes > 0;
-    if (p->cache_bytes > 0 && !(s->cache = pcache_create(p->cache_bytes))) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
+    if (p->cache_bytes > 0 && cache_create(s, m, p, err)) {
         free(s->slots);
         free(s);
         return NULL;
@@ -545,4 +583,10 @@ void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out) {
     out->checkpoints = st.checkpoints;
     out->inserted = st.inserted;
     out->evicted = st.evicted;
+    out->disk_budget = st.disk_budget;
+    out->disk_bytes = st.disk_bytes;
+    out->disk_checkpoints = st.disk_checkpoints;
+    out->disk_writes = st.disk_writes;
+    out->disk_reads = st.disk_reads;
+    out->disk_corrupt = st.disk_corrupt;
 }

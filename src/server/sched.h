@@ -33,6 +33,8 @@ typedef struct srv_sched_params {
     tern_session_params session;
     size_t cache_bytes;          /* the prefix cache's budget; 0: no cache */
     int checkpoint_interval;     /* prompt tokens between checkpoints in a long prefill; 0: none */
+    const char *cache_disk;      /* the cache's disk tier, a directory; NULL: none */
+    size_t cache_disk_bytes;     /* its budget */
 } srv_sched_params;
 
 /* Observer of finished generations (metrics); may be NULL. */
@@ -65,6 +67,9 @@ typedef struct srv_cache_stats {
     unsigned long long hits_restored; /* jobs that restored a checkpoint */
     unsigned long long misses;        /* jobs that reused nothing */
     unsigned long long restored_tokens, inserted, evicted;
+    size_t disk_budget, disk_bytes;   /* the disk tier (0, 0: none) */
+    int disk_checkpoints;
+    unsigned long long disk_writes, disk_reads, disk_corrupt;
 } srv_cache_stats;
 /* Any thread. */
 void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out);

@@ -130,6 +130,8 @@ int srv_run(const srv_params *p) {
                            .checkpoint_interval = p->checkpoint_interval};
     sp.cache_bytes = p->cache_ram < 0 ? default_cache_bytes(ctx.m) : (size_t)p->cache_ram;
     sp.session.max_context = ctx.n_ctx;
+    sp.cache_disk = p->cache_disk;
+    sp.cache_disk_bytes = p->cache_disk_size < 0 ? (size_t)16 << 30 : (size_t)p->cache_disk_size;
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
         !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
         fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
@@ -142,6 +144,9 @@ int srv_run(const srv_params *p) {
     srv_http_ready(http, &ctx);
     char cache[64] = "off";
     if (sp.cache_bytes) snprintf(cache, sizeof cache, "%.0f MiB", (double)sp.cache_bytes / (1 << 20));
+    if (sp.cache_bytes && sp.cache_disk)
+        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
+                 (double)sp.cache_disk_bytes / (1 << 20));
     fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
             ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
             p->api_key ? ", API key required" : "");

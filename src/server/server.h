@@ -37,6 +37,8 @@ typedef struct srv_params {
     int slots, queue_limit, responses_store;
     long long cache_ram;         /* prefix cache budget in bytes; 0: off; < 0: default_cache_bytes */
     int checkpoint_interval;     /* prompt tokens between checkpoints of a long prefill; 0: none */
+    const char *cache_disk;      /* the cache's disk tier (a directory); NULL: none */
+    long long cache_disk_size;   /* its budget in bytes; < 0: 16 GiB */
     FILE *log;                   /* request log; NULL: stderr */
 } srv_params;
 
