@@ -10,6 +10,7 @@
 #include "cpu/ops.h"
 #include "engine/engine.h"
 #include "text/tokenizer.h"
+#include "util/sha256.h"
 #include "tern.h"
 #include "testutil.h"
 
@@ -404,6 +405,22 @@ static void check_snapshot_file(const char *name) {
     cr_assert_eq(tern_model_identity(other.m, id2, &err), 0, "%s", err.msg);
     cr_expect(strcmp(id1, id2) != 0);
     fx_close(&other);
+    /* a header whose KV precision is no precision, its size 0 to match
+     * nothing, and a SHA-256 that is right for it: still refused */
+    uint8_t h[104];   /* the header: magic 8, identity 64, 6 int32 from kv_bits on, n_bytes */
+    rewind(fa);
+    cr_assert_eq(fread(h, 1, sizeof h, fa), sizeof h);
+    const int32_t bad_bits = 7;
+    const uint64_t zero = 0;
+    memcpy(h + 72, &bad_bits, 4);
+    memcpy(h + 96, &zero, 8);
+    char hex[65];
+    cr_assert_eq(tern_sha256_buf(h, sizeof h, hex, &err), 0, "%s", err.msg);
+    FILE *crafted = tmpfile();
+    cr_assert_eq(fwrite(h, 1, sizeof h, crafted), sizeof h);
+    cr_assert_eq(fwrite(hex, 1, 64, crafted), 64);
+    cr_expect_null(read_back(&f, crafted, NULL, &err), "%s: a header of no KV precision was read", name);
+    fclose(crafted);
     fclose(fa); fclose(fb); fclose(cut);
     free(want); free(got);
     tern_snapshot_free(a);

@@ -210,7 +210,8 @@ static int read_header(const tern_model *m, FILE *f, const tern_snapshot *base, 
     if (tern_model_identity(m, id, err)) return -1;
     if (memcmp(h->identity, id, 64))
         return tern_fail(err, "snapshot file: taken with another model, engine or model files");
-    if (expected_bytes(m, h, err) != h->n_bytes)
+    size_t want = expected_bytes(m, h, err);
+    if (!want || want != h->n_bytes)
         return tern_fail(err, "snapshot file: positions %d..%d, KV bits %d and %llu bytes do not agree", h->from,
                          h->pos, h->kv_bits, (unsigned long long)h->n_bytes);
     if (h->from == 0 ? base != NULL : !base || base->m != m || base->pos != h->from || base->kv_bits != h->kv_bits)
