@@ -225,7 +225,8 @@ int tern_snapshot_write(const tern_snapshot *snap, FILE *f, tern_error *err);
 tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, const tern_snapshot *base, tern_error *err);
 /* 64 hex digits naming what a saved state's validity depends on: the
  * engine (CPU kernels or GPU), the model's files (names, sizes, inodes,
- * modification times) and its packed layout. */
+ * modification times, as at the first call; worked out once per model)
+ * and its packed layout. */
 int tern_model_identity(const tern_model *m, char hex[65], tern_error *err);
 
 

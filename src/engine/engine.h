@@ -3,6 +3,7 @@
 #ifndef TERN_ENGINE_ENGINE_H
 #define TERN_ENGINE_ENGINE_H
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cpu/kvquant.h"
@@ -32,6 +33,9 @@ struct tern_model {
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
     void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
+    /* tern_model_identity, worked out at its first call (identity.c) */
+    pthread_mutex_t identity_mu;
+    char identity[65];            /* "" until then */
 };
 
 /* A model with its thread pool and kernel choice, nothing loaded yet, and

@@ -1,7 +1,7 @@
 /* tern_model_identity: what a saved state's validity depends on. A prompt
  * cache keys its checkpoints with it, so a state computed by other weights,
- * another engine (CPU or GPU, another kernel set) or a file changed since
- * can never be restored. */
+ * another engine (CPU or GPU, another kernel set) or other model files can
+ * never be restored. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +36,7 @@ static void put_file_in(tern_sha256 *h, const char *dir, const char *rel) {
     else put_str(h, rel);
 }
 
-int tern_model_identity(const tern_model *m, char hex[65], tern_error *err) {
+static int compute(const tern_model *m, char hex[65], tern_error *err) {
     tern_sha256 h;
     if (tern_sha256_init(&h, err)) return -1;
     put_str(&h, "tern model identity 1");
@@ -60,4 +60,15 @@ int tern_model_identity(const tern_model *m, char hex[65], tern_error *err) {
     }
     tern_sha256_final(&h, hex);
     return 0;
+}
+
+/* Once per model: the files are those the loaded model was opened from,
+ * and snapshot files ask for it at every write and read. */
+int tern_model_identity(const tern_model *m, char hex[65], tern_error *err) {
+    tern_model *mm = (tern_model *)m;   /* (the cached value only) */
+    pthread_mutex_lock(&mm->identity_mu);
+    int rc = mm->identity[0] ? 0 : compute(m, mm->identity, err);
+    if (rc == 0) memcpy(hex, mm->identity, 65);
+    pthread_mutex_unlock(&mm->identity_mu);
+    return rc;
 }

@@ -117,6 +117,7 @@ static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err
 
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err) {
     tern_model *m = calloc(1, sizeof *m);
+    if (m) pthread_mutex_init(&m->identity_mu, NULL);
     if (m) m->pool = tern_pool_create(params ? params->n_threads : 0);
     if (!m || !m->pool) {
         free(m);
@@ -192,6 +193,7 @@ void tern_model_free(tern_model *m) {
     tern_pool_destroy(m->pool);
     free(m->inv_freq);
     free(m->dir);
+    pthread_mutex_destroy(&m->identity_mu);
     free(m);
 }
 
