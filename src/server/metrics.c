@@ -96,17 +96,17 @@ static void gauge(sbuf *out, const char *name, const char *help, double v) {
 }
 
 static void render_cache_disk(sbuf *out, const srv_cache_stats *c) {
-    gauge_u(out, "tern_prefix_cache_disk_bytes", "Bytes of checkpoint files held (disk tier).", c->disk_bytes);
+    gauge_u(out, "tern_prefix_cache_disk_bytes", "Bytes of checkpoint files held (disk tier).", c->tiers.disk_bytes);
     gauge_u(out, "tern_prefix_cache_disk_budget_bytes", "The disk tier's budget (--cache-disk-size).",
-            c->disk_budget);
+            c->tiers.disk_budget);
     gauge_u(out, "tern_prefix_cache_disk_checkpoints", "Checkpoints held on disk.",
-            (unsigned long long)c->disk_checkpoints);
+            (unsigned long long)c->tiers.disk_checkpoints);
     counter(out, "tern_prefix_cache_disk_writes_total", "Checkpoints evicted from RAM and written to disk.",
-            c->disk_writes);
+            c->tiers.disk_writes);
     counter(out, "tern_prefix_cache_disk_reads_total", "Checkpoint files read back (hits on the disk tier).",
-            c->disk_reads);
+            c->tiers.disk_reads);
     counter(out, "tern_prefix_cache_disk_corrupt_total",
-            "Checkpoint files missing or failing verification, dropped.", c->disk_corrupt);
+            "Checkpoint files missing or failing verification, dropped.", c->tiers.disk_corrupt);
 }
 
 static void render_cache(sbuf *out, const srv_cache_stats *c) {
@@ -117,12 +117,12 @@ static void render_cache(sbuf *out, const srv_cache_stats *c) {
     counter(out, "tern_prefix_cache_misses_total", "Generations that prefilled their whole prompt.", c->misses);
     counter(out, "tern_prefix_cache_restored_tokens_total", "Prompt tokens restored from checkpoints.",
             c->restored_tokens);
-    counter(out, "tern_prefix_cache_checkpoints_total", "Checkpoints added to the prefix cache.", c->inserted);
-    counter(out, "tern_prefix_cache_evictions_total", "Checkpoints evicted to stay within the budget.", c->evicted);
-    gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held.", (unsigned long long)c->checkpoints);
-    gauge_u(out, "tern_prefix_cache_bytes", "Bytes of checkpoints held (RAM tier).", c->bytes);
-    gauge_u(out, "tern_prefix_cache_budget_bytes", "The prefix cache's budget (--cache-ram).", c->budget);
-    if (c->disk_budget) render_cache_disk(out, c);
+    counter(out, "tern_prefix_cache_checkpoints_total", "Checkpoints added to the prefix cache.", c->tiers.inserted);
+    counter(out, "tern_prefix_cache_evictions_total", "Checkpoints evicted to stay within the budget.", c->tiers.evicted);
+    gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held.", (unsigned long long)c->tiers.checkpoints);
+    gauge_u(out, "tern_prefix_cache_bytes", "Bytes of checkpoints held (RAM tier).", c->tiers.bytes);
+    gauge_u(out, "tern_prefix_cache_budget_bytes", "The prefix cache's budget (--cache-ram).", c->tiers.budget);
+    if (c->tiers.disk_budget) render_cache_disk(out, c);
 }
 
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {

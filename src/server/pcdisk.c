@@ -3,12 +3,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/err.h"
 
 struct pcdisk {
     char *dir;
@@ -16,23 +17,13 @@ struct pcdisk {
     char id[65];                 /* tern_model_identity: every file name starts with it */
 };
 
-/* One line into err (the server speaks only tern.h); -1. */
-static int fail(tern_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(tern_error *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 int pcdisk_check_dir(const char *dir, tern_error *err) {
     struct stat st;
-    if (!*dir) return fail(err, "an empty directory name");
-    if (mkdir(dir, 0700) && errno != EEXIST) return fail(err, "'%s' cannot be created: %s", dir, strerror(errno));
-    if (stat(dir, &st)) return fail(err, "'%s': %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return fail(err, "'%s' is not a directory", dir);
-    if (access(dir, W_OK | X_OK)) return fail(err, "'%s' is not writable", dir);
+    if (!*dir) return tern_fail(err, "an empty directory name");
+    if (mkdir(dir, 0700) && errno != EEXIST) return tern_fail(err, "'%s' cannot be created: %s", dir, strerror(errno));
+    if (stat(dir, &st)) return tern_fail(err, "'%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return tern_fail(err, "'%s' is not a directory", dir);
+    if (access(dir, W_OK | X_OK)) return tern_fail(err, "'%s' is not writable", dir);
     return 0;
 }
 
@@ -55,7 +46,7 @@ pcdisk *pcdisk_open(const char *dir, const tern_model *m, tern_error *err) {
     pcdisk *d = calloc(1, sizeof *d);
     if (!d || !(d->dir = strdup(dir))) {
         free(d);
-        fail(err, "out of memory");
+        tern_fail(err, "out of memory");
         return NULL;
     }
     d->m = m;
@@ -93,19 +84,19 @@ static int path_of(const pcdisk *d, pcdisk_key k, const char *suffix, char *out,
 int pcdisk_write(pcdisk *d, pcdisk_key k, const tern_snapshot *snap, size_t *bytes, tern_error *err) {
     char tmp[4096], path[4096];
     if (path_of(d, k, ".tmp", tmp, sizeof tmp) || path_of(d, k, "", path, sizeof path))
-        return fail(err, "the cache directory's name is too long");
+        return tern_fail(err, "the cache directory's name is too long");
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
-        fail(err, "%s: %s", tmp, strerror(errno));
+        tern_fail(err, "%s: %s", tmp, strerror(errno));
         if (fd >= 0) close(fd);
         return -1;
     }
     int rc = tern_snapshot_write(snap, f, err);
     long size = rc == 0 ? ftell(f) : -1;
-    if (rc == 0 && (fflush(f) || fsync(fd) || size < 0)) rc = fail(err, "%s: %s", tmp, strerror(errno));
-    if (fclose(f) && rc == 0) rc = fail(err, "%s: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path)) rc = fail(err, "%s: %s", path, strerror(errno));
+    if (rc == 0 && (fflush(f) || fsync(fd) || size < 0)) rc = tern_fail(err, "%s: %s", tmp, strerror(errno));
+    if (fclose(f) && rc == 0) rc = tern_fail(err, "%s: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path)) rc = tern_fail(err, "%s: %s", path, strerror(errno));
     if (rc) unlink(tmp);
     else *bytes = (size_t)size;
     return rc;
@@ -114,12 +105,12 @@ int pcdisk_write(pcdisk *d, pcdisk_key k, const tern_snapshot *snap, size_t *byt
 tern_snapshot *pcdisk_read(pcdisk *d, pcdisk_key k, const tern_snapshot *base, tern_error *err) {
     char path[4096];
     if (path_of(d, k, "", path, sizeof path)) {
-        fail(err, "the cache directory's name is too long");
+        tern_fail(err, "the cache directory's name is too long");
         return NULL;
     }
     FILE *f = fopen(path, "rbe");
     if (!f) {
-        fail(err, "%s: %s", path, strerror(errno));
+        tern_fail(err, "%s: %s", path, strerror(errno));
         return NULL;
     }
     tern_snapshot *s = tern_snapshot_read(d->m, f, base, err);
@@ -127,7 +118,7 @@ tern_snapshot *pcdisk_read(pcdisk *d, pcdisk_key k, const tern_snapshot *base, t
     if (s && fgetc(f) != EOF) {
         tern_snapshot_free(s);
         s = NULL;
-        fail(err, "%s: longer than its snapshot", path);
+        tern_fail(err, "%s: longer than its snapshot", path);
     }
     fclose(f);
     return s;

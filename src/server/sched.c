@@ -575,18 +575,5 @@ void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out) {
     pthread_mutex_lock(&s->mu);
     *out = s->cs;
     pthread_mutex_unlock(&s->mu);
-    if (!s->cache) return;
-    pcache_stats st;
-    pcache_stats_get(s->cache, &st);
-    out->budget = st.budget;
-    out->bytes = st.bytes;
-    out->checkpoints = st.checkpoints;
-    out->inserted = st.inserted;
-    out->evicted = st.evicted;
-    out->disk_budget = st.disk_budget;
-    out->disk_bytes = st.disk_bytes;
-    out->disk_checkpoints = st.disk_checkpoints;
-    out->disk_writes = st.disk_writes;
-    out->disk_reads = st.disk_reads;
-    out->disk_corrupt = st.disk_corrupt;
+    if (s->cache) pcache_stats_get(s->cache, &out->tiers);
 }

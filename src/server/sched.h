@@ -23,6 +23,7 @@
 #define TERN_SERVER_SCHED_H
 
 #include "server/job.h"
+#include "server/pcache.h"
 #include "tern.h"
 
 typedef struct srv_sched srv_sched;
@@ -61,15 +62,11 @@ void srv_sched_load(srv_sched *s, int *queued, int *running);
 
 typedef struct srv_cache_stats {
     int enabled;
-    size_t budget, bytes;        /* checkpoint bytes: the budget, held now */
-    int checkpoints;             /* held now */
     unsigned long long hits_live;     /* jobs that continued a live session */
     unsigned long long hits_restored; /* jobs that restored a checkpoint */
     unsigned long long misses;        /* jobs that reused nothing */
-    unsigned long long restored_tokens, inserted, evicted;
-    size_t disk_budget, disk_bytes;   /* the disk tier (0, 0: none) */
-    int disk_checkpoints;
-    unsigned long long disk_writes, disk_reads, disk_corrupt;
+    unsigned long long restored_tokens;
+    pcache_stats tiers;               /* the cache's own: bytes, checkpoints, evictions, the disk tier */
 } srv_cache_stats;
 /* Any thread. */
 void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out);
