@@ -61,7 +61,8 @@ $(B)/tern-tests: $(TEST_OBJ) $(SRV_OBJ) $(B)/libtern.a
 
 # The GPU engine against the CPU engine: built with CUDA=1 and run by make
 # test-cuda on a GPU machine.
-$(B)/tern-cuda-engine-tests: $(B)/tests/gpu/check_engine.o $(B)/libtern.a
+$(B)/tern-cuda-engine-tests: $(B)/tests/gpu/check_engine.o $(B)/tests/gpu/check_tiers.o \
+                          $(B)/src/server/pcache.o $(B)/src/server/pcdisk.o $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
 
 # Benchmarks: each bench/NAME.c is a program built as build/bench/NAME.

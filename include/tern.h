@@ -213,6 +213,14 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap,
 void tern_snapshot_free(tern_snapshot *snap);
 /* The bytes the snapshot holds itself (not its base's). */
 size_t tern_snapshot_bytes(const tern_snapshot *snap);
+/* A snapshot is taken into the memory the session runs in (a GPU's). This
+ * moves the bytes it holds itself into host memory (page-locked), freeing
+ * the device's; it restores and is written as before, its copies crossing
+ * the host link. Nothing to do where they are in host memory already (the
+ * CPU). On failure the snapshot is as it was. */
+int tern_snapshot_to_host(tern_snapshot *snap, tern_error *err);
+/* 1 when the bytes the snapshot holds itself are in host memory. */
+int tern_snapshot_on_host(const tern_snapshot *snap);
 /* Writes the bytes the snapshot holds itself (not its base's) to f, behind
  * a header with the model's identity, the positions and the KV precision,
  * and followed by a SHA-256 of it all. */

@@ -50,6 +50,7 @@ static void seq(int32_t *t, int n, int32_t base) {
 
 static void insert(pcache *c, const int32_t *t, int n) {
     cr_assert_eq(pcache_insert(c, t, n, snap(), 0), 0);
+    pcache_trim(c);
     cr_assert_eq(pcache_check(c), 0, "the tree's invariants after inserting %d ids", n);
 }
 
@@ -65,7 +66,7 @@ static pcache_stats stats(pcache *c) {
 }
 
 Test(pcache, longest_prefix_lookup) {
-    pcache *c = pcache_create(100 * S);
+    pcache *c = pcache_create(0, 100 * S);
     int32_t a[64], b[64];
     seq(a, 64, 1000);
     memcpy(b, a, sizeof b);
@@ -88,7 +89,7 @@ Test(pcache, longest_prefix_lookup) {
 }
 
 Test(pcache, divergence_resumes_from_the_last_checkpoint_before_it) {
-    pcache *c = pcache_create(100 * S);
+    pcache *c = pcache_create(0, 100 * S);
     int32_t a[300], b[300];
     seq(a, 300, 1);
     for (int k = 64; k <= 256; k += 64) insert(c, a, k);
@@ -105,7 +106,7 @@ Test(pcache, divergence_resumes_from_the_last_checkpoint_before_it) {
 }
 
 Test(pcache, an_exact_duplicate_is_not_kept_twice) {
-    pcache *c = pcache_create(100 * S);
+    pcache *c = pcache_create(0, 100 * S);
     int32_t a[32];
     seq(a, 32, 1);
     insert(c, a, 16);
@@ -122,7 +123,7 @@ Test(pcache, an_exact_duplicate_is_not_kept_twice) {
 
 Test(pcache, bytes_held_stay_within_the_budget) {
     size_t budget = 3 * S + S / 2;
-    pcache *c = pcache_create(budget);
+    pcache *c = pcache_create(0, budget);
     int32_t t[40];
     for (int i = 0; i < 12; i++) {
         seq(t, 40, 100 * i);   /* unrelated conversations */
@@ -132,15 +133,31 @@ Test(pcache, bytes_held_stay_within_the_budget) {
     cr_expect_eq(stats(c).checkpoints, 3);
     cr_expect_eq(stats(c).evicted, 9);
     pcache_destroy(c);
-    c = pcache_create(S - 1);   /* smaller than one checkpoint: nothing is kept */
+    c = pcache_create(0, S - 1);   /* smaller than one checkpoint: nothing is kept */
     insert(c, t, 10);
     cr_expect_eq(stats(c).checkpoints, 0);
     cr_expect_eq(stats(c).bytes, 0);
     pcache_destroy(c);
 }
 
+Test(pcache, inserts_wait_for_a_trim_to_evict) {
+    pcache *c = pcache_create(0, 2 * S);
+    int32_t t[40];
+    for (int i = 0; i < 4; i++) {
+        seq(t, 40, 100 * i);
+        cr_assert_eq(pcache_insert(c, t, 10, snap(), 0), 0);
+    }
+    cr_expect_eq(stats(c).checkpoints, 4, "an insert alone evicts nothing");
+    cr_expect_eq(pcache_check(c), 0);
+    pcache_trim(c);
+    cr_expect_eq(stats(c).checkpoints, 2);
+    cr_expect_leq(stats(c).bytes, 2 * S);
+    cr_expect_eq(found(c, t, 11), 10, "the newest is kept");
+    pcache_destroy(c);
+}
+
 Test(pcache, descendants_go_before_their_base) {
-    pcache *c = pcache_create(3 * S);
+    pcache *c = pcache_create(0, 3 * S);
     int32_t a[64], x[64];
     seq(a, 64, 1);
     insert(c, a, 10);   /* the oldest and least valuable: yet held by 20 */
@@ -157,7 +174,7 @@ Test(pcache, descendants_go_before_their_base) {
 }
 
 Test(pcache, value_per_byte_outweighs_recency) {
-    pcache *c = pcache_create(2 * S);
+    pcache *c = pcache_create(0, 2 * S);
     int32_t a[1100], b[64], x[64];
     seq(a, 1100, 1);
     seq(b, 64, 20000);
@@ -172,7 +189,7 @@ Test(pcache, value_per_byte_outweighs_recency) {
 }
 
 Test(pcache, recency_among_equals) {
-    pcache *c = pcache_create(2 * S);
+    pcache *c = pcache_create(0, 2 * S);
     int32_t a[64], b[64], x[64];
     seq(a, 64, 1);
     seq(b, 64, 20000);
@@ -189,7 +206,7 @@ Test(pcache, recency_among_equals) {
 /* A hit below a base is a use of the base: once its descendant is gone it
  * outlives a checkpoint of the same value used before that hit. */
 Test(pcache, a_hit_refreshes_the_bases) {
-    pcache *c = pcache_create(3 * S);
+    pcache *c = pcache_create(0, 3 * S);
     int32_t s[200], x[200], y[400], z[400];
     seq(s, 200, 1);
     seq(x, 200, 10000);
@@ -213,7 +230,7 @@ Test(pcache, a_hit_refreshes_the_bases) {
  * split and merged again): the invariants hold throughout, and a lookup
  * never gives a checkpoint deeper than the prompt allows. */
 Test(pcache, random_branches_keep_the_tree_sound) {
-    pcache *c = pcache_create(6 * S);
+    pcache *c = pcache_create(0, 6 * S);
     unsigned r = 12345;
     int32_t t[48];
     for (int op = 0; op < 400; op++) {
@@ -240,7 +257,7 @@ static char *disk_dir(void) {
 static pcache *disk_cache(size_t ram, size_t disk, char **dir) {
     tern_error err;
     *dir = disk_dir();
-    pcache *c = pcache_create(ram);
+    pcache *c = pcache_create(0, ram);
     pcdisk *d = pcdisk_open(*dir, model, &err);
     cr_assert_not_null(d, "%s", err.msg);
     pcache_attach_disk(c, d, disk);
@@ -275,6 +292,7 @@ Test(pcache, a_chain_spills_to_disk_and_comes_back) {
         tern_snapshot *s = tern_session_snapshot_after(sess, shares ? pc_node_snapshot(base) : NULL, &err);
         cr_assert_not_null(s, "%s", err.msg);
         cr_assert_eq(pcache_insert(c, t, 8 * k, s, shares), 0);
+        pcache_trim(c);
         cr_assert_eq(pcache_check(c), 0, "after %d", k);
         base = pcache_base(c, t, 8 * k, &exact);
         cr_assert(base && exact);
@@ -315,6 +333,7 @@ Test(pcache, a_corrupt_file_drops_its_chain) {
         int exact, shares = base && pc_node_snapshot(base);
         tern_snapshot *s = tern_session_snapshot_after(sess, shares ? pc_node_snapshot(base) : NULL, &err);
         cr_assert_eq(pcache_insert(c, t, 8 * k, s, shares), 0);
+        pcache_trim(c);
         base = pcache_base(c, t, 8 * k, &exact);
     }
     cr_assert_eq(stats(c).disk_checkpoints, 2, "16 and 24 spilled, 8 in RAM");

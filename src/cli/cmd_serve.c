@@ -23,8 +23,10 @@ static void serve_usage(FILE *f) {
             "  --strict-model         refuse requests that name another model (default: any name is served)\n"
             "  --slots N              live sessions kept for conversations that continue (default 4)\n"
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
-            "  --cache-ram SIZE       prefix cache: checkpoint bytes kept (default a quarter of the available\n"
-            "                         RAM, at most 32G; 4G on a GPU); 0 turns it off\n"
+            "  --cache-ram SIZE       prefix cache: checkpoint bytes kept in host RAM (default a quarter of\n"
+            "                         the available RAM, at most 32G); 0 turns the cache off on the CPU\n"
+            "  --cache-vram SIZE      on a GPU: checkpoint bytes kept in device memory, the fastest to restore;\n"
+            "                         what it evicts moves to --cache-ram (default 4G; both 0: off)\n"
             "  --cache-disk DIR       prefix cache: a disk tier in DIR (made 0700) for what --cache-ram evicts;\n"
             "                         emptied of this model's files at start (default: none)\n"
             "  --cache-disk-size SIZE bytes of checkpoint files kept in DIR (default 16G)\n"
@@ -38,6 +40,10 @@ static void serve_usage(FILE *f) {
             "  --idle-timeout S       seconds an idle keep-alive connection stays open (default 60)\n"
             "  --heartbeat S          seconds between keep-alive comments on a waiting stream (default 5)\n"
             "  --no-think             thinking off unless a request turns it on (default on)\n"
+            "  --preserve-thinking    the chat template keeps the reasoning of every earlier turn unless a\n"
+            "                         request says otherwise (chat_template_kwargs): an agent's new message\n"
+            "                         then leaves the prompt's prefix as it was, so the prefix cache keeps\n"
+            "                         hitting (default off, the template's own default)\n"
             "  --seed N               the seed of every request that gives none (default: a random one each)\n"
             "  --ignore-eos           the default of the ignore_eos request field (benchmarks)\n"
             "  --synth SHAPE          serve an in-memory synthetic model (tern synth --list); needs --tokenizer\n"
@@ -70,7 +76,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 int tern_cli_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
                     .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .queue_limit = 16,
-                    .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1,
+                    .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1, .cache_vram = -1,
                     .checkpoint_interval = 2048, .cache_disk_size = -1};
     tern_synth_params synth = {.bits = 4};
     const char *synth_shape = NULL;
@@ -89,11 +95,13 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("--strict-model")) { p.strict_model = 1; continue; }
         if (IS("--no-think")) { p.think = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
+        if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
         int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
                         IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
-                        IS("--cache-ram") || IS("--cache-checkpoint-interval") || IS("--cache-disk") ||
+                        IS("--cache-ram") || IS("--cache-vram") || IS("--cache-checkpoint-interval") ||
+                        IS("--cache-disk") ||
                         IS("--cache-disk-size");
         if (!serve_opt) { rest[n_rest++] = argv[i]; continue; }
         if (!v) { fprintf(stderr, "tern serve: %s needs a value\n", a); bad = 1; break; }
@@ -113,13 +121,12 @@ int tern_cli_serve(int argc, char **argv) {
         else if (IS("--idle-timeout")) bad = parse_seconds(a, v, &p.idle_timeout_s);
         else if (IS("--heartbeat")) bad = parse_seconds(a, v, &p.heartbeat_s);
         else if (IS("--cache-checkpoint-interval")) bad = parse_int(a, v, 0, INT_MAX, &p.checkpoint_interval);
-        else if (IS("--cache-ram")) {
+        else if (IS("--cache-ram") || IS("--cache-vram")) {
             if (tern_parse_size(v, &size, &err) || size > (1ull << 50)) {
-                fprintf(stderr, "tern serve: --cache-ram needs a size such as 8G (0 turns the cache off), got '%s'\n",
-                        v);
+                fprintf(stderr, "tern serve: %s needs a size such as 8G (or 0), got '%s'\n", a, v);
                 bad = 1;
             }
-            p.cache_ram = (long long)size;
+            *(IS("--cache-ram") ? &p.cache_ram : &p.cache_vram) = (long long)size;
         } else if (IS("--cache-disk")) {
             if ((bad = pcdisk_check_dir(v, &err) != 0)) fprintf(stderr, "tern serve: --cache-disk: %s\n", err.msg);
             p.cache_disk = v;

@@ -364,6 +364,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     }
 }
 
+cudaError_t att_combine(const tern_cuda_attn_dims &d, const float *qg, const float *part, int pos0, const int *pos_dev,
+                        int T, int ns, float *o, cudaStream_t s) {
+    dim3 cgrid(d.n_heads, T, (d.head_dim + COMBINE_DIMS - 1) / COMBINE_DIMS);
+    return launch_pdl(attn_combine_kernel, cgrid, dim3(COMBINE_THREADS), (size_t)ns * sizeof(float), s, d, qg, part,
+                      pos0, pos_dev, T, ns, o);
+}
+
 /* ---- planning and launch --------------------------------------------------- */
 
 /* 8-value pieces per lane: 1 up to head_dim 256, 2 up to 512 */
@@ -465,9 +472,7 @@ static int attention(const tern_cuda_attn_dims *d, const tern_kvq *L, const floa
         cudaGetLastError();   /* not left behind for the next check */
         return tern_fail(err, "attention split: %s", cudaGetErrorString(e));
     }
-    dim3 cgrid(d->n_heads, T, (hd + COMBINE_DIMS - 1) / COMBINE_DIMS);
-    e = launch_pdl(attn_combine_kernel, cgrid, dim3(COMBINE_THREADS), (size_t)ns * sizeof(float), s, *d, qg, part,
-                   pos0, pos_dev, T, ns, o);
+    e = att_combine(*d, qg, part, pos0, pos_dev, T, ns, o, s);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return tern_fail(err, "attention combine: %s", cudaGetErrorString(e));

@@ -38,6 +38,13 @@ __host__ __device__ static inline int att_split_len(int n, int ns) {
     return sl < ATT_GRAN ? ATT_GRAN : sl;
 }
 
+/* The splits' records in part (T x n_heads x ns outputs of head_dim, then
+ * their (max, sum) pairs; a split a token does not reach: max -inf) merged
+ * into o, times sigmoid(gate): attention.cu's combine, launched after the
+ * kernel that wrote them (the prefill's split form uses it too). */
+cudaError_t att_combine(const tern_cuda_attn_dims &d, const float *qg, const float *part, int pos0, const int *pos_dev,
+                        int T, int ns, float *o, cudaStream_t s);
+
 /* What block (split, query group, token) of a launch covers, from the
  * context's first position pos0: query heads h0 .. h0 + nq - 1 of KV head
  * kvh, token t's positions j0 .. j0 + len - 1 (causal: t sees pos0 + t +

@@ -19,6 +19,7 @@
  * S accumulators become the A fragments of P V without leaving them. */
 #include <float.h>
 
+#include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
@@ -26,6 +27,10 @@
 #define KT 64                 /* cache positions per tile */
 #define AP_WARPS 4
 #define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define AP_MIN_SPLIT 512      /* positions a split walks at least */
+#define AP_BLOCKS_PER_SM 2    /* resident at head_dim 256 (shared memory, registers) */
+#define AP_MAX_WAVES 3        /* rounds of blocks a split launch may take */
 
 
 
@@ -54,7 +59,32 @@ typedef struct {
     int T, pos0, gb, tb, ngq;   /* heads and tokens per block, head groups per KV head */
     float qscale;               /* softmax scale * log2(e) */
     bool al;
+    int ns, sl;                 /* splits of the context (blockIdx.z) and their length */
+    float *part;                /* ns > 1: the splits' records (att_combine's layout) */
 } ap_args;
+
+/* A split's result for this thread's two rows (r0, r0 + 8): the output
+ * not yet divided by its sum, and (max, sum), the max in natural-log
+ * units (the scores carry log2 e), as the split-K attention's records. */
+template <int HD>
+__device__ __forceinline__ void split_record(const ap_args &a, float (&oacc)[HD / 8][4], const float (&m)[2],
+                                             const float (&l)[2], const int (&lim)[2], int t0, int h0, int split,
+                                             int r0, int t2, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (lim[h] < 0) continue;
+        int r = r0 + 8 * h, t = t0 + r / a.gb, head = h0 + r % a.gb;
+        size_t rec = ((size_t)t * a.d.n_heads + head) * a.ns + split;
+        float *po = a.part + rec * HD;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) *(float2 *)(po + i * 8 + t2) = make_float2(oacc[i][2 * h], oacc[i][2 * h + 1]);
+        if ((lane & 3) == 0) {
+            float *ml = a.part + (size_t)a.T * a.d.n_heads * a.ns * HD + 2 * rec;
+            ml[0] = m[h] == -INFINITY ? -INFINITY : m[h] * LN2;
+            ml[1] = l[h];
+        }
+    }
+}
 
 template <int HD, int BITS>
 __global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) {
@@ -77,6 +107,8 @@ __global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) 
         *(uint32_t *)(Qs + r * LQ + d) = pack_f16(x0, x1);
     }
     int t_last = min(t0 + a.tb, a.T) - 1, kv_end = a.pos0 + t_last + 1;
+    /* this block's split of the positions: [lo, hi) */
+    int split = blockIdx.z, lo = split * a.sl, hi = min(kv_end, lo + a.sl);
     /* this thread's rows (g and g + 8 of the warp's 16) and the last position each may see */
     int gr = lane >> 2, t2 = 2 * (lane & 3), lim[2];
 #pragma unroll
@@ -87,12 +119,12 @@ __global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) 
     float oacc[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-    for (int kv0 = 0; kv0 < kv_end; kv0 += KT) {
+    for (int kv0 = lo; kv0 < hi; kv0 += KT) {
         __syncthreads();   /* the last tile's readers are done (and Qs is written) */
         for (int e = tid; e < KT * (HD / 8); e += nt) {
             int jj = e % KT, d = 8 * (e / KT), j = kv0 + jj;   /* a warp: 32 positions, one 8-value piece */
             float kv[8] = {}, vv[8] = {};
-            if (j < kv_end) {
+            if (j < hi) {
                 kv_piece<BITS>(a.kc, a.L, j, first, d, a.al, kv);
                 kv_piece<BITS>(a.vc, a.L, j, first, d, a.al, vv);
             }
@@ -125,7 +157,7 @@ __global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) 
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     int j = kv0 + n * 8 + t2 + c;
-                    float v = j <= lim[h] ? s[n][2 * h + c] : -INFINITY;
+                    float v = j <= lim[h] && j < hi ? s[n][2 * h + c] : -INFINITY;
                     s[n][2 * h + c] = v;
                     mx = fmaxf(mx, v);
                 }
@@ -166,6 +198,10 @@ __global__ void __launch_bounds__(AP_WARPS * 32) attn_prefill_kernel(ap_args a) 
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
+    if (a.ns > 1) {
+        split_record<HD>(a, oacc, m, l, lim, t0, h0, split, warp * 16 + gr, t2, lane);
+        return;
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (lim[h] < 0) continue;
@@ -202,9 +238,54 @@ static int launch_hd(const ap_args &a, dim3 grid, cudaStream_t s) {
     return 0;
 }
 
+/* A launch's blocks for T tokens: tokens per block x query head groups. */
+static int ap_blocks(const tern_cuda_attn_dims *d, int T, int *tb, int *gb, int *ngq) {
+    int G = d->n_heads / d->n_kv;
+    *gb = G < QR ? G : QR;
+    *tb = QR / *gb;
+    *ngq = (G + *gb - 1) / *gb;
+    return ceil_div(T, *tb) * d->n_kv * *ngq;
+}
+
+/* Splits of the context for a launch of `blocks` blocks ending at position
+ * n: one where the blocks fill the SMs (a prefill's usual launch). Few
+ * blocks (a short prefill after a long context) walk long contexts on few
+ * SMs: then the count whose rounds of AP_BLOCKS_PER_SM blocks per SM walk
+ * the fewest positions, at most AP_MAX_WAVES rounds, splits no shorter
+ * than AP_MIN_SPLIT. */
+static int ap_splits(int blocks, int n) {
+    int slots = AP_BLOCKS_PER_SM * tern_cuda_sm_count();
+    if (blocks >= tern_cuda_sm_count()) return 1;
+    long best = (long)n;
+    int pick = 1;
+    for (int ns = 2; ns * AP_MIN_SPLIT <= n && blocks * ns <= AP_MAX_WAVES * slots; ns++) {
+        int sl = att_split_len(n, ns), used = ceil_div(n, sl);
+        long walk = (long)ceil_div(blocks * used, slots) * sl;
+        if (walk < best) best = walk, pick = ns;
+    }
+    return pick;
+}
+
+static size_t ap_record_bytes(const tern_cuda_attn_dims *d) {
+    return (size_t)d->n_heads * (d->head_dim + 2) * sizeof(float);
+}
+
+/* The most splits ap_splits may pick for T tokens, at any context up to
+ * n_ctx_max. */
+size_t tern_cuda_attention_prefill_workspace(const tern_cuda_attn_dims *d, int n_ctx_max) {
+    size_t most = 0;
+    int tb, gb, ngq, blocks, slots = AP_BLOCKS_PER_SM * tern_cuda_sm_count();
+    for (int T = 1; (blocks = ap_blocks(d, T, &tb, &gb, &ngq)) < tern_cuda_sm_count(); T++) {
+        int ns = AP_MAX_WAVES * slots / blocks, cap = n_ctx_max / AP_MIN_SPLIT;
+        if (ns > cap) ns = cap;
+        if (ns > 1 && (size_t)T * ns > most) most = (size_t)T * ns;
+    }
+    return most * ap_record_bytes(d);
+}
+
 int tern_cuda_attention_prefill(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg,
-                                const uint8_t *kcache, const uint8_t *vcache, int T, int pos0, float scale, float *o,
-                                tern_stream s, tern_error *err) {
+                                const uint8_t *kcache, const uint8_t *vcache, int T, int pos0, float scale,
+                                void *work, size_t work_bytes, float *o, tern_stream s, tern_error *err) {
     int hd = d->head_dim;
     if (T < 1 || pos0 < 0 || (hd != 32 && hd != 64 && hd != 128 && hd != 256) || L->head_dim != hd ||
         L->n_heads != d->n_kv || d->n_kv < 1 || d->n_heads % d->n_kv || (L->bits != 16 && L->group % 8))
@@ -219,20 +300,32 @@ int tern_cuda_attention_prefill(const tern_cuda_attn_dims *d, const tern_kvq *L,
     a.o = o;
     a.T = T;
     a.pos0 = pos0;
-    int G = d->n_heads / d->n_kv;
-    a.gb = G < QR ? G : QR;
-    a.tb = QR / a.gb;
-    a.ngq = (G + a.gb - 1) / a.gb;
+    int blocks = ap_blocks(d, T, &a.tb, &a.gb, &a.ngq), n_last = pos0 + T;
     a.qscale = scale * LOG2E;
+    /* as many splits as the workspace holds records for */
+    a.ns = ap_splits(blocks, n_last);
+    size_t fit = work ? work_bytes / ((size_t)T * ap_record_bytes(d)) : 0;
+    if ((size_t)a.ns > fit) a.ns = fit > 1 ? (int)fit : 1;
+    a.sl = a.ns > 1 ? att_split_len(n_last, a.ns) : n_last;
+    a.part = (float *)work;
     size_t need_al = L->bits == 16 ? 16 : L->bits == 8 ? 8 : 4, first = (size_t)hd * L->bits / 8;
     a.al = L->row_bytes % need_al == 0 && first % need_al == 0 && (uintptr_t)kcache % need_al == 0 &&
            (uintptr_t)vcache % need_al == 0;
-    dim3 grid(ceil_div(T, a.tb), d->n_kv * a.ngq);
+    /* (att_split_len may need fewer splits than planned to cover n_last) */
+    int used = a.ns > 1 ? ceil_div(n_last, a.sl) : 1;
+    dim3 grid(ceil_div(T, a.tb), d->n_kv * a.ngq, used);
     switch (hd) {
     case 32: launch_hd<32>(a, grid, s); break;
     case 64: launch_hd<64>(a, grid, s); break;
     case 128: launch_hd<128>(a, grid, s); break;
     default: launch_hd<256>(a, grid, s); break;
     }
-    return launch_check("attention_prefill", err);
+    if (launch_check("attention_prefill", err)) return -1;
+    if (a.ns == 1) return 0;
+    cudaError_t e = att_combine(*d, qg, a.part, pos0, NULL, T, a.ns, o, (cudaStream_t)s);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tern_fail(err, "attention_prefill combine: %s", cudaGetErrorString(e));
+    }
+    return 0;
 }

@@ -60,15 +60,21 @@ int tern_cuda_attention_at(const tern_cuda_attn_dims *d, const tern_kvq *L, cons
                            const uint8_t *vcache, int T, const int *pos_dev, int n_plan, float scale, void *work,
                            size_t work_bytes, float *o, tern_stream s, tern_error *err);
 
-/* The same attention for a prefill of T tokens (flash-attention style, one
- * launch, no workspace): a block takes 64 query rows (tokens x the query
- * heads of one KV head) through the cache in tiles of 64 positions, K and
- * V dequantized to f16 in shared memory, f16 tensor-core products with
- * fp32 accumulation and an fp32 online softmax; each K/V row is read once
- * per 64 query rows instead of once per token. head_dim 32/64/128/256. */
+/* The same attention for a prefill of T tokens (flash-attention style): a
+ * block takes 64 query rows (tokens x the query heads of one KV head)
+ * through the cache in tiles of 64 positions, K and V dequantized to f16
+ * in shared memory, f16 tensor-core products with fp32 accumulation and an
+ * fp32 online softmax; each K/V row is read once per 64 query rows instead
+ * of once per token. head_dim 32/64/128/256. When the blocks would not
+ * fill the GPU (few tokens after a long context), the context is also cut
+ * into splits, merged as tern_cuda_attention merges its own; the
+ * workspace (tern_cuda_attention_prefill_workspace's bytes for contexts up
+ * to n_ctx_max; fewer splits when smaller, none when NULL) holds their
+ * records. */
 int tern_cuda_attention_prefill(const tern_cuda_attn_dims *d, const tern_kvq *L, const float *qg,
-                                const uint8_t *kcache, const uint8_t *vcache, int T, int pos0, float scale, float *o,
-                                tern_stream s, tern_error *err);
+                                const uint8_t *kcache, const uint8_t *vcache, int T, int pos0, float scale,
+                                void *work, size_t work_bytes, float *o, tern_stream s, tern_error *err);
+size_t tern_cuda_attention_prefill_workspace(const tern_cuda_attn_dims *d, int n_ctx_max);
 
 #ifdef __cplusplus
 }

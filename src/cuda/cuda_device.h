@@ -24,7 +24,10 @@ int tern_cuda_init(int device, char *name, size_t name_len, tern_error *err);
 void *tern_cuda_alloc(size_t bytes, tern_error *err);           /* cudaMalloc; NULL on failure */
 void tern_cuda_free(void *p);
 /* Blocking copies on the legacy stream, complete on return; they do not
- * wait for work on other (non-blocking) streams: sync those first. */
+ * wait for work on other (non-blocking) streams: sync those first. These
+ * and tern_cuda_copy let the runtime tell the ends apart (unified
+ * addressing), so a host end may be page-locked memory as well: a
+ * snapshot moved to the host is copied by the same calls. */
 int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err);
 int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err);

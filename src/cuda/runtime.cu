@@ -123,18 +123,18 @@ void tern_cuda_free(void *p) {
  * and a non-blocking stream does not wait for the legacy stream: without
  * the synchronisation a kernel launched right after could read old bytes. */
 int tern_cuda_upload(void *dst, const void *src, size_t bytes, tern_error *err) {
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
     if (e == cudaSuccess) e = cudaStreamSynchronize(0);
     return e == cudaSuccess ? 0 : cuda_fail(err, "upload", e);
 }
 
 int tern_cuda_download(void *dst, const void *src, size_t bytes, tern_error *err) {
-    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
     return e == cudaSuccess ? 0 : cuda_fail(err, "download", e);
 }
 
 int tern_cuda_copy(void *dst, const void *src, size_t bytes, tern_stream s, tern_error *err) {
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
     return e == cudaSuccess ? 0 : cuda_fail(err, "device copy", e);
 }
 

@@ -73,6 +73,12 @@ typedef struct tern_backend {
     void *(*snap_alloc)(size_t n, tern_error *err);
     void (*snap_free)(void *p);
     int (*wait)(tern_error *err);
+    /* Host memory a snapshot may move to (tern_snapshot_to_host) and still
+     * be saved from and loaded by the ops above: page-locked on the GPU, so
+     * its copies run at the link's speed. NULL where snap_alloc's memory is
+     * the host's already (the CPU). */
+    void *(*host_alloc)(size_t n, tern_error *err);
+    void (*host_free)(void *p);
 } tern_backend;
 
 extern const tern_backend tern_cpu_backend;   /* cpu_backend.c */

@@ -88,8 +88,8 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int hd = c->head_dim;
     if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
-        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->o,
-                                        g->stream, err))
+        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->att_work,
+                                        g->att_bytes, g->o, g->stream, err))
             return -1;
         return attn_out(s, w, T, err);
     }

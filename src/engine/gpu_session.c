@@ -80,7 +80,9 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
     size_t inter = (size_t)(c->expert_inter > c->shared_inter ? c->expert_inter : c->shared_inter);
     tern_cuda_attn_dims d = tern_gpu_attn_dims(c);
     tern_cuda_gdn_w gw = tern_gpu_gdn_w_of(c, NULL);
-    g->att_bytes = tern_cuda_attention_workspace(&d, SUB, max_ctx);
+    /* one workspace for the split-K attention of decode steps and of short prefills */
+    size_t dec = tern_cuda_attention_workspace(&d, SUB, max_ctx), pre = tern_cuda_attention_prefill_workspace(&d, max_ctx);
+    g->att_bytes = dec > pre ? dec : pre;
     g->gdn_bytes = tern_cuda_gdn_chunked_workspace(&gw, g->piece);
     g->grouped_bytes = tern_cuda_moe_grouped_workspace(g->piece, c->top_k, c->n_experts, (int64_t)c->hidden,
                                                        c->expert_inter, c->shared_inter);
@@ -294,6 +296,10 @@ static void *gpu_snap_alloc(size_t n, tern_error *err) { return tern_cuda_alloc(
 
 static void gpu_snap_free(void *p) { tern_cuda_free(p); }
 
+static void *gpu_host_alloc(size_t n, tern_error *err) { return tern_cuda_host_alloc(n, err); }
+
+static void gpu_host_free(void *p) { tern_cuda_host_free(p); }
+
 static int gpu_wait(tern_error *err) { return tern_cuda_sync(NULL, err); }
 
 /* An evaluation's whole run goes to tern_gpu_forward, which cuts it into
@@ -319,6 +325,8 @@ const tern_backend tern_gpu_backend = {
     .copy = gpu_copy,
     .snap_alloc = gpu_snap_alloc,
     .snap_free = gpu_snap_free,
+    .host_alloc = gpu_host_alloc,
+    .host_free = gpu_host_free,
     .wait = gpu_wait,
 };
 

@@ -12,8 +12,8 @@
 
 struct tern_snapshot {
     const tern_model *m;
-    const tern_backend *be;   /* whose memory data is */
-    int from, pos, mtp_pos, has_hidden, kv_bits;
+    const tern_backend *be;   /* whose memory data is (moved: host memory from be->host_alloc) */
+    int from, pos, mtp_pos, has_hidden, kv_bits, moved;
     size_t n_bytes;
     /* the KV rows [from, pos) and the recurrent state (backend.h), then the
      * MTP head's KV rows and the hidden state */
@@ -131,16 +131,38 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     return 0;
 }
 
+static void free_data(const tern_snapshot *snap) {
+    if (snap->moved) snap->be->host_free(snap->data);
+    else snap->be->snap_free(snap->data);
+}
+
 void tern_snapshot_free(tern_snapshot *snap) {
     while (snap && atomic_fetch_sub(&snap->refs, 1) == 1) {
         tern_snapshot *base = snap->base;
-        snap->be->snap_free(snap->data);
+        free_data(snap);
         free(snap);
         snap = base;   /* (a loop: a long chain's release needs no recursion) */
     }
 }
 
 size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }
+
+int tern_snapshot_on_host(const tern_snapshot *snap) { return snap->moved || !snap->be->host_alloc; }
+
+int tern_snapshot_to_host(tern_snapshot *snap, tern_error *err) {
+    const tern_backend *be = snap->be;
+    if (tern_snapshot_on_host(snap)) return 0;
+    uint8_t *h = be->host_alloc(snap->n_bytes ? snap->n_bytes : 1, err);
+    if (!h) return -1;
+    if (be->copy(h, snap->data, snap->n_bytes, TERN_COPY_TO_HOST, err)) {
+        be->host_free(h);
+        return -1;
+    }
+    be->snap_free(snap->data);
+    snap->data = h;
+    snap->moved = 1;
+    return 0;
+}
 
 
 /* ---- files -----------------------------------------------------------------

@@ -30,6 +30,7 @@ typedef struct srv_ctx {
     int strict_model;                /* refuse requests naming another model */
     int n_ctx;                       /* context length of every session */
     int think;                       /* thinking on when a request does not say */
+    int preserve_thinking;           /* earlier turns' reasoning kept, when a request does not say */
     tern_sampler_params sampling;    /* generation_config.json with the command line's overrides */
     int fixed_seed;                  /* sampling.seed seeds every request that gives none (else a random one) */
     int max_tokens;                  /* default limit (< 0: the context's end) */

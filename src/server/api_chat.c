@@ -321,10 +321,11 @@ static int parse_tool_choice(json_t *req, int *use_tools, srv_err *e) {
 }
 
 /* The thinking switch: chat_template_kwargs.enable_thinking, else
- * reasoning_effort "none" turns it off, else the server's default. */
+ * reasoning_effort "none" turns it off, else the server's default; and
+ * chat_template_kwargs.preserve_thinking, else the server's default. */
 static int parse_thinking(const srv_ctx *c, json_t *req, srv_prompt_opts *o, srv_err *e) {
     o->thinking = c->think;
-    o->preserve_thinking = 0;
+    o->preserve_thinking = c->preserve_thinking;
     json_t *kw = json_object_get(req, "chat_template_kwargs");
     json_t *effort = json_object_get(req, "reasoning_effort");
     if (effort && !json_is_null(effort)) {
@@ -334,7 +335,7 @@ static int parse_thinking(const srv_ctx *c, json_t *req, srv_prompt_opts *o, srv
     if (!kw || json_is_null(kw)) return 0;
     if (!json_is_object(kw)) return srv_fail(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
     return srv_get_bool(kw, "enable_thinking", o->thinking, &o->thinking, e) ||
-                   srv_get_bool(kw, "preserve_thinking", 0, &o->preserve_thinking, e)
+                   srv_get_bool(kw, "preserve_thinking", o->preserve_thinking, &o->preserve_thinking, e)
                ? -1
                : 0;
 }

@@ -331,7 +331,7 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
 
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, single;
-    srv_prompt_opts po = {0};
+    srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||
         parse_thinking(c, req, &po.thinking, e) || srv_messages_conversation(req, &msgs, &tools, &single, e))
@@ -358,7 +358,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
 
 json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     int single;
-    srv_prompt_opts po = {0};
+    srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || parse_thinking(c, req, &po.thinking, e) ||
         srv_messages_conversation(req, &msgs, &tools, &single, e))

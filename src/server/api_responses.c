@@ -442,7 +442,7 @@ static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err
 
 srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, store, parallel, use_tools;
-    srv_prompt_opts po = {0};
+    srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *tools = NULL, *msgs = NULL, *conv = NULL, *checked = NULL, *namespaces = json_object();
     json_t *instructions = json_object_get(req, "instructions"), *prev = json_object_get(req, "previous_response_id");
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||

@@ -95,6 +95,16 @@ static void gauge(sbuf *out, const char *name, const char *help, double v) {
     sbuf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
 }
 
+static void render_cache_vram(sbuf *out, const srv_cache_stats *c) {
+    gauge_u(out, "tern_prefix_cache_vram_bytes", "Bytes of checkpoints held in device memory.", c->tiers.vram_bytes);
+    gauge_u(out, "tern_prefix_cache_vram_budget_bytes", "The device memory tier's budget (--cache-vram).",
+            c->tiers.vram_budget);
+    gauge_u(out, "tern_prefix_cache_vram_checkpoints", "Checkpoints held in device memory.",
+            (unsigned long long)c->tiers.vram_checkpoints);
+    counter(out, "tern_prefix_cache_vram_moves_total", "Checkpoints moved from device memory to RAM.",
+            c->tiers.vram_moves);
+}
+
 static void render_cache_disk(sbuf *out, const srv_cache_stats *c) {
     gauge_u(out, "tern_prefix_cache_disk_bytes", "Bytes of checkpoint files held (disk tier).", c->tiers.disk_bytes);
     gauge_u(out, "tern_prefix_cache_disk_budget_bytes", "The disk tier's budget (--cache-disk-size).",
@@ -119,9 +129,10 @@ static void render_cache(sbuf *out, const srv_cache_stats *c) {
             c->restored_tokens);
     counter(out, "tern_prefix_cache_checkpoints_total", "Checkpoints added to the prefix cache.", c->tiers.inserted);
     counter(out, "tern_prefix_cache_evictions_total", "Checkpoints evicted to stay within the budget.", c->tiers.evicted);
-    gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held.", (unsigned long long)c->tiers.checkpoints);
+    gauge_u(out, "tern_prefix_cache_checkpoints", "Checkpoints held in RAM.", (unsigned long long)c->tiers.checkpoints);
     gauge_u(out, "tern_prefix_cache_bytes", "Bytes of checkpoints held (RAM tier).", c->tiers.bytes);
     gauge_u(out, "tern_prefix_cache_budget_bytes", "The prefix cache's budget (--cache-ram).", c->tiers.budget);
+    if (c->tiers.vram_budget) render_cache_vram(out, c);
     if (c->tiers.disk_budget) render_cache_disk(out, c);
 }
 

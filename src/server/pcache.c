@@ -9,15 +9,16 @@ struct pc_node {
     pc_node *parent, *child, *next;   /* the tree: first child, next sibling */
     int32_t *edge;                    /* the ids from the parent to here */
     int n_edge, depth;
-    /* the checkpoint (snap != NULL: in RAM; ondisk: in its file) */
+    /* the checkpoint (snap != NULL: in memory, tier PC_VRAM or PC_RAM;
+     * tier PC_DISK: in its file) */
     tern_snapshot *snap;
-    int ondisk;
-    size_t bytes;                     /* in RAM: the snapshot's; on disk: the file's */
+    int tier;
+    size_t bytes;                     /* in memory: the snapshot's; on disk: the file's */
     uint64_t hash;                    /* of the token path: the file's name */
     pc_node *base;                    /* the checkpoint this one holds; NULL: none above */
     int shares;                       /* the snapshot continues base's KV rows */
     int holders;                      /* checkpoints whose base this is */
-    int ram_holders;                  /* those of them in RAM */
+    int mem_holders, vram_holders;    /* those of them in memory; in device memory */
     double prio;                      /* GreedyDual-Size priority */
     uint64_t used;                    /* last insert or hit: LRU among equal priorities */
     uint64_t serial;                  /* the checkpoint's number, never reused (pc_node_serial) */
@@ -34,11 +35,14 @@ struct pcache {
     pcdisk *disk;                     /* NULL: no disk tier */
 };
 
-pcache *pcache_create(size_t budget) {
+enum { PC_RAM, PC_VRAM, PC_DISK };
+
+pcache *pcache_create(size_t vram_budget, size_t ram_budget) {
     pcache *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     pthread_mutex_init(&c->mu, NULL);
-    c->st.budget = budget;
+    c->st.vram_budget = vram_budget;
+    c->st.budget = ram_budget;
     return c;
 }
 
@@ -57,7 +61,7 @@ static void free_subtree(pcache *c, pc_node *nd) {
         pc_node *next = nd->next;
         free_subtree(c, nd->child);
         tern_snapshot_free(nd->snap);
-        if (nd->ondisk) pcdisk_remove(c->disk, key_of(nd));
+        if (nd->tier == PC_DISK) pcdisk_remove(c->disk, key_of(nd));
         free(nd->edge);
         free(nd);
         nd = next;
@@ -84,7 +88,7 @@ void pcache_stats_get(pcache *c, pcache_stats *out) {
 
 /* ---- the tree ---------------------------------------------------------- */
 
-static int is_ckpt(const pc_node *nd) { return nd->snap || nd->ondisk; }
+static int is_ckpt(const pc_node *nd) { return nd->snap || nd->tier == PC_DISK; }
 
 static pc_node *find_child(const pc_node *nd, int32_t first) {
     pc_node *ch = nd->child;
@@ -226,13 +230,12 @@ static void list_remove(pcache *c, pc_node *nd) {
 /* A checkpoint enters or leaves its tier's statistics. */
 static void count_tier(pcache *c, const pc_node *nd, int sign) {
     pthread_mutex_lock(&c->mu);
-    if (nd->ondisk) {
-        c->st.disk_bytes += sign > 0 ? nd->bytes : -nd->bytes;
-        c->st.disk_checkpoints += sign;
-    } else {
-        c->st.bytes += sign > 0 ? nd->bytes : -nd->bytes;
-        c->st.checkpoints += sign;
-    }
+    size_t *bytes = nd->tier == PC_DISK ? &c->st.disk_bytes : nd->tier == PC_VRAM ? &c->st.vram_bytes : &c->st.bytes;
+    int *n = nd->tier == PC_DISK   ? &c->st.disk_checkpoints
+             : nd->tier == PC_VRAM ? &c->st.vram_checkpoints
+                                   : &c->st.checkpoints;
+    *bytes += sign > 0 ? nd->bytes : -nd->bytes;
+    *n += sign;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -242,18 +245,34 @@ static void count(pcache *c, unsigned long long *counter) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* nd enters (sign 1) or leaves its base's holder counts. */
+static void count_holder(pc_node *nd, int sign) {
+    pc_node *b = nd->base;
+    if (!b) return;
+    b->holders += sign;
+    if (nd->snap) b->mem_holders += sign;
+    if (nd->snap && nd->tier == PC_VRAM) b->vram_holders += sign;
+}
+
 static void hold(pc_node *nd, pc_node *base) {
     nd->base = base;
-    if (!base) return;
-    base->holders++;
-    if (nd->snap) base->ram_holders++;
+    count_holder(nd, 1);
 }
 
 static void unhold(pc_node *nd) {
-    if (!nd->base) return;
-    nd->base->holders--;
-    if (nd->snap) nd->base->ram_holders--;
+    count_holder(nd, -1);
     nd->base = NULL;
+}
+
+/* nd moves to tier, holding snap (NULL on disk) of bytes. */
+static void move_tier(pcache *c, pc_node *nd, int tier, tern_snapshot *snap, size_t bytes) {
+    count_tier(c, nd, -1);
+    count_holder(nd, -1);
+    nd->tier = tier;
+    nd->snap = snap;
+    nd->bytes = bytes;
+    count_holder(nd, 1);
+    count_tier(c, nd, 1);
 }
 
 static pc_node *holder_of(const pcache *c, const pc_node *nd) {
@@ -281,24 +300,32 @@ static void drop(pcache *c, pc_node *nd, int evicted) {
     count_tier(c, nd, -1);
     if (evicted) count(c, &c->st.evicted);
     tern_snapshot_free(nd->snap);
-    if (nd->ondisk) pcdisk_remove(c->disk, key_of(nd));
+    if (nd->tier == PC_DISK) pcdisk_remove(c->disk, key_of(nd));
     nd->snap = NULL;
-    nd->ondisk = 0;
+    nd->tier = PC_RAM;
     nd->shares = 0;
     nd->bytes = 0;
     prune(c, nd);
 }
 
-/* The checkpoint of a tier to evict: in RAM, none in RAM holds it (they
- * hold its memory); on disk, none at all (descendants go first). Then the
+/* The checkpoint of a tier to evict, one that none in the tier or above
+ * holds (descendants go first): in device memory, none there; in RAM, none
+ * in memory (they may continue its rows); on disk, none at all. Then the
  * lowest priority, the least recently used on a tie. */
-static pc_node *victim(const pcache *c, int ondisk) {
+static pc_node *victim(const pcache *c, int tier) {
     pc_node *v = NULL;
     for (pc_node *nd = c->list; nd; nd = nd->lnext) {
-        if (nd->ondisk != ondisk || (ondisk ? nd->holders : nd->ram_holders)) continue;
+        int held = tier == PC_VRAM ? nd->vram_holders : tier == PC_RAM ? nd->mem_holders : nd->holders;
+        if (nd->tier != tier || !is_ckpt(nd) || held) continue;
         if (!v || nd->prio < v->prio || (nd->prio == v->prio && nd->used < v->used)) v = nd;
     }
     return v;
+}
+
+/* GreedyDual-Size's L rises to each victim's priority (never falls: the
+ * tiers' victims are chosen apart). */
+static void inflate(pcache *c, const pc_node *v) {
+    if (v->prio > c->L) c->L = v->prio;
 }
 
 /* Evicts from the disk tier until need more bytes fit its budget. (L is
@@ -306,7 +333,7 @@ static pc_node *victim(const pcache *c, int ondisk) {
 static int make_room(pcache *c, size_t need) {
     pc_node *v;
     while (c->st.disk_bytes + need > c->st.disk_budget) {
-        if (!(v = victim(c, 1))) return -1;
+        if (!(v = victim(c, PC_DISK))) return -1;
         drop(c, v, 1);
     }
     return 0;
@@ -326,25 +353,52 @@ static int spill(pcache *c, pc_node *nd) {
         fprintf(stderr, "tern serve: a checkpoint was not written to disk: %s\n", err.msg);
         return -1;
     }
-    count_tier(c, nd, -1);
-    if (nd->base) nd->base->ram_holders--;
     tern_snapshot_free(nd->snap);
-    nd->snap = NULL;
-    nd->ondisk = 1;
-    nd->bytes = fbytes;
-    count_tier(c, nd, +1);
+    move_tier(c, nd, PC_DISK, NULL, fbytes);
     count(c, &c->st.disk_writes);
     make_room(c, 0);   /* a file larger than expected */
     return 0;
 }
 
+/* Moves a device-memory victim's snapshot to host memory (the RAM tier):
+ * -1 when that failed (then it is dropped). */
+static int to_ram(pcache *c, pc_node *nd) {
+    tern_error err;
+    if (tern_snapshot_to_host(nd->snap, &err)) {
+        fprintf(stderr, "tern serve: a checkpoint was not moved to host memory: %s\n", err.msg);
+        return -1;
+    }
+    move_tier(c, nd, PC_RAM, nd->snap, nd->bytes);
+    count(c, &c->st.vram_moves);
+    return 0;
+}
+
+/* A device-memory victim, moved down (dropped when it cannot be). */
+static int trim_vram_one(pcache *c) {
+    pc_node *v = victim(c, PC_VRAM);
+    if (!v) return -1;
+    inflate(c, v);
+    if (to_ram(c, v)) drop(c, v, 1);
+    return 0;
+}
+
 void pcache_trim(pcache *c) {
-    pc_node *v;
-    while (c->st.bytes > c->st.budget && (v = victim(c, 0))) {
-        c->L = v->prio;
+    while (c->st.vram_bytes > c->st.vram_budget && trim_vram_one(c) == 0) {
+    }
+    while (c->st.bytes > c->st.budget) {
+        pc_node *v = victim(c, PC_RAM);
+        if (!v) {
+            /* every checkpoint in RAM is held by one in device memory,
+             * which must come down (and be evicted) first */
+            if (trim_vram_one(c)) break;
+            continue;
+        }
+        inflate(c, v);
         if (spill(c, v)) drop(c, v, 1);
     }
 }
+
+static int tier_of(const tern_snapshot *snap) { return tern_snapshot_on_host(snap) ? PC_RAM : PC_VRAM; }
 
 /* Reads nd's file, after those of the bases whose rows it continues. */
 static int load(pcache *c, pc_node *nd, tern_error *err) {
@@ -356,13 +410,8 @@ static int load(pcache *c, pc_node *nd, tern_error *err) {
         drop(c, nd, 0);
         return -1;
     }
-    count_tier(c, nd, -1);
     pcdisk_remove(c->disk, key_of(nd));
-    nd->ondisk = 0;
-    nd->snap = snap;
-    nd->bytes = tern_snapshot_bytes(snap);
-    if (nd->base) nd->base->ram_holders++;
-    count_tier(c, nd, +1);
+    move_tier(c, nd, tier_of(snap), snap, tern_snapshot_bytes(snap));
     count(c, &c->st.disk_reads);
     return 0;
 }
@@ -373,10 +422,11 @@ int pcache_load(pcache *c, pc_node *nd, tern_error *err) {
 
 int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, int shares) {
     size_t bytes = tern_snapshot_bytes(snap);
-    int exact;
+    int exact, tier = tier_of(snap);
     pc_node *base = n >= 1 ? pcache_base(c, tokens, n, &exact) : NULL;
-    /* one too large for the budget would only evict everything else */
-    if (n < 1 || bytes > c->st.budget || (base && exact) || (shares && !(base && base->snap))) {
+    /* one too large for the budgets would only evict everything else */
+    int fits = bytes <= c->st.budget || (tier == PC_VRAM && bytes <= c->st.vram_budget);
+    if (n < 1 || !fits || (base && exact) || (shares && !(base && base->snap))) {
         tern_snapshot_free(snap);
         return 0;
     }
@@ -386,6 +436,7 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, 
         return -1;
     }
     nd->snap = snap;
+    nd->tier = tier;
     nd->bytes = bytes;
     nd->shares = shares;
     nd->hash = pcdisk_hash(tokens, n);
@@ -394,13 +445,11 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, 
     if (c->list) c->list->lprev = nd;
     c->list = nd;
     hit(c, nd);
+    count_tier(c, nd, 1);
     pthread_mutex_lock(&c->mu);
-    c->st.bytes += bytes;
-    c->st.checkpoints++;
     c->st.inserted++;
     nd->serial = c->st.inserted;
     pthread_mutex_unlock(&c->mu);
-    pcache_trim(c);
     return 0;
 }
 
@@ -412,16 +461,18 @@ static int is_ancestor(const pc_node *a, const pc_node *nd) {
     return 0;
 }
 
-/* One checkpoint's references: holders counted, a RAM one's shared base
- * in RAM, its bytes its snapshot's. */
+/* One checkpoint's references: holders counted, one in memory's shared
+ * base in memory, its bytes and tier its snapshot's. */
 static int check_ckpt(const pcache *c, const pc_node *ch) {
-    int holders = 0, ram = 0;
+    int holders = 0, mem = 0, vram = 0;
     for (const pc_node *o = c->list; o; o = o->lnext) {
         holders += o->base == ch;
-        ram += o->base == ch && o->snap;
+        mem += o->base == ch && o->snap;
+        vram += o->base == ch && o->snap && o->tier == PC_VRAM;
     }
-    if (holders != ch->holders || ram != ch->ram_holders || !!ch->snap == !!ch->ondisk) return -1;
-    if (ch->snap && ch->bytes != tern_snapshot_bytes(ch->snap)) return -1;
+    if (holders != ch->holders || mem != ch->mem_holders || vram != ch->vram_holders) return -1;
+    if (!!ch->snap == (ch->tier == PC_DISK)) return -1;
+    if (ch->snap && (ch->bytes != tern_snapshot_bytes(ch->snap) || ch->tier != tier_of(ch->snap))) return -1;
     if (ch->shares && (!ch->base || (ch->snap && !ch->base->snap))) return -1;
     if (ch->base && (!is_ckpt(ch->base) || ch->base == ch || !is_ancestor(ch->base, ch))) return -1;
     return 0;
@@ -436,8 +487,8 @@ static int check_node(const pcache *c, const pc_node *nd, size_t *bytes, int *n)
         if (!is_ckpt(ch) && kids < 2) return -1;            /* compressed */
         if (is_ckpt(ch)) {
             if (check_ckpt(c, ch)) return -1;
-            bytes[ch->ondisk] += ch->bytes;
-            n[ch->ondisk]++;
+            bytes[ch->tier] += ch->bytes;
+            n[ch->tier]++;
         }
         if (check_node(c, ch, bytes, n)) return -1;
     }
@@ -445,13 +496,14 @@ static int check_node(const pcache *c, const pc_node *nd, size_t *bytes, int *n)
 }
 
 int pcache_check(const pcache *c) {
-    size_t bytes[2] = {0, 0};   /* RAM, disk */
-    int n[2] = {0, 0}, listed = 0;
+    size_t bytes[3] = {0, 0, 0};   /* by tier */
+    int n[3] = {0, 0, 0}, listed = 0;
     if (is_ckpt(&c->root) || check_node(c, &c->root, bytes, n)) return -1;
     for (const pc_node *o = c->list; o; o = o->lnext) listed++;
-    if (bytes[1] > c->st.disk_budget || (n[1] && !c->disk)) return -1;
-    return bytes[0] == c->st.bytes && n[0] == c->st.checkpoints && bytes[1] == c->st.disk_bytes &&
-                   n[1] == c->st.disk_checkpoints && n[0] + n[1] == listed
+    if (bytes[PC_DISK] > c->st.disk_budget || (n[PC_DISK] && !c->disk)) return -1;
+    return bytes[PC_RAM] == c->st.bytes && n[PC_RAM] == c->st.checkpoints && bytes[PC_VRAM] == c->st.vram_bytes &&
+                   n[PC_VRAM] == c->st.vram_checkpoints && bytes[PC_DISK] == c->st.disk_bytes &&
+                   n[PC_DISK] == c->st.disk_checkpoints && n[0] + n[1] + n[2] == listed
                ? 0
                : -1;
 }

@@ -25,11 +25,17 @@
  * a checkpoint added below it) refreshes its bases too, so the prefix is
  * then as recent as the conversation used last.
  *
+ * Tiers. A checkpoint is taken into the memory the engine runs in. On a
+ * GPU that is device memory, the fastest to restore from; when the device
+ * tier is over its budget, its victims move to host memory (the RAM tier,
+ * page-locked, restored from there over the host link), and the RAM tier's
+ * victims go to disk or are dropped. On the CPU checkpoints start in RAM.
+ *
  * The disk tier (pcache_attach_disk) takes what the RAM budget evicts: a
  * victim is written to its file (spilled) and keeps its place in the tree,
  * on disk, instead of being dropped; the disk tier evicts by the same rule
  * within its own budget. A checkpoint that shares its base's KV rows is
- * held in RAM only while its base is, and a file holds only its own bytes,
+ * held in memory only while its base is, and a file holds only its own bytes,
  * so a checkpoint read back from disk needs its bases read first (root to
  * leaf). A file that fails verification drops its checkpoint and every one
  * continuing its rows.
@@ -48,8 +54,10 @@
 typedef struct pcache pcache;
 typedef struct pc_node pc_node;
 
-/* budget: bytes of checkpoints held at most. NULL when out of memory. */
-pcache *pcache_create(size_t budget);
+/* Bytes of checkpoints held at most in device memory (vram_budget; 0: a
+ * GPU's checkpoints go to host memory at once) and in host memory
+ * (ram_budget). NULL when out of memory. */
+pcache *pcache_create(size_t vram_budget, size_t ram_budget);
 void pcache_destroy(pcache *c);
 /* Gives the cache a disk tier of budget bytes (the cache owns d from now). */
 void pcache_attach_disk(pcache *c, pcdisk *d, size_t budget);
@@ -67,21 +75,24 @@ pc_node *pcache_base(pcache *c, const int32_t *tokens, int n, int *exact);
 
 /* Adds a checkpoint after tokens[0..n) (n >= 1), taking ownership of snap
  * (freed on every failure, and when a checkpoint is already there). shares:
- * snap was taken after the snapshot of pcache_base's checkpoint, in RAM
- * (tern_session_snapshot_after); 0: it is whole. Then evicts until the
- * bytes held are within the budget, the new checkpoint included. 0, or -1
- * when out of memory. */
+ * snap was taken after the snapshot of pcache_base's checkpoint, in memory
+ * (tern_session_snapshot_after); 0: it is whole. 0, or -1 when out of
+ * memory. It does not evict: the caller calls pcache_trim when it can spare
+ * the time (moving checkpoints to host memory or disk takes milliseconds
+ * that a first token should not wait for). */
 int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, int shares);
 
-/* Brings a checkpoint on disk (and the bases it needs) back into RAM; 0
+/* Brings a checkpoint on disk (and the bases it needs) back into memory; 0
  * when it is there. -1 when a file failed (err says why): then nd and the
  * checkpoints continuing it are gone, and the caller looks up again. Does
  * not evict: pcache_trim does, once the state was restored. */
 int pcache_load(pcache *c, pc_node *nd, tern_error *err);
-/* Evicts until the bytes in RAM are within the budget. */
+/* Evicts until each tier is within its budget (the newest checkpoints
+ * included). */
 void pcache_trim(pcache *c);
 
-/* The checkpoint's snapshot; NULL while it is on disk. */
+/* The checkpoint's snapshot (in device or host memory); NULL while it is
+ * on disk. */
 const tern_snapshot *pc_node_snapshot(const pc_node *nd);
 int pc_node_depth(const pc_node *nd);   /* tokens from the root */
 /* A number for the checkpoint, unique over the cache's life (>= 1): who
@@ -89,9 +100,12 @@ int pc_node_depth(const pc_node *nd);   /* tokens from the root */
 uint64_t pc_node_serial(const pc_node *nd);
 
 typedef struct pcache_stats {
-    size_t budget, bytes;                /* the budget; checkpoint bytes held in RAM now */
+    size_t budget, bytes;                /* the RAM tier's budget; checkpoint bytes held there now */
     int checkpoints;                     /* held in RAM now */
+    size_t vram_budget, vram_bytes;      /* the device tier's */
+    int vram_checkpoints;
     unsigned long long inserted, evicted;   /* evicted: dropped to stay within a budget */
+    unsigned long long vram_moves;       /* moved from device memory to RAM */
     size_t disk_budget, disk_bytes;      /* the disk tier's (0, 0: none) */
     int disk_checkpoints;
     unsigned long long disk_writes, disk_reads, disk_corrupt;   /* spilled; read back; failed verification */

@@ -183,8 +183,9 @@ static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, int *
 }
 
 /* Adds the slot's state (all the tokens it holds) to the cache unless a
- * checkpoint is there already. A failure costs only the checkpoint. */
-static void checkpoint(srv_sched *s, slot *sl, srv_usage *u) {
+ * checkpoint is there already, then evicts (trim) or leaves that to the
+ * job's end. A failure costs only the checkpoint. */
+static void checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) {
     if (!s->cache || !sl->live || sl->n_toks < 1 || tern_session_pos(sl->s) != sl->n_toks) return;
     int exact;
     pc_node *base = pcache_base(s->cache, sl->toks, sl->n_toks, &exact);
@@ -197,7 +198,9 @@ static void checkpoint(srv_sched *s, slot *sl, srv_usage *u) {
     else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap, shared))
         fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
     pc_node *nd = snap ? pcache_base(s->cache, sl->toks, sl->n_toks, &exact) : NULL;
-    if (nd && exact) sl->ckpt = pc_node_serial(nd);   /* (evicted at once when over the budget: then none) */
+    /* (a serial is never reused: evicted, it matches no checkpoint later) */
+    if (nd && exact) sl->ckpt = pc_node_serial(nd);
+    if (trim) pcache_trim(s->cache);
     if (u) u->snapshot_s += tern_now_s() - t0;
 }
 
@@ -305,7 +308,9 @@ static int next_stop(const srv_sched *s, const srv_job *j, int from, int end) {
 
 /* Prefills all but the prompt's last token (tern_generate evaluates that
  * one with its first draw) in pieces, checkpointing at the message
- * boundaries, at each interval and at the end. Returns 1 when the job was cancelled on
+ * boundaries, at each interval and at the end; the checkpoints of the last
+ * piece are evicted for only after the generation (run_job), so the first
+ * token does not wait for that. Returns 1 when the job was cancelled on
  * the way. */
 static int prefill(srv_sched *s, slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
     int end = j->n_prompt - 1, iv = s->p.checkpoint_interval;
@@ -321,7 +326,7 @@ static int prefill(srv_sched *s, slot *sl, srv_job *j, srv_usage *u, tern_error 
             return -1;
         }
         if (to == j->boundary || to == j->first_boundary || to == end || (iv > 0 && to % iv == 0))
-            checkpoint(s, sl, u);
+            checkpoint(s, sl, u, end - to > PREFILL_PIECE);
     }
     return 0;
 }
@@ -339,7 +344,7 @@ static void count_reuse(srv_sched *s, const plan *p) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static void run_job(srv_sched *s, srv_job *j) {
+static void generate_job(srv_sched *s, srv_job *j) {
     double t0 = tern_now_s();
     srv_usage u = {.prompt_tokens = j->n_prompt, .queue_s = t0 - j->t_submit};
     if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &u); return; }
@@ -391,7 +396,13 @@ static void run_job(srv_sched *s, srv_job *j) {
     push_done(j, finish_of(&st, &r), st.stop_index, &u);
     /* after the answer went out: the state after the generated turn, for
      * a next prompt that continues it as generated */
-    if (st.stop_reason != TERN_STOP_CALLER || r.stop_after_call) checkpoint(s, sl, NULL);
+    if (st.stop_reason != TERN_STOP_CALLER || r.stop_after_call) checkpoint(s, sl, NULL, 0);
+}
+
+/* The job, then the evictions its checkpoints call for. */
+static void run_job(srv_sched *s, srv_job *j) {
+    generate_job(s, j);
+    if (s->cache) pcache_trim(s->cache);
 }
 
 /* ---- the thread and the queue ------------------------------------------ */
@@ -423,7 +434,7 @@ static void *sched_main(void *arg) {
 
 /* The prefix cache, with its disk tier when one is asked for. */
 static int cache_create(srv_sched *s, const tern_model *m, const srv_sched_params *p, tern_error *err) {
-    if (!(s->cache = pcache_create(p->cache_bytes))) {
+    if (!(s->cache = pcache_create(p->cache_vram_bytes, p->cache_ram_bytes))) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
     }
@@ -454,8 +465,8 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     s->p = *p;
     s->on_done = on_done;
     s->ud = ud;
-    s->cs.enabled = p->cache_bytes > 0;
-    if (p->cache_bytes > 0 && cache_create(s, m, p, err)) {
+    s->cs.enabled = p->cache_ram_bytes > 0 || p->cache_vram_bytes > 0;
+    if (s->cs.enabled && cache_create(s, m, p, err)) {
         free(s->slots);
         free(s);
         return NULL;

@@ -32,7 +32,8 @@ typedef struct srv_sched_params {
     int n_slots;                 /* sessions kept (>= 1) */
     int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
     tern_session_params session;
-    size_t cache_bytes;          /* the prefix cache's budget; 0: no cache */
+    size_t cache_ram_bytes;      /* the prefix cache's budgets: host RAM, device memory (both 0: */
+    size_t cache_vram_bytes;     /* no cache) */
     int checkpoint_interval;     /* prompt tokens between checkpoints in a long prefill; 0: none */
     const char *cache_disk;      /* the cache's disk tier, a directory; NULL: none */
     size_t cache_disk_bytes;     /* its budget */

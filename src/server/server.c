@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "server/api.h"
+#include "util/err.h"
 #include "server/http.h"
 #include "server/metrics.h"
 
@@ -80,9 +81,20 @@ static unsigned long long available_ram(void) {
 /* The prefix cache's default budget: a quarter of the available RAM, at
  * most 32 GiB. A GPU session's checkpoints live in device memory, which
  * the model mostly fills: there at most 4 GiB. */
-static size_t default_cache_bytes(const tern_model *m) {
-    unsigned long long b = available_ram() / 4, cap = strcmp(tern_model_device(m), "cpu") ? 4ull << 30 : 32ull << 30;
+static size_t default_cache_bytes(void) {
+    unsigned long long b = available_ram() / 4, cap = 32ull << 30;
     return (size_t)(b < cap ? b : cap);
+}
+
+/* The prefix cache's budgets, or -1 when --cache-vram is given for a model
+ * that does not run on a GPU. */
+static int cache_budgets(const srv_params *p, const tern_model *m, srv_sched_params *sp, tern_error *err) {
+    int gpu = strcmp(tern_model_device(m), "cpu") != 0;
+    if (p->cache_vram >= 0 && !gpu)
+        return tern_fail(err, "--cache-vram applies to a model on a GPU; this one runs on the CPU (--cache-ram)");
+    sp->cache_ram_bytes = p->cache_ram < 0 ? default_cache_bytes() : (size_t)p->cache_ram;
+    sp->cache_vram_bytes = !gpu ? 0 : p->cache_vram < 0 ? (size_t)4 << 30 : (size_t)p->cache_vram;
+    return 0;
 }
 
 int srv_run(const srv_params *p) {
@@ -122,16 +134,20 @@ int srv_run(const srv_params *p) {
     ctx.strict_model = p->strict_model;
     ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
     ctx.think = p->think;
+    ctx.preserve_thinking = p->preserve_thinking;
     ctx.sampling = p->sampling;
     ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
     srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session,
                            .checkpoint_interval = p->checkpoint_interval};
-    sp.cache_bytes = p->cache_ram < 0 ? default_cache_bytes(ctx.m) : (size_t)p->cache_ram;
     sp.session.max_context = ctx.n_ctx;
     sp.cache_disk = p->cache_disk;
     sp.cache_disk_bytes = p->cache_disk_size < 0 ? (size_t)16 << 30 : (size_t)p->cache_disk_size;
+    if (cache_budgets(p, ctx.m, &sp, &err)) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
         !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
         fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
@@ -142,9 +158,13 @@ int srv_run(const srv_params *p) {
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    char cache[64] = "off";
-    if (sp.cache_bytes) snprintf(cache, sizeof cache, "%.0f MiB", (double)sp.cache_bytes / (1 << 20));
-    if (sp.cache_bytes && sp.cache_disk)
+    char cache[96] = "off";
+    if (sp.cache_vram_bytes)
+        snprintf(cache, sizeof cache, "%.0f MiB in device memory + ", (double)sp.cache_vram_bytes / (1 << 20));
+    if (sp.cache_ram_bytes || sp.cache_vram_bytes)
+        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), "%.0f MiB in RAM",
+                 (double)sp.cache_ram_bytes / (1 << 20));
+    if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
         snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
                  (double)sp.cache_disk_bytes / (1 << 20));
     fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",

@@ -32,10 +32,12 @@ typedef struct srv_params {
     int fixed_seed;                 /* sampling.seed for requests without a seed (else random) */
     int max_tokens;              /* default limit; < 0: the context's end */
     int think;                   /* thinking when a request does not say */
+    int preserve_thinking;       /* the chat template keeps every turn's reasoning, when a request does not say */
     int ignore_eos;              /* default of the ignore_eos request field */
     /* scheduling */
     int slots, queue_limit, responses_store;
-    long long cache_ram;         /* prefix cache budget in bytes; 0: off; < 0: default_cache_bytes */
+    long long cache_ram;         /* prefix cache's host RAM budget in bytes; < 0: default_cache_bytes */
+    long long cache_vram;        /* its device memory budget (a GPU model only); < 0: 4 GiB there */
     int checkpoint_interval;     /* prompt tokens between checkpoints of a long prefill; 0: none */
     const char *cache_disk;      /* the cache's disk tier (a directory); NULL: none */
     long long cache_disk_size;   /* its budget in bytes; < 0: 16 GiB */

@@ -286,8 +286,8 @@ static void run_attp(void *arg, int rep) {
     (void)rep;
     int rc = r->split ? tern_cuda_attention(r->d, r->L, r->qg, r->K, r->V, r->T, r->pos0, r->scale, r->work,
                                             r->work_bytes, r->o, r->s, &err)
-                      : tern_cuda_attention_prefill(r->d, r->L, r->qg, r->K, r->V, r->T, r->pos0, r->scale, r->o,
-                                                    r->s, &err);
+                      : tern_cuda_attention_prefill(r->d, r->L, r->qg, r->K, r->V, r->T, r->pos0, r->scale, r->work,
+                                                    r->work_bytes, r->o, r->s, &err);
     if (rc) die_err(r->split ? "attention" : "attention_prefill", &err);
 }
 
@@ -315,7 +315,8 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
     tern_pool_for(ck->pool, n_chk, attp_ref_range, &rr);
     uint8_t *dK = dev_upload(K, cache), *dV = dev_upload(V, cache);
     float *dq = dev_upload(qg, nq * 4), *dout = dev_poison(no);
-    attp_run r = {&d, &L, dq, dK, dV, T, pos0, scale, NULL, 0, dout, 0, ck->stream};
+    size_t pw = tern_cuda_attention_prefill_workspace(&d, n);
+    attp_run r = {&d, &L, dq, dK, dV, T, pos0, scale, pw ? dev_alloc(pw) : NULL, pw, dout, 0, ck->stream};
     run_attp(&r, 0);
     dev_sync(ck, "attention_prefill");
     dev_download(got, dout, no * 4);
@@ -338,6 +339,7 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
         report_rate(ck, "attention", shape, time_eager(ck, run_attp, &sp, 3), flops, 2.0 * cache + no * 12.0);
         tern_cuda_free(sp.work);
     }
+    tern_cuda_free(r.work);
     tern_cuda_free(dK); tern_cuda_free(dV); tern_cuda_free(dq); tern_cuda_free(dout);
     free(K); free(V); free(qg); free(vabs); free(ref); free(sc); free(got); free(sub);
 }
@@ -345,6 +347,9 @@ static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int
 void check_attention_prefill(checker *ck) {
     for (int bits = 16; bits >= 4; bits /= 2) attp_case(ck, 16, 2, 256, bits, 4096, 0, 16, 1);
     attp_case(ck, 16, 2, 256, 8, 300, 1000, 1, 0);   /* a prefill chunk after cached positions */
+    /* a turn after a long conversation: few blocks, the context in splits */
+    attp_case(ck, 16, 2, 256, 16, 448, 31616, 16, 1);
+    attp_case(ck, 16, 2, 256, 4, 40, 9000, 1, 0);
     attp_case(ck, 16, 2, 256, 16, 65, 0, 1, 0);
     attp_case(ck, 16, 2, 256, 4, 1, 500, 1, 0);
     attp_case(ck, 8, 1, 32, 8, 70, 40, 1, 0);         /* 36-byte rows: the unaligned loads */

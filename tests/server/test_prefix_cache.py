@@ -220,3 +220,38 @@ def test_bad_cache_options_refused(flag, value):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0], p.stderr
 
+
+
+def test_cache_vram_refused_on_the_cpu():
+    p = subprocess.run([str(tern_bin()), "serve", "--port", "0", "--cache-vram", "1G"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "--cache-vram" in last and "CPU" in last, p.stderr
+
+
+# ---- an agent's new message after a tool loop ---------------------------------------------------------------
+
+AGENT = [{"role": "user", "content": "The build fails in the parser; find out why."},
+         {"role": "assistant", "content": None,
+          "tool_calls": [{"id": "call_1", "type": "function",
+                          "function": {"name": "shell", "arguments": "{\"command\": \"make 2>&1 | tail\"}"}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "parser.c:41: error: 'n' undeclared"}]
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_a_new_message_after_a_tool_loop(start_server, preserve):
+    """The chat template drops the reasoning of the turns before the newest user message, so a new message
+    re-renders the tool loop before it and only the prefix up to that loop can be reused; with
+    --preserve-thinking every turn renders as it did and the whole previous prompt is reused."""
+    s = start_server("--slots", "1", *(["--preserve-thinking"] if preserve else []))
+    first = chat(s, AGENT)
+    n_first = first["usage"]["prompt_tokens"]
+    something_else(s)
+    second = chat(s, AGENT + [{"role": "assistant", "content": "A missing declaration."},
+                              {"role": "user", "content": "Fix it, then."}])
+    n_user = len(tokenize(f"<|im_start|>user\n{AGENT[0]['content']}<|im_end|>\n"))
+    if preserve:
+        assert cached(second) == n_first - 1
+    else:
+        assert n_user <= cached(second) < n_first - 8
