@@ -287,6 +287,19 @@ Test(synth, bench_smoke) {
     free(out);
 }
 
+/* --depth: the prefill runs after a context of that many tokens, and the
+ * ctx column counts both. */
+Test(synth, bench_prefill_at_depth) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench --synth small -p 16 --depth 40 -n 4 -c 8 -r 2 -t 2 --force 2>/dev/null",
+             tern_bin());
+    int rc;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "| prefill | 56 | 16 |"), "%s", out);
+    free(out);
+}
+
 Test(synth, commands_refuse_bad_input) {
     struct { const char *args; int rc; const char *msg; } cases[] = {
         {"bench", 2, "exactly one of -m DIR and --synth SHAPE"},

@@ -21,6 +21,7 @@
 #include "cli/cmd_pack.h"
 #include "tern.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 #ifndef TERN_COMMIT
 #define TERN_COMMIT "unknown"
@@ -33,6 +34,7 @@ typedef struct {
     int bits, expert_bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
     uint64_t seed, budget, bandwidth;   /* bandwidth: GB/s given instead of measured (a GPU's HBM) */
     int prompt[MAX_LIST], n_prompt;
+    int depth;                    /* prefill after a context of this many tokens */
     int gen[MAX_LIST], n_gen;
     int ctx[MAX_LIST], n_ctx;
     int curve;
@@ -54,6 +56,8 @@ static void bench_usage(FILE *f) {
             "                       --expert-bits 4|8 (--bits; --bits 8 --expert-bits 4: tern pack's default\n"
             "                       mix), --seed N (0), --routing prose|uniform (prose)\n"
             "  -p LIST              prefill prompt lengths (default 512,4096,32768)\n"
+            "  --depth N            prefill after a context of N tokens (default 0: an empty one), as a\n"
+            "                       turn that continues a cached conversation does\n"
             "  -n LIST              decode lengths (default 128,512)\n"
             "  -c LIST              decode contexts (default 512,4096,32768)\n"
             "  -r N                 timed repeats of each test (default 3); one untimed warm-up before them\n"
@@ -142,6 +146,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--seed")) rc = cli_parse_u64("bench", a, v, ~0ull, &o->seed);
         else if (!strcmp(a, "--bandwidth")) rc = cli_parse_u64("bench", a, v, 1000000, &o->bandwidth);
         else if (!strcmp(a, "-r")) { rc = cli_parse_u64("bench", a, v, 1000, &n); o->reps = (int)n; }
+        else if (!strcmp(a, "--depth")) { rc = cli_parse_u64("bench", a, v, 1 << 24, &n); o->depth = (int)n; }
         else if (!strcmp(a, "-t")) { rc = cli_parse_u64("bench", a, v, 4096, &n); o->threads = (int)n; }
         else if (!strcmp(a, "--io-threads")) { rc = cli_parse_u64("bench", a, v, 64, &n); o->io_threads = (int)n; }
         else if (!strcmp(a, "--kv-bits")) { rc = cli_parse_u64("bench", a, v, 32, &n); o->kv_bits = (int)n; }
@@ -418,28 +423,53 @@ static tern_session *new_session(bench *b, int max_ctx, tern_error *err) {
     return tern_session_create(b->m, &sp, err);
 }
 
+/* A session holding a context of D random tokens (and room for P more),
+ * and a snapshot of it to start each repeat from. */
+static tern_session *deep_session(bench *b, int D, int P, tern_snapshot **snap, tern_error *err) {
+    *snap = NULL;
+    tern_session *s = new_session(b, D + P, err);
+    if (!s) return NULL;
+    int32_t *toks = malloc((size_t)D * sizeof *toks);
+    int rc = toks ? 0 : tern_fail(err, "out of memory");
+    for (int i = 0; rc == 0 && i < D; i++) toks[i] = random_token(b);
+    if (rc == 0) rc = tern_session_eval(s, toks, D, NULL, 0, err);
+    free(toks);
+    if (rc == 0 && !(*snap = tern_session_snapshot(s, err))) rc = -1;
+    if (rc == 0) return s;
+    tern_session_destroy(s);
+    return NULL;
+}
+
 static int run_prefill(bench *b, int P, result *r, tern_error *err) {
+    int D = b->o->depth;
     int32_t *toks = malloc((size_t)P * sizeof *toks);
     float *logits = malloc((size_t)b->vocab * sizeof *logits);
     double tps[1000], ttft[1000];
     int rc = toks && logits ? 0 : -1, n = 0;
+    /* at depth 0 each repeat is a new session, its allocations timed too */
+    tern_snapshot *snap = NULL;
+    tern_session *s = rc == 0 && D > 0 ? deep_session(b, D, P, &snap, err) : NULL;
+    if (D > 0 && !s) rc = -1;
     for (int rep = 0; rc == 0 && rep < b->o->warmup + b->o->reps; rep++) {
         for (int i = 0; i < P; i++) toks[i] = random_token(b);
-        tern_session *s = new_session(b, P, err);
-        if (!s) { rc = -1; break; }
+        if (D == 0) tern_session_destroy(s);
+        if (D == 0 && !(s = new_session(b, P, err))) rc = -1;
+        if (rc == 0 && snap) rc = tern_session_restore(s, snap, err);
+        if (rc != 0) break;
         double t0 = tern_now_s();
         rc = tern_session_eval(s, toks, P, logits, 0, err);
         double dt = tern_now_s() - t0;
-        tern_session_destroy(s);
         if (rc == 0 && rep >= b->o->warmup) {
             tps[n] = P / dt;
             ttft[n++] = dt * 1e3;
         }
     }
+    tern_snapshot_free(snap);
+    tern_session_destroy(s);
     free(toks);
     free(logits);
     if (rc != 0) return -1;
-    *r = (result){.ctx = P, .tokens = P, .hit = -1};
+    *r = (result){.ctx = D + P, .tokens = P, .hit = -1};
     snprintf(r->test, sizeof r->test, "prefill");
     summarize(ttft, n, r);
     r->ttft_ms = r->median;
