@@ -343,8 +343,9 @@ static int make_room(pcache *c, size_t need) {
  * checksum: room is made for this much more before it is written. */
 #define FILE_OVERHEAD 4096
 
-/* Moves a RAM victim to its file: it keeps its place in the tree. -1 when
- * there is no disk tier, no room or the write failed (then it is dropped). */
+/* Moves a victim in memory to its file: it keeps its place in the tree. -1
+ * when there is no disk tier, no room or the write failed (the caller then
+ * drops it). */
 static int spill(pcache *c, pc_node *nd) {
     size_t need = nd->bytes + FILE_OVERHEAD, fbytes;
     if (!c->disk || need > c->st.disk_budget || make_room(c, need)) return -1;
@@ -373,12 +374,15 @@ static int to_ram(pcache *c, pc_node *nd) {
     return 0;
 }
 
-/* A device-memory victim, moved down (dropped when it cannot be). */
+/* A device-memory victim, moved down (dropped when it cannot be): to RAM,
+ * or, when the RAM tier could not hold it and nothing in memory continues
+ * its rows, straight to disk. */
 static int trim_vram_one(pcache *c) {
     pc_node *v = victim(c, PC_VRAM);
     if (!v) return -1;
     inflate(c, v);
-    if (to_ram(c, v)) drop(c, v, 1);
+    int past_ram = v->bytes > c->st.budget && !v->mem_holders;
+    if (past_ram ? spill(c, v) : to_ram(c, v)) drop(c, v, 1);
     return 0;
 }
 

@@ -78,6 +78,11 @@ static void moved_snapshots(tern_model *m, const int32_t *ids, const float *want
     tern_snapshot_free(a);
 }
 
+static int found_depth(pcache *c, const int32_t *ids, int n) {
+    pc_node *nd = pcache_lookup(c, ids, n);
+    return nd ? pc_node_depth(nd) : 0;
+}
+
 /* The checkpoints at 10 and 14 (sharing rows), with a device budget one
  * byte short of both: the later one (none holds it) moves to RAM. */
 static void cache_tiers(tern_model *m, const int32_t *ids, const float *want_b) {
@@ -111,6 +116,20 @@ static void cache_tiers(tern_model *m, const int32_t *ids, const float *want_b) 
     report("cache without a device tier: in RAM, restored",
            (st.vram_moves != 1) + !tern_snapshot_on_host(pc_node_snapshot(nb)) + (pcache_check(c) != 0) +
                differs(m, pc_node_snapshot(nb), ids[14], want_b),
+           0);
+    pcache_destroy(c);
+    /* no RAM tier nor disk: a device victim is dropped where it is, not
+     * moved (checkpoints at 14 and 15, room for one: the later goes) */
+    tern_snapshot *w14 = tern_session_snapshot(s, &err), *w15 = NULL;
+    c = pcache_create(tern_snapshot_bytes(w14), 0);
+    if (!c || !w14 || pcache_insert(c, ids, 14, w14, 0) || tern_session_eval(s, ids + 14, 1, NULL, 0, &err) ||
+        !(w15 = tern_session_snapshot(s, &err)) || pcache_insert(c, ids, 15, w15, 0))
+        die(&err);
+    pcache_trim(c);
+    pcache_stats_get(c, &st);
+    report("cache without RAM: a device victim dropped",
+           (st.vram_moves != 0) + (st.evicted != 1) + (st.vram_checkpoints != 1) + (found_depth(c, ids, 16) != 14) +
+               (pcache_check(c) != 0),
            0);
     pcache_destroy(c);
     tern_session_destroy(s);
