@@ -121,10 +121,11 @@ static void cache_tiers(tern_model *m, const int32_t *ids, const float *want_b) 
     /* no RAM tier nor disk: a device victim is dropped where it is, not
      * moved (checkpoints at 14 and 15, room for one: the later goes) */
     tern_snapshot *w14 = tern_session_snapshot(s, &err), *w15 = NULL;
-    c = pcache_create(tern_snapshot_bytes(w14), 0);
-    if (!c || !w14 || pcache_insert(c, ids, 14, w14, 0) || tern_session_eval(s, ids + 14, 1, NULL, 0, &err) ||
-        !(w15 = tern_session_snapshot(s, &err)) || pcache_insert(c, ids, 15, w15, 0))
+    if (!w14 || tern_session_eval(s, ids + 14, 1, NULL, 0, &err) || !(w15 = tern_session_snapshot(s, &err)))
         die(&err);
+    c = pcache_create(tern_snapshot_bytes(w14) + tern_snapshot_bytes(w15) - 1, 0);
+    if (!c || pcache_insert(c, ids, 14, w14, 0) || pcache_insert(c, ids, 15, w15, 0))
+        die(&(tern_error){{"cache insert failed"}});
     pcache_trim(c);
     pcache_stats_get(c, &st);
     report("cache without RAM: a device victim dropped",
