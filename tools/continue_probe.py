@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from replay_trace import replay_one  # noqa: E402
+from replay_trace import replay_one, write_report  # noqa: E402
 
 # Plain prose for the new messages; each follow-up gets its own slice.
 WORDS = ("the parser reads each line of the configuration file and keeps a table of the keys it has seen so that a "
@@ -98,10 +98,7 @@ def main():
     summary = {"repeats": len(rows), "ttft_ms_median": statistics.median(ttfts) if ttfts else None,
                "ttft_ms_max": max(ttfts) if ttfts else None,
                "cached_tokens_min": min(r["cached_tokens"] for r in rows)}
-    print(json.dumps(summary))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+    write_report(rows, summary, a.json)
     return 0
 
 

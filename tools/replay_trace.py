@@ -51,6 +51,14 @@ def replay_one(url, body):
     return ttft, usage
 
 
+def write_report(rows, summary, path):
+    """Prints the summary; writes rows and summary as JSON to path unless it is None."""
+    print(json.dumps(summary))
+    if path:
+        with open(path, "w") as f:
+            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
@@ -84,10 +92,7 @@ def main():
     summary = {"requests": len(rows), "hit_rate_after_first": round(hit, 4),
                "ttft_ms_median_continued": statistics.median(ttfts) if ttfts else None,
                "ttft_ms_max_continued": max(ttfts) if ttfts else None}
-    print(json.dumps(summary))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+    write_report(rows, summary, a.json)
     return 0
 
 
