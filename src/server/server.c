@@ -159,11 +159,13 @@ int srv_run(const srv_params *p) {
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
     char cache[96] = "off";
-    if (sp.cache_vram_bytes)
-        snprintf(cache, sizeof cache, "%.0f MiB in device memory + ", (double)sp.cache_vram_bytes / (1 << 20));
-    if (sp.cache_ram_bytes || sp.cache_vram_bytes)
+    if (sp.cache_ram_bytes || sp.cache_vram_bytes) {
+        cache[0] = 0;
+        if (sp.cache_vram_bytes)
+            snprintf(cache, sizeof cache, "%.0f MiB in device memory + ", (double)sp.cache_vram_bytes / (1 << 20));
         snprintf(cache + strlen(cache), sizeof cache - strlen(cache), "%.0f MiB in RAM",
                  (double)sp.cache_ram_bytes / (1 << 20));
+    }
     if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
         snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
                  (double)sp.cache_disk_bytes / (1 << 20));

@@ -203,6 +203,13 @@ def test_bytes_held_stay_within_the_budget(start_server):
     assert s.metric("tern_prefix_cache_checkpoints") >= 1
 
 
+def test_the_ready_line_names_the_budgets(start_server):
+    s = start_server("--cache-ram", "3M")
+    assert "prefix cache 3 MiB in RAM\n" in s.stderr(), s.stderr()
+    s = start_server("--cache-ram", "0")
+    assert "prefix cache off\n" in s.stderr(), s.stderr()
+
+
 def test_cache_off_keeps_nothing(start_server):
     s = start_server("--cache-ram", "0", "--slots", "1")
     complete(s, GENESIS[:300])
