@@ -239,8 +239,8 @@ static void streamed_greedy(const char *name, const char *dir) {
     int n_exp = (int)json_integer_value(json_object_get(ex, "count"));
     json_decref(man);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *cfg = json_load_file(path, 0, NULL);
-    int top_k = (int)json_integer_value(json_object_get(cfg, "num_experts_per_tok"));
+    json_t *cfg = json_load_file(path, 0, NULL), *text = json_object_get(cfg, "text_config");
+    int top_k = (int)json_integer_value(json_object_get(text ? text : cfg, "num_experts_per_tok"));
     json_decref(cfg);
     if (!stride || !files || !n_exp || !top_k) { fprintf(stderr, "%s: no experts in the manifest\n", dir); exit(2); }
     tern_model *res = load(dir, "cuda");
