@@ -36,6 +36,10 @@ int tern_cuda_fill(void *dst, int byte, size_t bytes, tern_stream s, tern_error 
  * asynchronously on a stream (tern_cuda_copy_host), so a decode step's
  * few bytes in and out ride in the stream without a blocking copy. */
 void *tern_cuda_host_alloc(size_t bytes, tern_error *err);
+/* The same, also mapped into the device's address space: kernels read it
+ * over the host link at *dev (cudaHostAllocMapped). Freed by
+ * tern_cuda_host_free. */
+void *tern_cuda_host_alloc_mapped(size_t bytes, void **dev, tern_error *err);
 void tern_cuda_host_free(void *p);
 /* Enqueues a copy between page-locked host memory and the device on s
  * (to_host picks the way); the host buffer must stay untouched until s

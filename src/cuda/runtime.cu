@@ -148,6 +148,18 @@ void *tern_cuda_host_alloc(size_t bytes, tern_error *err) {
     return p;
 }
 
+void *tern_cuda_host_alloc_mapped(size_t bytes, void **dev, tern_error *err) {
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocMapped);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(dev, p, 0);
+    if (e != cudaSuccess) {
+        if (p) cudaFreeHost(p);
+        tern_fail(err, "cudaHostAlloc(%zu bytes, mapped): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
 void tern_cuda_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }

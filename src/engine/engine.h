@@ -32,6 +32,7 @@ struct tern_model {
     tern_expert_cache *experts;   /* streaming: the slot cache */
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
+    uint64_t gpu_expert_budget;   /* a GPU model's expert budget: experts mapped, the GPU streams them */
     void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
     /* tern_model_identity, worked out at its first call (identity.c) */
     pthread_mutex_t identity_mu;

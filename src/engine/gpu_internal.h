@@ -52,8 +52,18 @@ typedef struct gpu_model {
     char name[320];               /* "cuda:N (device name)" */
     tern_cuda_ctx *ctx;
     uint8_t *resident;            /* resident.bin, same offsets as the host map */
-    uint8_t **experts;            /* per expert file: n_experts x stride */
+    uint8_t **experts;            /* per expert file: n_experts x stride (NULL under a budget) */
     int n_expert_files;
+    /* Under an expert budget (tern_model.gpu_expert_budget), per expert
+     * file: its blobs' home in page-locked host memory mapped for the
+     * device, `slots` blobs in device memory, and the device table of each
+     * expert's address (its slot or its home) that the MoE kernels read
+     * (tern_cuda_experts.blobs): a resident expert is read from VRAM, any
+     * other straight over the host link. */
+    uint8_t **home;
+    uint8_t **slot_mem;
+    const uint8_t ***table;
+    int slots;
     tern_weights w;               /* m->w with every pointer on the device */
     float **vecs;                 /* device copies of the small fp32 vectors, for freeing */
     int n_vecs, cap_vecs;

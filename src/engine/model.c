@@ -112,6 +112,11 @@ static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err
     if (m->w.has_mtp && !m->man.mtp_file)
         return tern_fail(err, "%s: the model has an MTP layer but experts.mtp names no file", label);
     set_stream_indices(m);
+    /* a GPU run streams its experts itself, from host memory (gpu_model.c) */
+    if (p && p->expert_budget && p->device && strncmp(p->device, "cuda", 4) == 0) {
+        m->gpu_expert_budget = p->expert_budget;
+        return map_experts(m, err);
+    }
     return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
 }
 

@@ -10,9 +10,12 @@
 #include "util/err.h"
 
 static int build(tern_model *m, const tern_synth_params *sp, const tern_load_params *lp, tern_error *err) {
-    if (lp && lp->expert_budget)
+    /* (on a GPU its experts stream from host memory, where they are) */
+    int gpu = lp && lp->device && strncmp(lp->device, "cuda", 4) == 0;
+    if (lp && lp->expert_budget && !gpu)
         return tern_fail(err, "an in-memory synthetic model has no files to stream experts from: write it with "
                               "tern synth and load that directory with a budget");
+    if (lp && lp->expert_budget) m->gpu_expert_budget = lp->expert_budget;
     tern_packed_mem pm;
     if (tern_pack_synth_mem(sp, m->pool, &pm, err) != 0) return -1;
     /* the model owns the mappings and the manifest from here (tern_model_free) */

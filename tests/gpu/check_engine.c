@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "check.h"
 #include "tern.h"
 
@@ -222,6 +224,44 @@ static void tiny_greedy(const char *dir) {
     tern_tokenizer_free(tok);
     tern_model_free(cpu);
     tern_model_free(gpu);
+}
+
+/* Experts streamed from host memory under a budget of top_k, top_k + 1
+ * and half the experts per layer: the resident GPU run's greedy tokens
+ * (the same kernels read each expert from its slot or over the host
+ * link). */
+static void streamed_greedy(const char *name, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    json_t *man = json_load_file(path, 0, NULL), *ex = json_object_get(man, "experts");
+    uint64_t stride = (uint64_t)json_integer_value(json_object_get(ex, "stride"));
+    uint64_t files = json_array_size(json_object_get(ex, "layers"));
+    int n_exp = (int)json_integer_value(json_object_get(ex, "count"));
+    json_decref(man);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *cfg = json_load_file(path, 0, NULL), *text = json_object_get(cfg, "text_config");
+    int top_k = (int)json_integer_value(json_object_get(text ? text : cfg, "num_experts_per_tok"));
+    json_decref(cfg);
+    if (!stride || !files || !n_exp || !top_k) { fprintf(stderr, "%s: no experts in the manifest\n", dir); exit(2); }
+    tern_model *res = load(dir, "cuda");
+    int32_t prompt[12], a[32], b[32];
+    for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((i * 7919 + 13) % tern_model_vocab_size(res));
+    greedy(res, prompt, 12, 32, a);
+    tern_model_free(res);
+    int slots[3] = {top_k, top_k + 1, n_exp / 2};
+    for (int i = 0; i < 3; i++) {
+        tern_load_params lp = {.n_threads = 4, .device = "cuda", .expert_budget = slots[i] * stride * files};
+        tern_error err;
+        tern_model *m = tern_model_load(dir, &lp, &err);
+        if (!m) { fprintf(stderr, "%s: %s\n", dir, err.msg); exit(2); }
+        greedy(m, prompt, 12, 32, b);
+        tern_model_free(m);
+        int same = 0;
+        while (same < 32 && a[same] == b[same]) same++;
+        char what[128];
+        snprintf(what, sizeof what, "%s streamed, %d slots: greedy tokens of 32", name, slots[i]);
+        report(what, 32 - same, 0);
+    }
 }
 
 /* ---- paths that are off by default until checked here ---------------- */
@@ -525,6 +565,8 @@ int main(void) {
     compare("tern-tiny q4", t4, 8);
     compare_decode("tern-tiny q4", t4, 4);
     tiny_greedy(t8);
+    streamed_greedy("tern-tiny q8", t8);
+    streamed_greedy("tern-tiny q4", t4);
     tail_pieces("tern-tiny q8", t8);
     long_tail("tern-tiny q8", t8, 16);
     serial_sessions("tern-tiny q8", t8);
