@@ -77,6 +77,9 @@ tern_event tern_cuda_event_create(tern_error *err);
 void tern_cuda_event_destroy(tern_event e);
 int tern_cuda_event_record(tern_event e, tern_stream s, tern_error *err);
 int tern_cuda_event_sync(tern_event e, tern_error *err);   /* waits; reports kernel faults */
+int tern_cuda_event_done(tern_event e);                     /* 1 once the work before it is done */
+/* Work enqueued on s after this waits for e (recorded on another stream). */
+int tern_cuda_stream_wait(tern_stream s, tern_event e, tern_error *err);
 
 /* Marks: n events recorded on a stream without waiting, read after the
  * stream is synchronised (per-op GPU time for the kernel statistics,

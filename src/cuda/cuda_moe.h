@@ -102,6 +102,12 @@ int tern_cuda_moe_grouped(const tern_cuda_experts *ex, int n_experts, const tern
                           const float *wts, void *work, size_t work_bytes, float *out, tern_stream s,
                           tern_error *err);
 
+/* counts[e] += the times e occurs in ids[0..n) (ids outside [0,
+ * n_experts) skipped): the experts a step chose, for the slot cache of a
+ * GPU expert budget. */
+int tern_cuda_count_experts(const int32_t *ids, int n, int n_experts, unsigned *counts, tern_stream s,
+                            tern_error *err);
+
 /* Router: softmax over n_experts logits [T, n_experts], the top_k largest
  * (descending, ties to the lower index), renormalised over the k when
  * renorm. ids/wts [T, top_k]. n_experts <= 4096, top_k <= 32. */

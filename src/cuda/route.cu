@@ -26,3 +26,17 @@ int tern_cuda_route(const float *logits, int T, int n_experts, int top_k, int re
     if (e != cudaSuccess) return tern_fail(err, "route: %s", cudaGetErrorString(e));
     return 0;
 }
+
+/* ---- the experts a step chose, counted (a GPU expert budget's slot cache) ---- */
+
+__global__ void count_experts_kernel(const int32_t *ids, int n, int n_experts, unsigned *counts) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && ids[i] >= 0 && ids[i] < n_experts) atomicAdd(counts + ids[i], 1u);
+}
+
+int tern_cuda_count_experts(const int32_t *ids, int n, int n_experts, unsigned *counts, tern_stream s,
+                            tern_error *err) {
+    if (n < 1) return 0;
+    count_experts_kernel<<<ceil_div(n, 256), 256, 0, s>>>(ids, n, n_experts, counts);
+    return launch_check("count_experts", err);
+}

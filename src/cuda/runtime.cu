@@ -148,6 +148,13 @@ void *tern_cuda_host_alloc(size_t bytes, tern_error *err) {
     return p;
 }
 
+int tern_cuda_event_done(tern_event e) { return cudaEventQuery((cudaEvent_t)e) == cudaSuccess; }
+
+int tern_cuda_stream_wait(tern_stream s, tern_event e, tern_error *err) {
+    cudaError_t r = cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0);
+    return r == cudaSuccess ? 0 : cuda_fail(err, "stream wait", r);
+}
+
 void *tern_cuda_host_alloc_mapped(size_t bytes, void **dev, tern_error *err) {
     void *p = NULL;
     cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocMapped);

@@ -141,6 +141,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
                   : tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work,
                                   g->out2, g->stream, err);
     tern_gpu_stage(g, R_MOE, 1);
+    if (rc == 0 && gm->sc) rc = tern_gpu_experts_count(s, l, g->ids, c->top_k, err);
     if (fx) r->delta_fx = tern_cuda_moe_fx_sums(ex.fx);
     else r->delta = g->out2;
     return rc;
@@ -392,7 +393,7 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
         int n = T - done < P ? T - done : P;
         int last = done + n == T;
         float *out = logits && all_logits ? logits + (size_t)done * V : logits && last ? logits : NULL;
-        if (piece(s, tokens + done, n, out, all_logits, err) != 0) {
+        if (tern_gpu_experts_tick(s, err) || piece(s, tokens + done, n, out, all_logits, err) != 0) {
             s->broken = 1;
             return -1;
         }
@@ -430,6 +431,7 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
     if (g->n_flight == 2) return tern_fail(err, "GPU sampling: two steps are in flight already");
     if (token < 0 && !g->n_flight && !g->drawn)
         return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
+    if (tern_gpu_experts_tick(s, err)) return -1;
     if (s->pos + 1 > g->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);

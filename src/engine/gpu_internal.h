@@ -64,6 +64,7 @@ typedef struct gpu_model {
     uint8_t **slot_mem;
     const uint8_t ***table;
     int slots;
+    struct gpu_slot_cache *sc;    /* which experts the slots hold, and the promotions (gpu_experts.c) */
     tern_weights w;               /* m->w with every pointer on the device */
     float **vecs;                 /* device copies of the small fp32 vectors, for freeing */
     int n_vecs, cap_vecs;
@@ -167,6 +168,16 @@ typedef struct gpu_session {
 tern_cuda_gdn_w tern_gpu_gdn_w_of(const tern_config *c, const tern_gdn_w *w);
 /* Layer l's routed experts on the device (base + e * stride). */
 tern_cuda_experts tern_gpu_experts_of(const tern_model *m, int l);
+
+/* gpu_experts.c: the routed experts under an expert budget. stream: the
+ * homes, slots and tables (gpu_model.home..sc); free undoes it. count:
+ * layer l's chosen ids[0..n) counted on the session's stream (in a step).
+ * tick: at a step's start, outside any capture, on the session's stream:
+ * finished copies repointed, counts read back and promotions started. */
+int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err);
+void tern_gpu_experts_free(gpu_model *g);
+int tern_gpu_experts_count(const tern_session *s, int l, const int32_t *ids, int n, tern_error *err);
+int tern_gpu_experts_tick(tern_session *s, tern_error *err);
 
 /* gpu_session.c: the backend's table (tern_gpu_backend) and the session's
  * device state. The KV rows for `needed` positions (reallocated: no step

@@ -82,47 +82,9 @@ static int layer_to_dev(const tern_model *m, gpu_model *g, tern_layer_w *L, tern
                ? -1 : 0;
 }
 
-/* One expert file under a budget: its blobs into mapped host memory, the
- * first g->slots of them into device memory (a fixed choice: promoting the
- * experts a run uses is the slot cache's job, still to come), the table. */
-static int stream_file(tern_model *m, gpu_model *g, int f, const uint8_t **tab, tern_error *err) {
-    int E = m->man.n_experts;
-    size_t stride = m->man.stride, bytes = (size_t)E * stride, sbytes = (size_t)g->slots * stride;
-    void *dev_home = NULL;
-    if (!(g->home[f] = tern_cuda_host_alloc_mapped(bytes, &dev_home, err))) return -1;
-    memcpy(g->home[f], m->expert_maps[f], bytes);
-    if (!(g->slot_mem[f] = tern_cuda_alloc(sbytes, err)) || tern_cuda_upload(g->slot_mem[f], g->home[f], sbytes, err))
-        return -1;
-    for (int e = 0; e < E; e++)
-        tab[e] = e < g->slots ? g->slot_mem[f] + (size_t)e * stride : (const uint8_t *)dev_home + (size_t)e * stride;
-    if (!(g->table[f] = tern_cuda_alloc((size_t)E * sizeof *tab, err))) return -1;
-    return tern_cuda_upload((void *)g->table[f], tab, (size_t)E * sizeof *tab, err);
-}
-
-static int stream_experts(tern_model *m, gpu_model *g, tern_error *err) {
-    int nf = g->n_expert_files, E = m->man.n_experts;
-    uint64_t per_slot = (uint64_t)m->man.stride * (uint64_t)nf, slots = m->gpu_expert_budget / per_slot;
-    if (slots < (uint64_t)m->cfg.top_k)
-        return tern_fail(err, "GPU: an expert budget of %llu bytes gives %llu slots per layer; at least top_k = %d "
-                              "are needed (a budget of %llu bytes)",
-                         (unsigned long long)m->gpu_expert_budget, (unsigned long long)slots, m->cfg.top_k,
-                         (unsigned long long)(per_slot * (uint64_t)m->cfg.top_k));
-    g->slots = slots > (uint64_t)E ? E : (int)slots;
-    g->home = calloc((size_t)nf, sizeof *g->home);
-    g->slot_mem = calloc((size_t)nf, sizeof *g->slot_mem);
-    g->table = calloc((size_t)nf, sizeof *g->table);
-    const uint8_t **tab = malloc((size_t)E * sizeof *tab);
-    int rc = g->home && g->slot_mem && g->table && tab ? 0 : tern_fail(err, "out of memory");
-    for (int f = 0; rc == 0 && f < nf; f++)
-        if ((rc = stream_file(m, g, f, tab, err)) != 0)
-            tern_err_prefix(err, "GPU: the experts of layer %d under the budget", f);
-    free(tab);
-    return rc;
-}
-
 static int upload_experts(tern_model *m, gpu_model *g, tern_error *err) {
     g->n_expert_files = m->man.n_layer_files;   /* the MTP layer's experts stay on the host for now */
-    if (m->gpu_expert_budget) return stream_experts(m, g, err);
+    if (m->gpu_expert_budget) return tern_gpu_experts_stream(m, g, err);
     g->experts = calloc((size_t)g->n_expert_files, sizeof *g->experts);
     if (!g->experts) return tern_fail(err, "out of memory");
     size_t bytes = (size_t)m->man.n_experts * m->man.stride;
@@ -144,14 +106,7 @@ static void gpu_model_free(gpu_model *g) {
     free(g->vecs);
     for (int f = 0; g->experts && f < g->n_expert_files; f++) tern_cuda_free(g->experts[f]);
     free(g->experts);
-    for (int f = 0; g->home && f < g->n_expert_files; f++) {
-        tern_cuda_host_free(g->home[f]);
-        tern_cuda_free(g->slot_mem[f]);
-        tern_cuda_free((void *)g->table[f]);
-    }
-    free(g->home);
-    free(g->slot_mem);
-    free(g->table);
+    tern_gpu_experts_free(g);
     tern_cuda_free(g->resident);
     free(g->w.layers);
     free(g->moe_self);

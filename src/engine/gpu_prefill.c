@@ -157,6 +157,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
         return -1;
     tern_gpu_stage(g, R_ROUTER, 1);
     if (s->route_fn && tern_gpu_observe(s, l, T, err)) return -1;
+    if (tern_gpu_experts_count(s, l, g->ids, T * K, err)) return -1;
     tern_cuda_experts ex = tern_gpu_experts_of(m, l);
     size_t H = (size_t)c->hidden;
     const tern_pk_tensor *pt = m->man.parts;

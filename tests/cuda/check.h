@@ -94,6 +94,7 @@ size_t mat_bytes(const tern_mat *m);
 void check_gemv(checker *ck);
 void check_moe(checker *ck);
 void check_route(checker *ck);
+void check_count_experts(checker *ck);
 void check_rmsnorm(checker *ck);
 void check_attn_prep(checker *ck);
 void check_attention(checker *ck);

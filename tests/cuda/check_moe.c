@@ -631,6 +631,39 @@ void check_route(checker *ck) {
     route_case(ck, 4, 40, 32, 0, 1);
 }
 
+/* ---- the experts chosen, counted ---------------------------------------------
+ * tern_cuda_count_experts against a histogram on the CPU, added onto
+ * counts already there; exact. */
+void check_count_experts(checker *ck) {
+    static const int sizes[][2] = {{8, 256}, {320, 256}, {4096 * 8, 256}, {100, 16}};
+    for (size_t c = 0; c < sizeof sizes / sizeof *sizes; c++) {
+        int n = sizes[c][0], E = sizes[c][1];
+        int32_t *ids = xmalloc((size_t)n * 4);
+        unsigned *want = xmalloc((size_t)E * 4), *got = xmalloc((size_t)E * 4);
+        for (int e = 0; e < E; e++) want[e] = (unsigned)e;   /* counts already there */
+        for (int i = 0; i < n; i++) {
+            ids[i] = (int32_t)(rnd_u64(ck) % (uint64_t)(E + 2)) - 1;   /* some outside the range */
+            if (ids[i] >= 0 && ids[i] < E) want[ids[i]]++;
+        }
+        int32_t *d_ids = dev_upload(ids, (size_t)n * 4);
+        unsigned *d_counts = dev_alloc((size_t)E * 4);
+        for (int e = 0; e < E; e++) got[e] = (unsigned)e;
+        tern_cuda_upload(d_counts, got, (size_t)E * 4, NULL);
+        tern_error err;
+        if (tern_cuda_count_experts(d_ids, n, E, d_counts, ck->stream, &err)) die_err("count_experts", &err);
+        dev_sync(ck, "count_experts");
+        dev_download(got, d_counts, (size_t)E * 4);
+        long bad = 0;
+        for (int e = 0; e < E; e++) bad += got[e] != want[e];
+        char shape[64];
+        snprintf(shape, sizeof shape, "%d ids, %d experts", n, E);
+        report_exact(ck, "count_experts", shape, bad, E);
+        tern_cuda_free(d_ids);
+        tern_cuda_free(d_counts);
+        free(ids); free(want); free(got);
+    }
+}
+
 /* ---- grouped by expert (prefill) ----------------------------------------------
  * tern_cuda_moe_grouped against moe_layer's order on the CPU (routed
  * experts in ascending id, then the shared expert times its gate), in

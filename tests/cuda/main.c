@@ -321,7 +321,7 @@ typedef struct {
 } check_entry;
 
 static const check_entry checks[] = {
-    {"gemv", check_gemv},           {"moe", check_moe},         {"route", check_route},
+    {"gemv", check_gemv},           {"moe", check_moe},         {"route", check_route}, {"count_experts", check_count_experts},
     {"rmsnorm", check_rmsnorm},     {"attn_prep", check_attn_prep}, {"attention", check_attention},
     {"gdn", check_gdn},             {"sample", check_sample},   {"gemm", check_gemm},
     {"gdn_chunked", check_gdn_chunked}, {"moe_grouped", check_moe_grouped},

@@ -1,0 +1,288 @@
+/* The routed experts of a GPU model under an expert budget
+ * (tern_model.gpu_expert_budget).
+ *
+ * Every expert's blob has a home in page-locked host memory mapped into the
+ * device's address space; each layer also has `slots` blobs in device
+ * memory. A device table per layer holds each expert's current address
+ * (its slot, or its home), and the MoE kernels read through it
+ * (tern_cuda_experts.blobs): a resident expert comes from VRAM, any other
+ * straight over the host link, so no step waits for a copy and decode stays
+ * one captured graph.
+ *
+ * The slot cache: every step counts the experts it chose on the device
+ * (tern_cuda_count_experts); every COUNT_STEPS steps the counts come back to
+ * the host, which keeps a decayed score per expert and promotes the
+ * best-scored experts without a slot into the slots of the worst-scored,
+ * at most PROMOTE_ROUND at a time. A promotion repoints the evicted expert
+ * at its home (a table word copied up on the session's stream, so every
+ * step enqueued before still reads the slot), then the copy engine fills the
+ * slot from the new expert's home on a stream of its own, and only once
+ * that copy is done is the new expert repointed at the slot: no step ever
+ * reads a slot being written. Promotions run only where one stream orders
+ * every step (one session, or serial sessions). */
+#ifdef TERN_CUDA
+
+#include "engine/gpu_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "util/err.h"
+
+#define COUNT_STEPS 8         /* steps between reading the counts back */
+#define PROMOTE_ROUND 64      /* promotions started per reading, over all layers */
+#define DECAY 0.5f            /* a score's weight after each reading */
+#define MAX_PENDING 256       /* promotions in flight */
+#define WORDS 8192            /* page-locked table words for the updates in flight */
+
+typedef struct pending {
+    int f, slot, e;
+    tern_event done;
+} pending;
+
+typedef struct gpu_slot_cache gpu_slot_cache;
+
+struct gpu_slot_cache {
+    int n_files, E, S;
+    size_t stride;
+    const uint8_t **dev_home;     /* [n_files]: each file's home, as the device addresses it */
+    unsigned *counts;             /* device [n_files x E] */
+    unsigned *counts_host;        /* page-locked copy */
+    tern_event counts_ev;
+    int counts_pending;
+    long steps;
+    float *score;                 /* [n_files x E] */
+    int *slot_of;                 /* [n_files x E]: its slot, -1 none, -2 being copied in */
+    int *held;                    /* [n_files x S]: the expert in the slot, -1 none */
+    int *busy;                    /* [n_files x S]: a copy into it in flight */
+    tern_stream copy;
+    tern_event repointed;         /* the session's stream passed the evictions' table words */
+    pending pend[MAX_PENDING];
+    tern_event free_ev[MAX_PENDING];
+    int n_pend, n_free_ev;
+    const uint8_t **words;        /* page-locked ring of table words */
+    int next_word;
+};
+
+/* ---- setup ---------------------------------------------------------------- */
+
+/* One expert file: its blobs into mapped host memory, the first g->slots of
+ * them into device memory (the cache starts there), the table. */
+static int stream_file(tern_model *m, gpu_model *g, int f, const uint8_t **tab, tern_error *err) {
+    gpu_slot_cache *sc = g->sc;
+    int E = sc->E;
+    size_t stride = sc->stride, bytes = (size_t)E * stride, sbytes = (size_t)g->slots * stride;
+    void *dev_home = NULL;
+    if (!(g->home[f] = tern_cuda_host_alloc_mapped(bytes, &dev_home, err))) return -1;
+    sc->dev_home[f] = dev_home;
+    memcpy(g->home[f], m->expert_maps[f], bytes);
+    if (!(g->slot_mem[f] = tern_cuda_alloc(sbytes, err)) || tern_cuda_upload(g->slot_mem[f], g->home[f], sbytes, err))
+        return -1;
+    for (int e = 0; e < E; e++) {
+        int in = e < g->slots;
+        tab[e] = in ? g->slot_mem[f] + (size_t)e * stride : (const uint8_t *)dev_home + (size_t)e * stride;
+        sc->slot_of[(size_t)f * E + e] = in ? e : -1;
+        if (in) sc->held[(size_t)f * sc->S + e] = e;
+    }
+    if (!(g->table[f] = tern_cuda_alloc((size_t)E * sizeof *tab, err))) return -1;
+    return tern_cuda_upload((void *)g->table[f], tab, (size_t)E * sizeof *tab, err);
+}
+
+static int cache_alloc(gpu_slot_cache *sc, tern_error *err) {
+    size_t fe = (size_t)sc->n_files * sc->E, fs = (size_t)sc->n_files * sc->S;
+    sc->dev_home = calloc((size_t)sc->n_files, sizeof *sc->dev_home);
+    sc->score = calloc(fe, sizeof *sc->score);
+    sc->slot_of = malloc(fe * sizeof *sc->slot_of);
+    sc->held = malloc(fs * sizeof *sc->held);
+    sc->busy = calloc(fs, sizeof *sc->busy);
+    if (!sc->dev_home || !sc->score || !sc->slot_of || !sc->held || !sc->busy) return tern_fail(err, "out of memory");
+    for (size_t i = 0; i < fs; i++) sc->held[i] = -1;
+    if (!(sc->counts = tern_cuda_alloc(fe * sizeof *sc->counts, err)) ||
+        tern_cuda_fill(sc->counts, 0, fe * sizeof *sc->counts, NULL, err) ||
+        !(sc->counts_host = tern_cuda_host_alloc(fe * sizeof *sc->counts_host, err)) ||
+        !(sc->words = tern_cuda_host_alloc(WORDS * sizeof *sc->words, err)) ||
+        !(sc->copy = tern_cuda_stream_create(err)) || !(sc->counts_ev = tern_cuda_event_create(err)) ||
+        !(sc->repointed = tern_cuda_event_create(err)))
+        return -1;
+    for (int i = 0; i < MAX_PENDING; i++)
+        if (!(sc->free_ev[sc->n_free_ev++] = tern_cuda_event_create(err))) return -1;
+    return tern_cuda_sync(NULL, err);
+}
+
+int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
+    int nf = g->n_expert_files, E = m->man.n_experts;
+    uint64_t per_slot = (uint64_t)m->man.stride * (uint64_t)nf, slots = m->gpu_expert_budget / per_slot;
+    if (slots < (uint64_t)m->cfg.top_k)
+        return tern_fail(err, "GPU: an expert budget of %llu bytes gives %llu slots per layer; at least top_k = %d "
+                              "are needed (a budget of %llu bytes)",
+                         (unsigned long long)m->gpu_expert_budget, (unsigned long long)slots, m->cfg.top_k,
+                         (unsigned long long)(per_slot * (uint64_t)m->cfg.top_k));
+    g->slots = slots > (uint64_t)E ? E : (int)slots;
+    g->home = calloc((size_t)nf, sizeof *g->home);
+    g->slot_mem = calloc((size_t)nf, sizeof *g->slot_mem);
+    g->table = calloc((size_t)nf, sizeof *g->table);
+    g->sc = calloc(1, sizeof *g->sc);
+    const uint8_t **tab = malloc((size_t)E * sizeof *tab);
+    if (!g->home || !g->slot_mem || !g->table || !g->sc || !tab) {
+        free(tab);
+        return tern_fail(err, "out of memory");
+    }
+    *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = g->slots, .stride = m->man.stride};
+    int rc = cache_alloc(g->sc, err);
+    for (int f = 0; rc == 0 && f < nf; f++)
+        if ((rc = stream_file(m, g, f, tab, err)) != 0)
+            tern_err_prefix(err, "GPU: the experts of layer %d under the budget", f);
+    free(tab);
+    return rc;
+}
+
+void tern_gpu_experts_free(gpu_model *g) {
+    gpu_slot_cache *sc = g->sc;
+    for (int f = 0; g->home && f < g->n_expert_files; f++) {
+        tern_cuda_host_free(g->home[f]);
+        tern_cuda_free(g->slot_mem[f]);
+        tern_cuda_free((void *)g->table[f]);
+    }
+    free(g->home);
+    free(g->slot_mem);
+    free(g->table);
+    if (!sc) return;
+    if (sc->copy) tern_cuda_sync(sc->copy, NULL);
+    for (int i = 0; i < sc->n_pend; i++) tern_cuda_event_destroy(sc->pend[i].done);
+    for (int i = 0; i < sc->n_free_ev; i++) tern_cuda_event_destroy(sc->free_ev[i]);
+    tern_cuda_event_destroy(sc->counts_ev);
+    tern_cuda_event_destroy(sc->repointed);
+    if (sc->copy) tern_cuda_stream_destroy(sc->copy);
+    tern_cuda_free(sc->counts);
+    tern_cuda_host_free(sc->counts_host);
+    tern_cuda_host_free((void *)sc->words);
+    free(sc->dev_home);
+    free(sc->score);
+    free(sc->slot_of);
+    free(sc->held);
+    free(sc->busy);
+    free(sc);
+}
+
+/* ---- counting --------------------------------------------------------------- */
+
+int tern_gpu_experts_count(const tern_session *s, int l, const int32_t *ids, int n, tern_error *err) {
+    const gpu_model *gm = s->m->gpu;
+    const gpu_slot_cache *sc = gm->sc;
+    if (!sc || l >= sc->n_files) return 0;
+    const gpu_session *g = s->state;
+    return tern_cuda_count_experts(ids, n, sc->E, sc->counts + (size_t)l * sc->E, g->stream, err);
+}
+
+/* ---- promotions ------------------------------------------------------------- */
+
+/* Enqueues on s the table word of expert e of file f: addr. */
+static int set_word(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, int f, int e, const uint8_t *addr,
+                    tern_error *err) {
+    const uint8_t **w = sc->words + sc->next_word;
+    sc->next_word = (sc->next_word + 1) % WORDS;
+    *w = addr;
+    return tern_cuda_copy_host((void *)(g->table[f] + e), w, sizeof *w, 0, s, err);
+}
+
+/* Repoints the experts whose copies into their slots are done. */
+static int finish_copies(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_error *err) {
+    for (int i = 0; i < sc->n_pend;) {
+        pending *p = &sc->pend[i];
+        if (!tern_cuda_event_done(p->done)) {
+            i++;
+            continue;
+        }
+        if (set_word(g, sc, s, p->f, p->e, g->slot_mem[p->f] + (size_t)p->slot * sc->stride, err)) return -1;
+        sc->slot_of[(size_t)p->f * sc->E + p->e] = p->slot;
+        sc->busy[(size_t)p->f * sc->S + p->slot] = 0;
+        sc->free_ev[sc->n_free_ev++] = p->done;
+        *p = sc->pend[--sc->n_pend];
+    }
+    return 0;
+}
+
+/* The best-scored expert of file f without a slot, and the slot (not being
+ * filled) whose expert scores least; 0 when none would gain. */
+static int pick(const gpu_slot_cache *sc, int f, int *e_in, int *slot) {
+    const float *sc_f = sc->score + (size_t)f * sc->E;
+    const int *slot_of = sc->slot_of + (size_t)f * sc->E, *held = sc->held + (size_t)f * sc->S;
+    int best = -1, worst = -1;
+    for (int e = 0; e < sc->E; e++)
+        if (slot_of[e] == -1 && (best < 0 || sc_f[e] > sc_f[best])) best = e;
+    float worst_score = 0;
+    for (int v = 0; v < sc->S; v++) {
+        if (sc->busy[(size_t)f * sc->S + v]) continue;
+        float w = held[v] < 0 ? -1.0f : sc_f[held[v]];
+        if (worst < 0 || w < worst_score) worst = v, worst_score = w;
+    }
+    /* a margin, so two experts of equal use do not trade places */
+    if (best < 0 || worst < 0 || !(sc_f[best] > 1.25f * worst_score + 0.5f)) return 0;
+    *e_in = best;
+    *slot = worst;
+    return 1;
+}
+
+/* Starts the copies of up to PROMOTE_ROUND experts into slots, layers in
+ * turn; their evicted experts are repointed at their homes first. */
+static int promote(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_error *err) {
+    int f_of[PROMOTE_ROUND], slot_of[PROMOTE_ROUND], e_of[PROMOTE_ROUND], n = 0;
+    for (int more = 1; more && n < PROMOTE_ROUND;) {
+        more = 0;
+        for (int f = 0; f < sc->n_files && n < PROMOTE_ROUND && sc->n_free_ev > n; f++) {
+            int e, v;
+            if (!pick(sc, f, &e, &v)) continue;
+            int old = sc->held[(size_t)f * sc->S + v];
+            if (old >= 0) {
+                if (set_word(g, sc, s, f, old, sc->dev_home[f] + (size_t)old * sc->stride, err)) return -1;
+                sc->slot_of[(size_t)f * sc->E + old] = -1;
+            }
+            sc->held[(size_t)f * sc->S + v] = e;
+            sc->slot_of[(size_t)f * sc->E + e] = -2;
+            sc->busy[(size_t)f * sc->S + v] = 1;
+            f_of[n] = f, slot_of[n] = v, e_of[n] = e, n++;
+            more = 1;
+        }
+    }
+    if (!n) return 0;
+    /* the copies wait until the stream has passed the evictions' words */
+    if (tern_cuda_event_record(sc->repointed, s, err) || tern_cuda_stream_wait(sc->copy, sc->repointed, err)) return -1;
+    for (int i = 0; i < n; i++) {
+        pending *p = &sc->pend[sc->n_pend++];
+        *p = (pending){f_of[i], slot_of[i], e_of[i], sc->free_ev[--sc->n_free_ev]};
+        const uint8_t *src = g->home[p->f] + (size_t)p->e * sc->stride;
+        if (tern_cuda_copy(g->slot_mem[p->f] + (size_t)p->slot * sc->stride, src, sc->stride, sc->copy, err) ||
+            tern_cuda_event_record(p->done, sc->copy, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* The counts read back: scores decayed and added to, then promotions. */
+static int take_counts(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_error *err) {
+    size_t fe = (size_t)sc->n_files * sc->E;
+    for (size_t i = 0; i < fe; i++) sc->score[i] = DECAY * sc->score[i] + (float)sc->counts_host[i];
+    return promote(g, sc, s, err);
+}
+
+int tern_gpu_experts_tick(tern_session *s, tern_error *err) {
+    const gpu_model *gm = s->m->gpu;
+    gpu_slot_cache *sc = gm->sc;
+    if (!sc || !(gm->serial || atomic_load(&((gpu_model *)gm)->sessions) <= 1)) return 0;
+    tern_stream st = ((gpu_session *)s->state)->stream;
+    if (finish_copies(gm, sc, st, err)) return -1;
+    if (sc->counts_pending && tern_cuda_event_done(sc->counts_ev)) {
+        sc->counts_pending = 0;
+        if (take_counts(gm, sc, st, err)) return -1;
+    }
+    if (sc->counts_pending || ++sc->steps % COUNT_STEPS) return 0;
+    size_t bytes = (size_t)sc->n_files * sc->E * sizeof *sc->counts;
+    if (tern_cuda_copy_host(sc->counts_host, sc->counts, bytes, 1, st, err) ||
+        tern_cuda_fill(sc->counts, 0, bytes, st, err) || tern_cuda_event_record(sc->counts_ev, st, err))
+        return -1;
+    sc->counts_pending = 1;
+    return 0;
+}
+
+#endif
