@@ -270,6 +270,10 @@ int tern_gpu_experts_tick(tern_session *s, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     gpu_slot_cache *sc = gm->sc;
     if (!sc || !(gm->serial || atomic_load(&((gpu_model *)gm)->sessions) <= 1)) return 0;
+    /* a serial session taking over from another: that one's last steps may
+     * still read the slots; this step's launch waits for them, the next
+     * tick goes on */
+    if (gm->serial && gm->last && gm->last != s) return 0;
     tern_stream st = ((gpu_session *)s->state)->stream;
     if (finish_copies(gm, sc, st, err)) return -1;
     if (sc->counts_pending && tern_cuda_event_done(sc->counts_ev)) {
