@@ -261,6 +261,27 @@ Test(packed, budget_below_top_k_is_an_error) {
     cr_assert(strstr(err.msg, "top_k"), "%s", err.msg);
 }
 
+/* tern info's plan: the CPU counts every expert file (the MTP layer's
+ * too) against the budget, the GPU only the decoder layers'. */
+Test(packed, info_gives_the_gpu_plan) {
+    const char *dst = pack("tiny", 4, 0);
+    tern_manifest man;
+    tern_error err;
+    cr_assert_eq(tern_manifest_read(&man, dst, &err), 0, "%s", err.msg);
+    uint64_t budget = 5 * man.stride * (uint64_t)man.n_layer_files;
+    int cpu_slots = (int)(budget / (man.stride * (uint64_t)(man.n_layer_files + (man.mtp_file ? 1 : 0))));
+    tern_manifest_free(&man);
+    char *buf = NULL, want[96];
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    cr_assert_eq(tern_model_describe(dst, budget, out, &err), 0, "%s", err.msg);
+    fclose(out);
+    snprintf(want, sizeof want, ": %d slots per layer", cpu_slots);
+    cr_assert(strstr(buf, want), "%s", buf);
+    cr_assert(strstr(buf, "on a GPU: 5 slots per decoder layer"), "%s", buf);
+    free(buf);
+}
+
 Test(packed, truncated_expert_file_is_an_error) {
     const char *dst = pack("tiny", 0, 0);
     char path[1400];

@@ -157,6 +157,22 @@ static const char *human(double bytes, char *buf, size_t n) {
 
 static const char *qclass_names[TERN_QC_COUNT] = {"embed", "attn", "router", "shared", "experts", "head", "mtp_fc"};
 
+/* The same budget on a GPU (--device cuda): VRAM slots for the decoder
+ * layers' experts (the MTP layer's stay on the host), every expert's home
+ * in page-locked host RAM (docs/CUDA.md). */
+static void describe_gpu_budget(const tern_manifest *man, const tern_config *c, uint64_t budget, uint64_t resident,
+                                FILE *out) {
+    uint64_t per_slot = man->stride * (uint64_t)man->n_layer_files, slots = budget / per_slot;
+    if (slots > (uint64_t)man->n_experts) slots = (uint64_t)man->n_experts;
+    char b1[32], b2[32], b3[32];
+    fprintf(out, "on a GPU: %llu slots per decoder layer, VRAM for experts %s (%s with resident.bin; the KV cache, "
+                 "input projections and buffers come on top), page-locked host RAM for the experts' home %s%s\n",
+            (unsigned long long)slots, human((double)slots * per_slot, b1, 32),
+            human((double)slots * per_slot + resident, b2, 32),
+            human((double)man->n_experts * per_slot, b3, 32),
+            slots < (uint64_t)c->top_k ? " -- TOO SMALL: fewer slots than top_k experts per token" : "");
+}
+
 /* Packed models: quantization, file sizes, bytes per token, and what an
  * expert budget gives. */
 static int describe_packed(const char *dir, const tern_config *c, uint64_t budget, FILE *out, tern_error *err) {
@@ -196,6 +212,7 @@ static int describe_packed(const char *dir, const tern_config *c, uint64_t budge
                 human(slots * man.stride * (double)n_files, b2, 32),
                 human(slots * man.stride * (double)n_files + resident, b3, 32),
                 slots < (uint64_t)c->top_k ? " -- TOO SMALL: fewer slots than top_k experts per token" : "");
+        describe_gpu_budget(&man, c, budget, resident, out);
     }
     tern_manifest_free(&man);
     return 0;
