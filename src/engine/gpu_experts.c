@@ -63,6 +63,7 @@ struct gpu_slot_cache {
     int n_pend, n_free_ev;
     const uint8_t **words;        /* page-locked ring of table words */
     int next_word;
+    uint64_t hits, misses, promoted;   /* counted experts found in a slot or not; copies started */
 };
 
 /* ---- setup ---------------------------------------------------------------- */
@@ -251,6 +252,7 @@ static int promote(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_e
     for (int i = 0; i < n; i++) {
         pending *p = &sc->pend[sc->n_pend++];
         *p = (pending){f_of[i], slot_of[i], e_of[i], sc->free_ev[--sc->n_free_ev]};
+        sc->promoted++;
         const uint8_t *src = g->home[p->f] + (size_t)p->e * sc->stride;
         if (tern_cuda_copy(g->slot_mem[p->f] + (size_t)p->slot * sc->stride, src, sc->stride, sc->copy, err) ||
             tern_cuda_event_record(p->done, sc->copy, err))
@@ -259,11 +261,29 @@ static int promote(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_e
     return 0;
 }
 
-/* The counts read back: scores decayed and added to, then promotions. */
+/* The counts read back: hits and misses (as the slots stand now, which
+ * is near enough for statistics), scores decayed and added to, then
+ * promotions. */
 static int take_counts(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_error *err) {
     size_t fe = (size_t)sc->n_files * sc->E;
-    for (size_t i = 0; i < fe; i++) sc->score[i] = DECAY * sc->score[i] + (float)sc->counts_host[i];
+    for (size_t i = 0; i < fe; i++) {
+        unsigned n = sc->counts_host[i];
+        if (sc->slot_of[i] >= 0) sc->hits += n;
+        else sc->misses += n;
+        sc->score[i] = DECAY * sc->score[i] + (float)n;
+    }
     return promote(g, sc, s, err);
+}
+
+void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out) {
+    const gpu_model *g = m->gpu;
+    const gpu_slot_cache *sc = g ? g->sc : NULL;
+    if (!sc) return;
+    out->streaming = 1;
+    out->slots_per_layer = sc->S;
+    out->hits = sc->hits;
+    out->misses = sc->misses;
+    out->bytes_read = (sc->misses + sc->promoted) * (uint64_t)sc->stride;
 }
 
 int tern_gpu_experts_tick(tern_session *s, tern_error *err) {

@@ -17,6 +17,7 @@ int tern_gpu_model_init(tern_model *m, const char *device, const tern_load_param
 }
 void tern_gpu_model_free(tern_model *m) { (void)m; }
 const char *tern_gpu_name(const tern_model *m) { (void)m; return "cpu"; }
+void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out) { (void)m; (void)out; }
 
 static int session_create(tern_session *s, tern_error *err) { (void)s; return no_cuda(err); }
 static void session_destroy(tern_session *s) { (void)s; }

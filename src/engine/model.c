@@ -215,6 +215,7 @@ int tern_model_is_eos(const tern_model *m, int32_t id) {
 
 void tern_model_stream_stats(const tern_model *m, tern_stream_stats *out) {
     memset(out, 0, sizeof *out);
+    if (m->gpu && m->gpu_expert_budget) tern_gpu_stream_stats(m, out);
     if (!m->experts) return;
     tern_expert_stats st;
     tern_expert_cache_stats(m->experts, &st);
