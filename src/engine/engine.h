@@ -43,6 +43,10 @@ struct tern_model {
  * the step after the weights are bound (RoPE tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
+/* An expert budget on the GPU: its slot cache ranks experts by their
+ * decayed use, so params' expert_policy must be the default (LFU). model.c. */
+int tern_gpu_budget_check(const tern_load_params *p, tern_error *err);
+
 /* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);
 
