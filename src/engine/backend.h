@@ -63,10 +63,9 @@ typedef struct tern_backend {
     /* Snapshots. A snapshot's layer state is the pieces tern_state_spans
      * lists (engine.h): every attention layer's K then V rows [from, pos),
      * then, with recurrent, every DeltaNet layer's conv window and state;
-     * state_bytes of it. save copies it into buf, load back from buf
+     * tern_state_bytes of it. save copies it into buf, load back from buf
      * (buffers from snap_alloc, in the backend's memory). Copies may be only
      * enqueued: they are done once wait returns. */
-    size_t (*state_bytes)(const tern_session *s, int from, int pos, int recurrent);
     int (*save)(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, tern_error *err);
     int (*load)(tern_session *s, const uint8_t *buf, int from, int pos, int recurrent, tern_error *err);
     int (*copy)(void *dst, const void *src, size_t n, tern_copy_kind kind, tern_error *err);

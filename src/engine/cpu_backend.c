@@ -97,10 +97,6 @@ static int cpu_sample_in_flight(const tern_session *s) { return 0; }
 
 /* ---- snapshots: host copies ---------------------------------------------- */
 
-static size_t cpu_state_bytes(const tern_session *s, int from, int pos, int recurrent) {
-    return tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, from, pos, recurrent);
-}
-
 /* Copies the layer state's pieces between the session and buf; to_buf
  * picks the direction. */
 static void walk_layers(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, int to_buf) {
@@ -156,7 +152,6 @@ const tern_backend tern_cpu_backend = {
     .sample_launch = cpu_sample_launch,
     .sample_wait = cpu_sample_wait,
     .sample_in_flight = cpu_sample_in_flight,
-    .state_bytes = cpu_state_bytes,
     .save = cpu_save,
     .load = cpu_load,
     .copy = cpu_copy,

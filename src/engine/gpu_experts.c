@@ -68,12 +68,12 @@ struct gpu_slot_cache {
 
 /* ---- setup ---------------------------------------------------------------- */
 
-/* One expert file: its blobs into mapped host memory, the first g->slots of
+/* One expert file: its blobs into mapped host memory, the first sc->S of
  * them into device memory (the cache starts there), the table. */
 static int stream_file(tern_model *m, gpu_model *g, int f, const uint8_t **tab, tern_error *err) {
     gpu_slot_cache *sc = g->sc;
     int E = sc->E;
-    size_t stride = sc->stride, bytes = (size_t)E * stride, sbytes = (size_t)g->slots * stride;
+    size_t stride = sc->stride, bytes = (size_t)E * stride, sbytes = (size_t)sc->S * stride;
     void *dev_home = NULL;
     if (!(g->home[f] = tern_cuda_host_alloc_mapped(bytes, &dev_home, err))) return -1;
     sc->dev_home[f] = dev_home;
@@ -81,7 +81,7 @@ static int stream_file(tern_model *m, gpu_model *g, int f, const uint8_t **tab, 
     if (!(g->slot_mem[f] = tern_cuda_alloc(sbytes, err)) || tern_cuda_upload(g->slot_mem[f], g->home[f], sbytes, err))
         return -1;
     for (int e = 0; e < E; e++) {
-        int in = e < g->slots;
+        int in = e < sc->S;
         tab[e] = in ? g->slot_mem[f] + (size_t)e * stride : (const uint8_t *)dev_home + (size_t)e * stride;
         sc->slot_of[(size_t)f * E + e] = in ? e : -1;
         if (in) sc->held[(size_t)f * sc->S + e] = e;
@@ -119,7 +119,7 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
                               "are needed (a budget of %llu bytes)",
                          (unsigned long long)m->gpu_expert_budget, (unsigned long long)slots, m->cfg.top_k,
                          (unsigned long long)(per_slot * (uint64_t)m->cfg.top_k));
-    g->slots = slots > (uint64_t)E ? E : (int)slots;
+    if (slots > (uint64_t)E) slots = (uint64_t)E;
     g->home = calloc((size_t)nf, sizeof *g->home);
     g->slot_mem = calloc((size_t)nf, sizeof *g->slot_mem);
     g->table = calloc((size_t)nf, sizeof *g->table);
@@ -129,7 +129,7 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
         free(tab);
         return tern_fail(err, "out of memory");
     }
-    *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = g->slots, .stride = m->man.stride};
+    *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = (int)slots, .stride = m->man.stride};
     int rc = cache_alloc(g->sc, err);
     for (int f = 0; rc == 0 && f < nf; f++)
         if ((rc = stream_file(m, g, f, tab, err)) != 0)

@@ -63,7 +63,6 @@ typedef struct gpu_model {
     uint8_t **home;
     uint8_t **slot_mem;
     const uint8_t ***table;
-    int slots;
     struct gpu_slot_cache *sc;    /* which experts the slots hold, and the promotions (gpu_experts.c) */
     tern_weights w;               /* m->w with every pointer on the device */
     float **vecs;                 /* device copies of the small fp32 vectors, for freeing */

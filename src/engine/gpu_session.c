@@ -257,10 +257,6 @@ static int gpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *
  * stream and done once gpu_wait returns; they read the state the session's
  * last piece or step left, which ends synchronised. */
 
-static size_t gpu_state_bytes(const tern_session *s, int from, int pos, int recurrent) {
-    return tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, from, pos, recurrent);
-}
-
 /* Enqueues the copies of the layer state's pieces between the session and
  * buf; to_buf picks the direction. */
 static int walk_layers(const tern_session *s, uint8_t *buf, int from, int pos, int recurrent, int to_buf,
@@ -319,7 +315,6 @@ const tern_backend tern_gpu_backend = {
     .sample_launch = tern_gpu_sample_launch,
     .sample_wait = tern_gpu_sample_wait,
     .sample_in_flight = tern_gpu_sample_in_flight,
-    .state_bytes = gpu_state_bytes,
     .save = gpu_save,
     .load = gpu_load,
     .copy = gpu_copy,

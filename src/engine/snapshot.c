@@ -78,7 +78,7 @@ tern_snapshot *tern_session_snapshot_after(const tern_session *s, const tern_sna
     snap->has_hidden = s->has_hidden;
     snap->kv_bits = s->kvf.bits;
     atomic_init(&snap->refs, 1);
-    size_t layers = be->state_bytes(s, snap->from, s->pos, 1);
+    size_t layers = tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, snap->from, s->pos, 1);
     snap->n_bytes = layers + tail_bytes(s, s->mtp_pos);
     if (!(snap->data = be->snap_alloc(snap->n_bytes ? snap->n_bytes : 1, err))) {
         free(snap);
@@ -117,7 +117,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
         tern_kv_reserve_host(&s->mtp_kv, &s->mtp_cap, snap->mtp_pos, s->max_ctx, s->kvf.row_bytes, err))
         return -1;
     const tern_backend *be = s->be;
-    size_t layers = be->state_bytes(s, snap->from, snap->pos, 1);
+    size_t layers = tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, snap->from, snap->pos, 1);
     if (load_chain(s, snap, err) || load_tail(s, snap->data, layers, snap->mtp_pos, err) || be->wait(err)) {
         s->broken = 1;
         tern_err_prefix(err, "the snapshot could not be copied into the session");
