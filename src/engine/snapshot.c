@@ -22,8 +22,10 @@ struct tern_snapshot {
     atomic_int refs;          /* the owner's, and one per snapshot taken after this one */
 };
 
-static size_t tail_bytes(const tern_session *s, int mtp_pos) {
-    return 2 * (size_t)mtp_pos * s->kvf.row_bytes + (size_t)s->m->cfg.hidden * sizeof(float);
+/* The bytes after the layer state: the MTP head's K and V rows, then the
+ * hidden state. */
+static size_t tail_bytes(const tern_config *c, size_t row_bytes, int mtp_pos) {
+    return 2 * (size_t)mtp_pos * row_bytes + (size_t)c->hidden * sizeof(float);
 }
 
 /* After the layers, the host state at off: the MTP head's K and V rows,
@@ -79,7 +81,7 @@ tern_snapshot *tern_session_snapshot_after(const tern_session *s, const tern_sna
     snap->kv_bits = s->kvf.bits;
     atomic_init(&snap->refs, 1);
     size_t layers = tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, snap->from, s->pos, 1);
-    snap->n_bytes = layers + tail_bytes(s, s->mtp_pos);
+    snap->n_bytes = layers + tail_bytes(&s->m->cfg, s->kvf.row_bytes, s->mtp_pos);
     if (!(snap->data = be->snap_alloc(snap->n_bytes ? snap->n_bytes : 1, err))) {
         free(snap);
         return NULL;
@@ -190,8 +192,7 @@ static size_t expected_bytes(const tern_model *m, const snap_header *h, tern_err
     if (h->from < 0 || h->pos < h->from || h->pos > ctx || h->mtp_pos < 0 || h->mtp_pos > ctx ||
         (h->has_hidden != 0 && h->has_hidden != 1) || tern_kv_format_init(&f, c, h->kv_bits, err))
         return 0;
-    return tern_state_bytes(c, f.row_bytes, h->from, h->pos, 1) + 2 * (size_t)h->mtp_pos * f.row_bytes +
-           (size_t)c->hidden * sizeof(float);
+    return tern_state_bytes(c, f.row_bytes, h->from, h->pos, 1) + tail_bytes(c, f.row_bytes, h->mtp_pos);
 }
 
 int tern_snapshot_write(const tern_snapshot *snap, FILE *f, tern_error *err) {
