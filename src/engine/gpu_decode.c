@@ -141,7 +141,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
                   : tern_cuda_moe(&ex, &w->shared, &w->shared_gate, g->xn, 1, c->top_k, g->ids, g->wts, g->moe_work,
                                   g->out2, g->stream, err);
     tern_gpu_stage(g, R_MOE, 1);
-    if (rc == 0 && gm->sc) rc = tern_gpu_experts_count(s, l, g->ids, c->top_k, err);
+    if (rc == 0) rc = tern_gpu_experts_count(s, l, g->ids, c->top_k, err);
     if (fx) r->delta_fx = tern_cuda_moe_fx_sums(ex.fx);
     else r->delta = g->out2;
     return rc;

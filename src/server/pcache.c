@@ -316,7 +316,7 @@ static pc_node *victim(const pcache *c, int tier) {
     pc_node *v = NULL;
     for (pc_node *nd = c->list; nd; nd = nd->lnext) {
         int held = tier == PC_VRAM ? nd->vram_holders : tier == PC_RAM ? nd->mem_holders : nd->holders;
-        if (nd->tier != tier || !is_ckpt(nd) || held) continue;
+        if (nd->tier != tier || held) continue;
         if (!v || nd->prio < v->prio || (nd->prio == v->prio && nd->used < v->used)) v = nd;
     }
     return v;
