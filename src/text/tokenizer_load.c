@@ -211,7 +211,7 @@ static int set_token(tern_tokenizer *t, builder *b, int32_t id, const char *byte
     k->len = (uint32_t)n;
     k->text_off = (uint32_t)b->text_len;
     k->flags = flags;
-    memcpy(b->bytes + b->bytes_len, bytes, n);
+    if (n) memcpy(b->bytes + b->bytes_len, bytes, n); /* an empty token has no buffer yet */
     b->bytes_len += n;
     memcpy(b->text + b->text_len, text, text_n);
     b->text[b->text_len + text_n] = '\0';
