@@ -282,15 +282,14 @@ Test(packed, info_gives_the_gpu_plan) {
     free(buf);
 }
 
-/* The GPU's slot cache has one ranking: asking it for another is refused
- * at load, before any device is touched. */
-Test(packed, gpu_budget_refuses_another_policy) {
+/* A policy the GPU's slot cache does not know is refused at load, before
+ * any device is touched. */
+Test(packed, gpu_budget_refuses_an_unknown_policy) {
     const char *dst = pack("tiny", 4, 0);
-    tern_load_params lp = {.n_threads = 1, .expert_budget = 1 << 30, .device = "cuda",
-                           .expert_policy = TERN_POLICY_LRU};
+    tern_load_params lp = {.n_threads = 1, .expert_budget = 1 << 30, .device = "cuda", .expert_policy = 7};
     tern_error err;
     cr_assert_null(tern_model_load(dst, &lp, &err));
-    cr_assert(strstr(err.msg, "expert_policy 1"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "expert_policy 7 is not a policy"), "%s", err.msg);
 }
 
 Test(packed, truncated_expert_file_is_an_error) {

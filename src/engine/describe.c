@@ -164,11 +164,14 @@ static void describe_gpu_budget(const tern_manifest *man, const tern_config *c, 
                                 FILE *out) {
     uint64_t per_slot = man->stride * (uint64_t)man->n_layer_files, slots = budget / per_slot;
     if (slots > (uint64_t)man->n_experts) slots = (uint64_t)man->n_experts;
-    char b1[32], b2[32], b3[32];
-    fprintf(out, "on a GPU: %llu slots per decoder layer, VRAM for experts %s (%s with resident.bin; the KV cache, "
-                 "input projections and buffers come on top), page-locked host RAM for the experts' home %s%s\n",
-            (unsigned long long)slots, human((double)slots * per_slot, b1, 32),
-            human((double)slots * per_slot + resident, b2, 32),
+    char b1[32], b2[32], b3[32], b4[32];
+    /* two staging buffers of a layer's experts each, for prefill pieces */
+    double staging = 2.0 * man->n_experts * man->stride;
+    fprintf(out, "on a GPU: %llu slots per decoder layer, VRAM for experts %s and their prefill staging %s (%s with "
+                 "resident.bin; the KV cache, input projections and buffers come on top), page-locked host RAM for "
+                 "the experts' home %s%s\n",
+            (unsigned long long)slots, human((double)slots * per_slot, b1, 32), human(staging, b4, 32),
+            human((double)slots * per_slot + staging + resident, b2, 32),
             human((double)man->n_experts * per_slot, b3, 32),
             slots < (uint64_t)c->top_k ? " -- TOO SMALL: fewer slots than top_k experts per token" : "");
 }

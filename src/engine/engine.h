@@ -33,6 +33,7 @@ struct tern_model {
     void **expert_maps;           /* resident: one mapping per expert file */
     size_t expert_map_size;
     uint64_t gpu_expert_budget;   /* a GPU model's expert budget: experts mapped, the GPU streams them */
+    int gpu_expert_policy;        /* its slot cache's ranking (enum tern_expert_policy_kind) */
     void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
     /* tern_model_identity, worked out at its first call (identity.c) */
     pthread_mutex_t identity_mu;
@@ -43,9 +44,9 @@ struct tern_model {
  * the step after the weights are bound (RoPE tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
 int tern_model_finish(tern_model *m, tern_error *err);
-/* An expert budget on the GPU: its slot cache ranks experts by their
- * decayed use, so params' expert_policy must be the default (LFU). model.c. */
-int tern_gpu_budget_check(const tern_load_params *p, tern_error *err);
+/* An expert budget on the GPU: params' budget and policy checked and kept
+ * in m. model.c. */
+int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err);
 
 /* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);

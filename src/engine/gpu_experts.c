@@ -11,15 +11,21 @@
  *
  * The slot cache: every step counts the experts it chose on the device
  * (tern_cuda_count_experts); every COUNT_STEPS steps the counts come back to
- * the host, which keeps a decayed score per expert and promotes the
- * best-scored experts without a slot into the slots of the worst-scored,
- * at most PROMOTE_ROUND at a time. A promotion repoints the evicted expert
+ * the host, which keeps a score per expert (LFU: its decayed use; LRU: the
+ * last reading that saw it used) and promotes the best-scored experts
+ * without a slot into the slots of the worst-scored, at most PROMOTE_ROUND
+ * at a time. A promotion repoints the evicted expert
  * at its home (a table word copied up on the session's stream, so every
  * step enqueued before still reads the slot), then the copy engine fills the
  * slot from the new expert's home on a stream of its own, and only once
  * that copy is done is the new expert repointed at the slot: no step ever
  * reads a slot being written. Promotions run only where one stream orders
- * every step (one session, or serial sessions). */
+ * every step (one session, or serial sessions).
+ *
+ * A prefill piece uses nearly every expert of every layer, so it does not
+ * read through the slots: each layer's whole file is copied into one of two
+ * staging buffers while the layer before it computes, and the layer's
+ * experts are read from there (tern_gpu_experts_staged). */
 #ifdef TERN_CUDA
 
 #include "engine/gpu_internal.h"
@@ -45,13 +51,14 @@ typedef struct gpu_slot_cache gpu_slot_cache;
 
 struct gpu_slot_cache {
     int n_files, E, S;
+    int lru;                      /* the policy: LRU, else LFU */
     size_t stride;
     const uint8_t **dev_home;     /* [n_files]: each file's home, as the device addresses it */
     unsigned *counts;             /* device [n_files x E] */
     unsigned *counts_host;        /* page-locked copy */
     tern_event counts_ev;
     int counts_pending;
-    long steps;
+    long steps, readings;
     float *score;                 /* [n_files x E] */
     int *slot_of;                 /* [n_files x E]: its slot, -1 none, -2 being copied in */
     int *held;                    /* [n_files x S]: the expert in the slot, -1 none */
@@ -64,6 +71,13 @@ struct gpu_slot_cache {
     const uint8_t **words;        /* page-locked ring of table words */
     int next_word;
     uint64_t hits, misses, promoted;   /* counted experts found in a slot or not; copies started */
+    /* prefill staging: two buffers of a whole file each, their tables,
+     * the file each holds (or is being filled with; -1 none) */
+    uint8_t *stage[2];
+    const uint8_t **stage_table[2];
+    int stage_file[2];
+    tern_event staged[2], freed[2];
+    uint64_t staged_bytes;
 };
 
 /* ---- setup ---------------------------------------------------------------- */
@@ -111,6 +125,27 @@ static int cache_alloc(gpu_slot_cache *sc, tern_error *err) {
     return tern_cuda_sync(NULL, err);
 }
 
+static int stage_alloc(gpu_slot_cache *sc, tern_error *err) {
+    size_t bytes = (size_t)sc->E * sc->stride;
+    const uint8_t **tab = malloc((size_t)sc->E * sizeof *tab);
+    if (!tab) return tern_fail(err, "out of memory");
+    int rc = 0;
+    for (int b = 0; rc == 0 && b < 2; b++) {
+        sc->stage_file[b] = -1;
+        if (!(sc->stage[b] = tern_cuda_alloc(bytes, err)) ||
+            !(sc->stage_table[b] = tern_cuda_alloc((size_t)sc->E * sizeof *tab, err)) ||
+            !(sc->staged[b] = tern_cuda_event_create(err)) || !(sc->freed[b] = tern_cuda_event_create(err))) {
+            rc = -1;
+            break;
+        }
+        for (int e = 0; e < sc->E; e++) tab[e] = sc->stage[b] + (size_t)e * sc->stride;
+        rc = tern_cuda_upload((void *)sc->stage_table[b], tab, (size_t)sc->E * sizeof *tab, err);
+    }
+    free(tab);
+    if (rc) tern_err_prefix(err, "GPU: the prefill staging buffers (2 x %zu bytes)", bytes);
+    return rc;
+}
+
 int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
     int nf = g->n_expert_files, E = m->man.n_experts;
     uint64_t per_slot = (uint64_t)m->man.stride * (uint64_t)nf, slots = m->gpu_expert_budget / per_slot;
@@ -129,8 +164,9 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
         free(tab);
         return tern_fail(err, "out of memory");
     }
-    *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = (int)slots, .stride = m->man.stride};
-    int rc = cache_alloc(g->sc, err);
+    *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = (int)slots, .lru = m->gpu_expert_policy == TERN_POLICY_LRU,
+                              .stride = m->man.stride};
+    int rc = cache_alloc(g->sc, err) || stage_alloc(g->sc, err) ? -1 : 0;
     for (int f = 0; rc == 0 && f < nf; f++)
         if ((rc = stream_file(m, g, f, tab, err)) != 0)
             tern_err_prefix(err, "GPU: the experts of layer %d under the budget", f);
@@ -152,6 +188,12 @@ void tern_gpu_experts_free(gpu_model *g) {
     if (sc->copy) tern_cuda_sync(sc->copy, NULL);
     for (int i = 0; i < sc->n_pend; i++) tern_cuda_event_destroy(sc->pend[i].done);
     for (int i = 0; i < sc->n_free_ev; i++) tern_cuda_event_destroy(sc->free_ev[i]);
+    for (int b = 0; b < 2; b++) {
+        tern_cuda_free(sc->stage[b]);
+        tern_cuda_free((void *)sc->stage_table[b]);
+        tern_cuda_event_destroy(sc->staged[b]);
+        tern_cuda_event_destroy(sc->freed[b]);
+    }
     tern_cuda_event_destroy(sc->counts_ev);
     tern_cuda_event_destroy(sc->repointed);
     if (sc->copy) tern_cuda_stream_destroy(sc->copy);
@@ -218,8 +260,9 @@ static int pick(const gpu_slot_cache *sc, int f, int *e_in, int *slot) {
         float w = held[v] < 0 ? -1.0f : sc_f[held[v]];
         if (worst < 0 || w < worst_score) worst = v, worst_score = w;
     }
-    /* a margin, so two experts of equal use do not trade places */
-    if (best < 0 || worst < 0 || !(sc_f[best] > 1.25f * worst_score + 0.5f)) return 0;
+    /* LFU: a margin, so two experts of equal use do not trade places */
+    float bar = sc->lru ? worst_score : 1.25f * worst_score + 0.5f;
+    if (best < 0 || worst < 0 || !(sc_f[best] > bar)) return 0;
     *e_in = best;
     *slot = worst;
     return 1;
@@ -262,17 +305,94 @@ static int promote(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_e
 }
 
 /* The counts read back: hits and misses (as the slots stand now, which
- * is near enough for statistics), scores decayed and added to, then
- * promotions. */
+ * is near enough for statistics), scores updated, then promotions. */
 static int take_counts(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, tern_error *err) {
     size_t fe = (size_t)sc->n_files * sc->E;
+    float now = (float)++sc->readings;
     for (size_t i = 0; i < fe; i++) {
         unsigned n = sc->counts_host[i];
         if (sc->slot_of[i] >= 0) sc->hits += n;
         else sc->misses += n;
-        sc->score[i] = DECAY * sc->score[i] + (float)n;
+        if (sc->lru) sc->score[i] = n ? now : sc->score[i];
+        else sc->score[i] = DECAY * sc->score[i] + (float)n;
     }
     return promote(g, sc, s, err);
+}
+
+/* ---- prefill staging ---------------------------------------------------------- */
+
+/* Whether a piece of T tokens stages its layers: when its T x top_k
+ * choices are at least the experts per layer, nearly all of them are
+ * used, and one copy of the file beats reading them over the link from
+ * the kernels; and only where one stream orders the pieces (as for
+ * promotions), since the buffers are the model's. */
+static gpu_slot_cache *staging(const tern_session *s, int T) {
+    const gpu_model *gm = s->m->gpu;
+    gpu_slot_cache *sc = gm->sc;
+    if (!sc || T <= SUB || (int64_t)T * s->m->cfg.top_k < sc->E) return NULL;
+    return gm->serial || atomic_load(&((gpu_model *)gm)->sessions) <= 1 ? sc : NULL;
+}
+
+/* File f into buffer b on the copy stream, once the MoE that last read
+ * the buffer is done. */
+static int stage_copy(const gpu_model *g, gpu_slot_cache *sc, int f, int b, tern_error *err) {
+    size_t bytes = (size_t)sc->E * sc->stride;
+    sc->stage_file[b] = f;
+    sc->staged_bytes += bytes;
+    return tern_cuda_stream_wait(sc->copy, sc->freed[b], err) ||
+                   tern_cuda_copy(sc->stage[b], g->home[f], bytes, sc->copy, err) ||
+                   tern_cuda_event_record(sc->staged[b], sc->copy, err)
+               ? -1 : 0;
+}
+
+int tern_gpu_experts_staged(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err) {
+    gpu_slot_cache *sc = staging(s, T);
+    if (!sc || l >= sc->n_files) return 0;
+    const gpu_model *g = s->m->gpu;
+    int b = l & 1;
+    if (sc->stage_file[b] != l && stage_copy(g, sc, l, b, err)) return -1;
+    if (l + 1 < sc->n_files && sc->stage_file[b ^ 1] != l + 1 && stage_copy(g, sc, l + 1, b ^ 1, err)) return -1;
+    if (tern_cuda_stream_wait(((gpu_session *)s->state)->stream, sc->staged[b], err)) return -1;
+    ex->blobs = sc->stage_table[b];
+    return 0;
+}
+
+int tern_gpu_experts_unstaged(const tern_session *s, int l, int T, tern_error *err) {
+    gpu_slot_cache *sc = staging(s, T);
+    if (!sc || l >= sc->n_files) return 0;
+    int b = l & 1;
+    if (tern_cuda_event_record(sc->freed[b], ((gpu_session *)s->state)->stream, err)) return -1;
+    return l + 2 < sc->n_files ? stage_copy(s->m->gpu, sc, l + 2, b, err) : 0;
+}
+
+int tern_gpu_experts_verify(const tern_model *m, tern_error *err) {
+    const gpu_model *g = m->gpu;
+    const gpu_slot_cache *sc = g ? g->sc : NULL;
+    if (!sc) return tern_fail(err, "the model streams no experts on a GPU");
+    if (tern_cuda_sync(sc->copy, err) || tern_cuda_sync(NULL, err)) return -1;
+    const uint8_t **tab = malloc((size_t)sc->E * sizeof *tab);
+    if (!tab) return tern_fail(err, "out of memory");
+    int rc = 0;
+    for (int f = 0; rc == 0 && f < sc->n_files; f++) {
+        if ((rc = tern_cuda_download(tab, g->table[f], (size_t)sc->E * sizeof *tab, err))) break;
+        for (int e = 0; e < sc->E; e++) {
+            int v = sc->slot_of[(size_t)f * sc->E + e];
+            /* an expert being copied in still reads its home */
+            const uint8_t *want = v >= 0 ? g->slot_mem[f] + (size_t)v * sc->stride : sc->dev_home[f] + (size_t)e * sc->stride;
+            if (v >= 0 && sc->held[(size_t)f * sc->S + v] != e) {
+                rc = tern_fail(err, "layer %d: expert %d has slot %d, which holds expert %d", f, e, v,
+                               sc->held[(size_t)f * sc->S + v]);
+                break;
+            }
+            if (tab[e] != want) {
+                rc = tern_fail(err, "layer %d: the device table sends expert %d to %p, the host's model to %p (%s)", f,
+                               e, (const void *)tab[e], (const void *)want, v >= 0 ? "its slot" : "its home");
+                break;
+            }
+        }
+    }
+    free(tab);
+    return rc;
 }
 
 void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out) {
@@ -283,7 +403,7 @@ void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out) {
     out->slots_per_layer = sc->S;
     out->hits = sc->hits;
     out->misses = sc->misses;
-    out->bytes_read = (sc->misses + sc->promoted) * (uint64_t)sc->stride;
+    out->bytes_read = (sc->misses + sc->promoted) * (uint64_t)sc->stride + sc->staged_bytes;
 }
 
 int tern_gpu_experts_tick(tern_session *s, tern_error *err) {

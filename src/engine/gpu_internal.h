@@ -177,6 +177,16 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err);
 void tern_gpu_experts_free(gpu_model *g);
 int tern_gpu_experts_count(const tern_session *s, int l, const int32_t *ids, int n, tern_error *err);
 int tern_gpu_experts_tick(tern_session *s, tern_error *err);
+/* A prefill piece's layer l under a budget: staged points ex at a copy of
+ * the layer's experts (enqueued ahead, the session's stream waiting for
+ * it) where the piece is large enough; unstaged, after the layer's MoE,
+ * lets the buffer take the layer after next. Both do nothing otherwise. */
+int tern_gpu_experts_staged(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err);
+int tern_gpu_experts_unstaged(const tern_session *s, int l, int T, tern_error *err);
+/* Every layer's device table against the host's record of the slots
+ * (after the copies in flight end): each expert at its slot or its home.
+ * For the engine check. */
+int tern_gpu_experts_verify(const tern_model *m, tern_error *err);
 
 /* gpu_session.c: the backend's table (tern_gpu_backend) and the session's
  * device state. The KV rows for `needed` positions (reallocated: no step

@@ -99,11 +99,13 @@ static int start_streaming(tern_model *m, const tern_load_params *p, tern_error 
     return rc;
 }
 
-int tern_gpu_budget_check(const tern_load_params *p, tern_error *err) {
-    if (p->expert_policy == TERN_POLICY_LFU) return 0;
-    return tern_fail(err, "expert_policy %d: the GPU's expert slot cache ranks experts by their decayed use (LFU) "
-                          "only",
-                     p->expert_policy);
+int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err) {
+    if (p->expert_policy != TERN_POLICY_LFU && p->expert_policy != TERN_POLICY_LRU)
+        return tern_fail(err, "expert_policy %d is not a policy (LFU %d, LRU %d)", p->expert_policy, TERN_POLICY_LFU,
+                         TERN_POLICY_LRU);
+    m->gpu_expert_budget = p->expert_budget;
+    m->gpu_expert_policy = p->expert_policy;
+    return 0;
 }
 
 static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err) {
@@ -121,9 +123,7 @@ static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err
     set_stream_indices(m);
     /* a GPU run streams its experts itself, from host memory (gpu_model.c) */
     if (p && p->expert_budget && p->device && strncmp(p->device, "cuda", 4) == 0) {
-        if (tern_gpu_budget_check(p, err)) return -1;
-        m->gpu_expert_budget = p->expert_budget;
-        return map_experts(m, err);
+        return tern_gpu_budget_set(m, p, err) || map_experts(m, err) ? -1 : 0;
     }
     return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
 }

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "engine/gpu_internal.h"
 #include "tern.h"
 
 /* Relative to max |cpu logit|. Prefill pieces (more than 8 tokens) run
@@ -227,10 +228,11 @@ static void tiny_greedy(const char *dir) {
 }
 
 /* Experts streamed from host memory under a budget of top_k, top_k + 1
- * and half the experts per layer: the resident GPU run's greedy tokens
- * (the same kernels read each expert from its slot or over the host
- * link). */
-static void streamed_greedy(const char *name, const char *dir) {
+ * and half the experts per layer, each policy: the resident GPU run's greedy tokens
+ * (the same kernels read each expert from its slot, over the host link,
+ * or, in a prefill piece, from a staged copy of its layer). A prompt of P
+ * tokens in pieces of `piece` (0: the default), both runs alike. */
+static void streamed_greedy(const char *name, const char *dir, int P, int piece) {
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     json_t *man = json_load_file(path, 0, NULL), *ex = json_object_get(man, "experts");
@@ -243,24 +245,36 @@ static void streamed_greedy(const char *name, const char *dir) {
     int top_k = (int)json_integer_value(json_object_get(text ? text : cfg, "num_experts_per_tok"));
     json_decref(cfg);
     if (!stride || !files || !n_exp || !top_k) { fprintf(stderr, "%s: no experts in the manifest\n", dir); exit(2); }
+    gpu_piece = piece;
     tern_model *res = load(dir, "cuda");
-    int32_t prompt[12], a[32], b[32];
-    for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((i * 7919 + 13) % tern_model_vocab_size(res));
-    greedy(res, prompt, 12, 32, a);
+    int32_t prompt[64], a[32], b[32];
+    if (P > 64) exit(2);
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 7919 + 13) % tern_model_vocab_size(res));
+    greedy(res, prompt, P, 32, a);
     tern_model_free(res);
+    gpu_piece = 0;
     int slots[3] = {top_k, top_k + 1, n_exp / 2};
-    for (int i = 0; i < 3; i++) {
-        tern_load_params lp = {.n_threads = 4, .device = "cuda", .expert_budget = slots[i] * stride * files};
+    for (int i = 0; i < 6; i++) {
+        int policy = i < 3 ? TERN_POLICY_LFU : TERN_POLICY_LRU, n = slots[i % 3];
+        tern_load_params lp = {.n_threads = 4, .device = "cuda", .expert_budget = n * stride * files,
+                               .expert_policy = policy};
+        lp.debug.piece = piece;
         tern_error err;
         tern_model *m = tern_model_load(dir, &lp, &err);
         if (!m) { fprintf(stderr, "%s: %s\n", dir, err.msg); exit(2); }
-        greedy(m, prompt, 12, 32, b);
+        greedy(m, prompt, P, 32, b);
+        int table_ok = tern_gpu_experts_verify(m, &err) == 0;
+        if (!table_ok) fprintf(stderr, "%s: %s\n", name, err.msg);
         tern_model_free(m);
         int same = 0;
         while (same < 32 && a[same] == b[same]) same++;
         char what[128];
-        snprintf(what, sizeof what, "%s streamed, %d slots: greedy tokens of 32", name, slots[i]);
+        snprintf(what, sizeof what, "%s streamed %s, %d slots, prompt %d: greedy tokens of 32", name,
+                 policy == TERN_POLICY_LRU ? "LRU" : "LFU", n, P);
         report(what, 32 - same, 0);
+        snprintf(what, sizeof what, "%s streamed %s, %d slots: device slot tables = host's", name,
+                 policy == TERN_POLICY_LRU ? "LRU" : "LFU", n);
+        report(what, !table_ok, 0);
     }
 }
 
@@ -565,8 +579,9 @@ int main(void) {
     compare("tern-tiny q4", t4, 8);
     compare_decode("tern-tiny q4", t4, 4);
     tiny_greedy(t8);
-    streamed_greedy("tern-tiny q8", t8);
-    streamed_greedy("tern-tiny q4", t4);
+    streamed_greedy("tern-tiny q8", t8, 12, 0);
+    streamed_greedy("tern-tiny q4", t4, 12, 0);
+    streamed_greedy("tern-tiny q4", t4, 40, 16);   /* staged pieces of 16, 16, then 8 decode-form */
     tail_pieces("tern-tiny q8", t8);
     long_tail("tern-tiny q8", t8, 16);
     serial_sessions("tern-tiny q8", t8);
