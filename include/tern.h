@@ -38,6 +38,10 @@ typedef struct tern_snapshot tern_snapshot;
 /* ---- model -------------------------------------------------------------- */
 
 enum tern_expert_policy_kind { TERN_POLICY_LFU = 0, TERN_POLICY_LRU = 1 };
+/* Where a GPU run's routed experts live outside its budget: page-locked
+ * host RAM (read by the kernels over the bus), or the packed model's
+ * files, read with O_DIRECT when a step needs them. */
+enum tern_expert_home_kind { TERN_HOME_RAM = 0, TERN_HOME_DISK = 1 };
 
 typedef struct tern_load_params {
     int n_threads;           /* threads for the large matrix products; 0 = all cores */
@@ -46,6 +50,7 @@ typedef struct tern_load_params {
      * of budget / (expert blob bytes x layers) slots per layer. */
     uint64_t expert_budget;
     int expert_policy;       /* enum tern_expert_policy_kind */
+    int expert_home;         /* enum tern_expert_home_kind: a GPU budget's experts (the CPU's are read from disk) */
     int io_threads;          /* parallel expert reads; 0 = 4 */
     /* 1: only the plain fp32 reference kernels (the checked baseline);
      * 0: SIMD kernels (AVX2/AVX-512) for decode-sized products, which agree

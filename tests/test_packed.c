@@ -292,6 +292,19 @@ Test(packed, gpu_budget_refuses_an_unknown_policy) {
     cr_assert(strstr(err.msg, "expert_policy 7 is not a policy"), "%s", err.msg);
 }
 
+/* An experts' home outside VRAM without a budget, or a home that is not
+ * one, is refused at load. */
+Test(packed, expert_home_needs_a_budget_and_a_known_home) {
+    const char *dst = pack("tiny", 4, 0);
+    tern_load_params lp = {.n_threads = 1, .expert_home = TERN_HOME_DISK};
+    tern_error err;
+    cr_assert_null(tern_model_load(dst, &lp, &err));
+    cr_assert(strstr(err.msg, "only under an expert budget"), "%s", err.msg);
+    lp = (tern_load_params){.n_threads = 1, .expert_budget = 1 << 30, .device = "cuda", .expert_home = 5};
+    cr_assert_null(tern_model_load(dst, &lp, &err));
+    cr_assert(strstr(err.msg, "expert_home 5 is not a home"), "%s", err.msg);
+}
+
 Test(packed, truncated_expert_file_is_an_error) {
     const char *dst = pack("tiny", 0, 0);
     char path[1400];

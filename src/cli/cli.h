@@ -25,6 +25,7 @@ typedef struct cli_opts {
     int json, stats, ignore_eos, think, reference;
     uint64_t expert_budget;
     int expert_policy;
+    int expert_home;
     const char *device;          /* --device cpu | cuda[:N] */
     /* sampling overrides; NaN / -1 = keep the model's generation_config */
     float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;

@@ -31,7 +31,7 @@
 
 typedef struct {
     const char *model, *synth_shape, *routing, *json_path, *device;
-    int bits, expert_bits, threads, kv_bits, reps, warmup, force, policy, io_threads, reference;
+    int bits, expert_bits, threads, kv_bits, reps, warmup, force, policy, home, io_threads, reference;
     uint64_t seed, budget, bandwidth;   /* bandwidth: GB/s given instead of measured (a GPU's HBM) */
     int prompt[MAX_LIST], n_prompt;
     int depth;                    /* prefill after a context of this many tokens */
@@ -65,6 +65,7 @@ static void bench_usage(FILE *f) {
             "  --kv-bits B          KV cache bits 32, 16, 8 or 4 (default 16)\n"
             "  --expert-budget SIZE stream routed experts through a cache of SIZE bytes (packed directories)\n"
             "  --expert-policy P    lfu (default) or lru\n"
+            "  --expert-home H      ram (default) or disk: a GPU budget's other experts (tern --help)\n"
             "  --hit-curve          also replay the decode's routing through caches of 8..256 slots (LRU, LFU)\n"
             "  --top-k K, --top-p P decode sampling (default: temperature 1 over the full vocabulary)\n"
             "  --json FILE          write the results as JSON (- for stdout)\n"
@@ -171,6 +172,12 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                 return 2;
             }
             o->policy = !strcmp(v, "lru") ? TERN_POLICY_LRU : TERN_POLICY_LFU;
+        } else if (!strcmp(a, "--expert-home")) {
+            if (!v || (strcmp(v, "ram") && strcmp(v, "disk"))) {
+                fprintf(stderr, "tern bench: --expert-home must be ram or disk\n");
+                return 2;
+            }
+            o->home = !strcmp(v, "disk") ? TERN_HOME_DISK : TERN_HOME_RAM;
         } else if (!strcmp(a, "--kernel-stats")) {
             static const char *modes[] = {"decode", "prefill", "graph"};
             static const int kinds[] = {TERN_STATS_DECODE, TERN_STATS_PREFILL, TERN_STATS_GRAPH};
@@ -624,6 +631,7 @@ static json_t *results_json(const result *rs, int n) {
 
 static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
+                           .expert_home = o->home,
                            .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device};
     lp.debug.no_graphs = o->no_graphs;
     lp.debug.cpu_sampling = o->cpu_sampling;

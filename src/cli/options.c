@@ -34,6 +34,8 @@ void cli_usage(FILE *f) {
         "  --kv-bits 32|16|8|4      KV cache precision (default 16; 32 = fp32 reference)\n"
         "  --expert-budget SIZE     RAM for routed experts of a packed model, e.g. 8G (default: all)\n"
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
+        "  --expert-home ram|disk   with --device cuda and a budget: where the other experts live (default ram:\n"
+        "                           page-locked host memory; disk: read from the model's files with O_DIRECT)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
         "  --reference              plain fp32 reference kernels only (no SIMD)\n"
         "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when this build has CUDA and\n"
@@ -113,6 +115,10 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
         if (!strcmp(v, "lfu")) o->expert_policy = TERN_POLICY_LFU;
         else if (!strcmp(v, "lru")) o->expert_policy = TERN_POLICY_LRU;
         else { fprintf(stderr, "tern: --expert-policy must be lfu or lru, got '%s'\n", v); return -1; }
+    } else if (IS("--expert-home")) {
+        if (!strcmp(v, "ram")) o->expert_home = TERN_HOME_RAM;
+        else if (!strcmp(v, "disk")) o->expert_home = TERN_HOME_DISK;
+        else { fprintf(stderr, "tern: --expert-home must be ram or disk, got '%s'\n", v); return -1; }
     } else return 0;
 #undef IS
     return 1;
@@ -180,7 +186,7 @@ const char *cli_model_dir(const cli_opts *o) {
 
 tern_model *cli_load_model(const cli_opts *o) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->expert_budget,
-                          .expert_policy = o->expert_policy, .reference_kernels = o->reference,
+                          .expert_policy = o->expert_policy, .expert_home = o->expert_home, .reference_kernels = o->reference,
                           .device = o->device};
     tern_error err;
     const char *dir = cli_model_dir(o);

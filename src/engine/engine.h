@@ -34,6 +34,7 @@ struct tern_model {
     size_t expert_map_size;
     uint64_t gpu_expert_budget;   /* a GPU model's expert budget: experts mapped, the GPU streams them */
     int gpu_expert_policy;        /* its slot cache's ranking (enum tern_expert_policy_kind) */
+    int gpu_expert_home;          /* where its other experts live (enum tern_expert_home_kind) */
     void *gpu;                    /* engine/gpu_model.c: the weights on the GPU (NULL: the CPU engine) */
     /* tern_model_identity, worked out at its first call (identity.c) */
     pthread_mutex_t identity_mu;
@@ -47,6 +48,9 @@ int tern_model_finish(tern_model *m, tern_error *err);
 /* An expert budget on the GPU: params' budget and policy checked and kept
  * in m. model.c. */
 int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err);
+/* The path of a packed model's expert file i (decoder layers, then the
+ * MTP layer's) into buf. model.c. */
+const char *tern_model_expert_path(const tern_model *m, int i, char *buf, size_t n);
 
 /* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);

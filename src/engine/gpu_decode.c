@@ -120,7 +120,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     /* the experts' one launch may take the top k itself (no router
      * epilogue, its count and its last block in the chain); not when the
      * host observes the ids between the two */
-    int self = g->one_launch && !s->route_fn && gm->moe_self[l];
+    int self = g->one_launch && !s->route_fn && !tern_gpu_experts_on_disk(gm) && gm->moe_self[l];
     tern_gpu_stage(g, R_ROUTER, 0);
     tern_cuda_vec_in in = resid_in(r, post_norm, c->norm_eps, g->xn);
     tern_cuda_route_out ro = {c->n_experts, c->top_k, c->norm_topk, g->ids, g->wts, g->route_counters + l};
@@ -130,6 +130,7 @@ static int moe1(tern_session *s, const tern_moe_w *w, const float *post_norm, in
     resid_taken(r);
     tern_gpu_stage(g, R_ROUTER, 1);
     if (s->route_fn && tern_gpu_observe(s, l, 1, err)) return -1;
+    if (tern_gpu_experts_ready(s, l, 1, &ex, err)) return -1;
     tern_gpu_stage(g, R_MOE, 0);
     const int fx = self && gm->fx_prev[l] >= 0;
     if (fx) {

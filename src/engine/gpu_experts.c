@@ -25,7 +25,15 @@
  * A prefill piece uses nearly every expert of every layer, so it does not
  * read through the slots: each layer's whole file is copied into one of two
  * staging buffers while the layer before it computes, and the layer's
- * experts are read from there (tern_gpu_experts_staged). */
+ * experts are read from there (tern_gpu_experts_ready).
+ *
+ * With the experts' home on disk (TERN_HOME_DISK) nothing reads over the
+ * bus: a step's chosen ids come back to the host after each router
+ * (decode runs uncaptured), the missing experts are read from the model's
+ * files with O_DIRECT (a tern_expert_cache of a few host slots per layer
+ * and its I/O threads) and copied into the slots of the worst-scored
+ * experts, or, when a piece chooses more experts than a layer has slots,
+ * into a staging buffer beside those found in slots. */
 #ifdef TERN_CUDA
 
 #include "engine/gpu_internal.h"
@@ -34,6 +42,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "experts/cache.h"
 #include "util/err.h"
 
 #define COUNT_STEPS 8         /* steps between reading the counts back */
@@ -41,6 +50,8 @@
 #define DECAY 0.5f            /* a score's weight after each reading */
 #define MAX_PENDING 256       /* promotions in flight */
 #define WORDS 8192            /* page-locked table words for the updates in flight */
+#define HOST_SLOTS 8          /* disk: host slots per layer for the reads (at least top_k) */
+#define IO_THREADS 8          /* disk: parallel O_DIRECT reads */
 
 typedef struct pending {
     int f, slot, e;
@@ -52,6 +63,10 @@ typedef struct gpu_slot_cache gpu_slot_cache;
 struct gpu_slot_cache {
     int n_files, E, S;
     int lru;                      /* the policy: LRU, else LFU */
+    int disk;                     /* the homes are the model's files, read through io */
+    tern_expert_cache *io;
+    unsigned char *want;          /* disk: [E] the ids of the step at hand */
+    int *ids;                     /* disk: [E] them, distinct */
     size_t stride;
     const uint8_t **dev_home;     /* [n_files]: each file's home, as the device addresses it */
     unsigned *counts;             /* device [n_files x E] */
@@ -87,6 +102,12 @@ struct gpu_slot_cache {
 static int stream_file(tern_model *m, gpu_model *g, int f, const uint8_t **tab, tern_error *err) {
     gpu_slot_cache *sc = g->sc;
     int E = sc->E;
+    if (sc->disk) {   /* the slots start empty; an expert not in one has no address */
+        if (!(g->slot_mem[f] = tern_cuda_alloc((size_t)sc->S * sc->stride, err))) return -1;
+        for (int e = 0; e < E; e++) tab[e] = NULL, sc->slot_of[(size_t)f * E + e] = -1;
+        if (!(g->table[f] = tern_cuda_alloc((size_t)E * sizeof *tab, err))) return -1;
+        return tern_cuda_upload((void *)g->table[f], tab, (size_t)E * sizeof *tab, err);
+    }
     size_t stride = sc->stride, bytes = (size_t)E * stride, sbytes = (size_t)sc->S * stride;
     void *dev_home = NULL;
     if (!(g->home[f] = tern_cuda_host_alloc_mapped(bytes, &dev_home, err))) return -1;
@@ -146,6 +167,28 @@ static int stage_alloc(gpu_slot_cache *sc, tern_error *err) {
     return rc;
 }
 
+/* disk: the reader of the model's expert files (decoder layers only). */
+static int disk_open(const tern_model *m, gpu_slot_cache *sc, tern_error *err) {
+    char (*paths)[4096] = malloc((size_t)sc->n_files * sizeof *paths);
+    const char **pp = malloc((size_t)sc->n_files * sizeof *pp);
+    sc->want = calloc((size_t)sc->E, 1);
+    sc->ids = malloc((size_t)sc->E * sizeof *sc->ids);
+    int rc = -1;
+    if (paths && pp && sc->want && sc->ids) {
+        for (int f = 0; f < sc->n_files; f++) pp[f] = tern_model_expert_path(m, f, paths[f], sizeof paths[f]);
+        int hs = m->cfg.top_k > HOST_SLOTS ? m->cfg.top_k : HOST_SLOTS;
+        tern_expert_cache_params cp = {sc->n_files, pp, sc->E, sc->stride, hs < sc->E ? hs : sc->E,
+                                       TERN_EXPERT_LRU, IO_THREADS};
+        sc->io = tern_expert_cache_create(&cp, err);
+        rc = sc->io ? 0 : -1;
+    } else {
+        tern_fail(err, "out of memory");
+    }
+    free(paths);
+    free(pp);
+    return rc;
+}
+
 int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
     int nf = g->n_expert_files, E = m->man.n_experts;
     uint64_t per_slot = (uint64_t)m->man.stride * (uint64_t)nf, slots = m->gpu_expert_budget / per_slot;
@@ -166,7 +209,9 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
     }
     *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = (int)slots, .lru = m->gpu_expert_policy == TERN_POLICY_LRU,
                               .stride = m->man.stride};
+    g->sc->disk = m->gpu_expert_home == TERN_HOME_DISK;
     int rc = cache_alloc(g->sc, err) || stage_alloc(g->sc, err) ? -1 : 0;
+    if (rc == 0 && g->sc->disk) rc = disk_open(m, g->sc, err);
     for (int f = 0; rc == 0 && f < nf; f++)
         if ((rc = stream_file(m, g, f, tab, err)) != 0)
             tern_err_prefix(err, "GPU: the experts of layer %d under the budget", f);
@@ -200,6 +245,9 @@ void tern_gpu_experts_free(gpu_model *g) {
     tern_cuda_free(sc->counts);
     tern_cuda_host_free(sc->counts_host);
     tern_cuda_host_free((void *)sc->words);
+    if (sc->io) tern_expert_cache_destroy(sc->io);
+    free(sc->want);
+    free(sc->ids);
     free(sc->dev_home);
     free(sc->score);
     free(sc->slot_of);
@@ -213,7 +261,7 @@ void tern_gpu_experts_free(gpu_model *g) {
 int tern_gpu_experts_count(const tern_session *s, int l, const int32_t *ids, int n, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     const gpu_slot_cache *sc = gm->sc;
-    if (!sc || l >= sc->n_files) return 0;
+    if (!sc || sc->disk || l >= sc->n_files) return 0;
     const gpu_session *g = s->state;
     return tern_cuda_count_experts(ids, n, sc->E, sc->counts + (size_t)l * sc->E, g->stream, err);
 }
@@ -345,9 +393,10 @@ static int stage_copy(const gpu_model *g, gpu_slot_cache *sc, int f, int b, tern
                ? -1 : 0;
 }
 
-int tern_gpu_experts_staged(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err) {
+/* RAM home: the staged copy of layer l for a large piece. */
+static int ram_ready(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err) {
     gpu_slot_cache *sc = staging(s, T);
-    if (!sc || l >= sc->n_files) return 0;
+    if (!sc) return 0;
     const gpu_model *g = s->m->gpu;
     int b = l & 1;
     if (sc->stage_file[b] != l && stage_copy(g, sc, l, b, err)) return -1;
@@ -357,13 +406,135 @@ int tern_gpu_experts_staged(const tern_session *s, int l, int T, tern_cuda_exper
     return 0;
 }
 
-int tern_gpu_experts_unstaged(const tern_session *s, int l, int T, tern_error *err) {
-    gpu_slot_cache *sc = staging(s, T);
+/* ---- disk home ------------------------------------------------------------------ */
+
+/* The slot of file f to take for a new expert: an empty one, else the
+ * worst-scored whose expert the step does not use. */
+static int victim(const gpu_slot_cache *sc, int f) {
+    const int *held = sc->held + (size_t)f * sc->S;
+    const float *score = sc->score + (size_t)f * sc->E;
+    int best = -1;
+    for (int v = 0; v < sc->S; v++) {
+        if (held[v] < 0) return v;
+        if (sc->want[held[v]]) continue;
+        if (best < 0 || score[held[v]] < score[held[best]]) best = v;
+    }
+    return best;
+}
+
+/* Reads experts e[0..n) of file f from disk, HOST_SLOTS at a time, and
+ * hands each blob to put (which uploads it). */
+typedef int (*put_fn)(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int f, int e, const uint8_t *blob,
+                      tern_error *err);
+
+static int disk_read(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int f, const int *e, int n, put_fn put,
+                     tern_error *err) {
+    int wave = tern_expert_cache_slots(sc->io);
+    for (int i0 = 0; i0 < n; i0 += wave) {
+        int k = n - i0 < wave ? n - i0 : wave, rc = 0;
+        tern_expert_batch b;
+        if (tern_expert_cache_begin(sc->io, f, e + i0, k, &b, err)) return -1;
+        for (int i = 0; rc == 0 && i < k; i++) {
+            const uint8_t *blob = tern_expert_batch_wait(&b, i, err);
+            rc = blob ? put(g, sc, st, f, e[i0 + i], blob, err) : -1;
+        }
+        tern_expert_batch_end(&b);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+/* An expert into a slot (synchronously: the step's earlier work is done),
+ * the table words of the expert it evicts (no address) and its own. */
+static int put_slot(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int f, int e, const uint8_t *blob,
+                    tern_error *err) {
+    int v = victim(sc, f);
+    int *held = sc->held + (size_t)f * sc->S, *slot_of = sc->slot_of + (size_t)f * sc->E;
+    uint8_t *dst = g->slot_mem[f] + (size_t)v * sc->stride;
+    if (v < 0) return tern_fail(err, "layer %d: no slot free for expert %d", f, e);
+    if (tern_cuda_upload(dst, blob, sc->stride, err)) return -1;
+    if (held[v] >= 0) {
+        slot_of[held[v]] = -1;
+        if (set_word(g, sc, st, f, held[v], NULL, err)) return -1;
+    }
+    held[v] = e;
+    slot_of[e] = v;
+    sc->promoted++;
+    return set_word(g, sc, st, f, e, dst, err);
+}
+
+/* An expert into its place in the staging buffer of file f. */
+static int put_stage(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int f, int e, const uint8_t *blob,
+                     tern_error *err) {
+    return tern_cuda_upload(sc->stage[f & 1] + (size_t)e * sc->stride, blob, sc->stride, err);
+}
+
+/* Disk home: the piece's ids of layer f back on the host (after a sync,
+ * so the step's earlier work is done), scored; then the missing ones into
+ * slots, or where they are more than the slots, every chosen expert into
+ * the staging buffer (those in slots copied over on the device). */
+static int disk_ready(const tern_session *s, int f, int T, tern_cuda_experts *ex, tern_error *err) {
+    const gpu_model *g = s->m->gpu;
+    gpu_slot_cache *sc = g->sc;
+    gpu_session *gs = s->state;
+    int nk = T * s->m->cfg.top_k, n = 0, miss = 0;
+    /* the slots and their record are the model's, changed by the host here */
+    if (!g->serial && atomic_load(&((gpu_model *)g)->sessions) > 1)
+        return tern_fail(err, "expert_home disk: a model with several sessions must use them one call at a time "
+                              "(tern_load_params.serial_sessions)");
+    if (tern_cuda_sync(gs->stream, err) || tern_cuda_download(gs->host_ids, gs->ids, (size_t)nk * sizeof(int32_t), err))
+        return -1;
+    float *score = sc->score + (size_t)f * sc->E;
+    const int *slot_of = sc->slot_of + (size_t)f * sc->E;
+    if (f == 0 && ++sc->readings % COUNT_STEPS == 0 && !sc->lru)
+        for (size_t i = 0; i < (size_t)sc->n_files * sc->E; i++) sc->score[i] *= DECAY;
+    for (int i = 0; i < nk; i++) {
+        int e = gs->host_ids[i];
+        if (e < 0 || e >= sc->E) return tern_fail(err, "layer %d: the router chose expert %d of %d", f, e, sc->E);
+        if (slot_of[e] >= 0) sc->hits++;
+        else sc->misses++;
+        score[e] = sc->lru ? (float)sc->readings : score[e] + 1.0f;
+        if (!sc->want[e]) sc->want[e] = 1, sc->ids[n++] = e;
+    }
+    /* the misses first in ids[0..miss) */
+    for (int i = 0; i < n; i++)
+        if (slot_of[sc->ids[i]] < 0) {
+            int t = sc->ids[miss];
+            sc->ids[miss++] = sc->ids[i];
+            sc->ids[i] = t;
+        }
+    int rc;
+    if (n <= sc->S) {
+        rc = disk_read(g, sc, gs->stream, f, sc->ids, miss, put_slot, err);
+    } else {
+        int b = f & 1;
+        rc = disk_read(g, sc, gs->stream, f, sc->ids, miss, put_stage, err);
+        for (int i = miss; rc == 0 && i < n; i++) {
+            int e = sc->ids[i];
+            rc = tern_cuda_copy(sc->stage[b] + (size_t)e * sc->stride, g->slot_mem[f] + (size_t)slot_of[e] * sc->stride,
+                                sc->stride, gs->stream, err);
+        }
+        ex->blobs = sc->stage_table[b];
+    }
+    for (int i = 0; i < n; i++) sc->want[sc->ids[i]] = 0;
+    return rc;
+}
+
+int tern_gpu_experts_ready(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err) {
+    const gpu_slot_cache *sc = ((const gpu_model *)s->m->gpu)->sc;
     if (!sc || l >= sc->n_files) return 0;
+    return sc->disk ? disk_ready(s, l, T, ex, err) : ram_ready(s, l, T, ex, err);
+}
+
+int tern_gpu_experts_done(const tern_session *s, int l, int T, tern_error *err) {
+    gpu_slot_cache *sc = staging(s, T);
+    if (!sc || sc->disk || l >= sc->n_files) return 0;
     int b = l & 1;
     if (tern_cuda_event_record(sc->freed[b], ((gpu_session *)s->state)->stream, err)) return -1;
     return l + 2 < sc->n_files ? stage_copy(s->m->gpu, sc, l + 2, b, err) : 0;
 }
+
+int tern_gpu_experts_on_disk(const gpu_model *g) { return g->sc && g->sc->disk; }
 
 int tern_gpu_experts_verify(const tern_model *m, tern_error *err) {
     const gpu_model *g = m->gpu;
@@ -378,7 +549,9 @@ int tern_gpu_experts_verify(const tern_model *m, tern_error *err) {
         for (int e = 0; e < sc->E; e++) {
             int v = sc->slot_of[(size_t)f * sc->E + e];
             /* an expert being copied in still reads its home */
-            const uint8_t *want = v >= 0 ? g->slot_mem[f] + (size_t)v * sc->stride : sc->dev_home[f] + (size_t)e * sc->stride;
+            const uint8_t *want = v >= 0     ? g->slot_mem[f] + (size_t)v * sc->stride
+                                  : sc->disk ? NULL
+                                             : sc->dev_home[f] + (size_t)e * sc->stride;
             if (v >= 0 && sc->held[(size_t)f * sc->S + v] != e) {
                 rc = tern_fail(err, "layer %d: expert %d has slot %d, which holds expert %d", f, e, v,
                                sc->held[(size_t)f * sc->S + v]);
@@ -404,12 +577,20 @@ void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out) {
     out->hits = sc->hits;
     out->misses = sc->misses;
     out->bytes_read = (sc->misses + sc->promoted) * (uint64_t)sc->stride + sc->staged_bytes;
+    if (sc->disk) {   /* what came from the files */
+        tern_expert_stats io;
+        tern_expert_cache_stats(sc->io, &io);
+        out->bytes_read = io.bytes_read;
+        out->read_s = io.read_s;
+        out->wait_s = io.wait_s;
+        out->direct_io = io.direct_io;
+    }
 }
 
 int tern_gpu_experts_tick(tern_session *s, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
     gpu_slot_cache *sc = gm->sc;
-    if (!sc || !(gm->serial || atomic_load(&((gpu_model *)gm)->sessions) <= 1)) return 0;
+    if (!sc || sc->disk || !(gm->serial || atomic_load(&((gpu_model *)gm)->sessions) <= 1)) return 0;
     /* a serial session taking over from another: that one's last steps may
      * still read the slots; this step's launch waits for them, the next
      * tick goes on */

@@ -177,12 +177,17 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err);
 void tern_gpu_experts_free(gpu_model *g);
 int tern_gpu_experts_count(const tern_session *s, int l, const int32_t *ids, int n, tern_error *err);
 int tern_gpu_experts_tick(tern_session *s, tern_error *err);
-/* A prefill piece's layer l under a budget: staged points ex at a copy of
- * the layer's experts (enqueued ahead, the session's stream waiting for
- * it) where the piece is large enough; unstaged, after the layer's MoE,
- * lets the buffer take the layer after next. Both do nothing otherwise. */
-int tern_gpu_experts_staged(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err);
-int tern_gpu_experts_unstaged(const tern_session *s, int l, int T, tern_error *err);
+/* Layer l's experts under a budget, after its router, before its MoE:
+ * ready makes the chosen ones readable through ex (RAM home: a large
+ * piece's ex points at a staged copy of the layer, enqueued ahead, the
+ * session's stream waiting for it; disk home: the ids come back and the
+ * missing experts are read in). done, after the MoE, lets a staging
+ * buffer take the layer after next. Both do nothing without a budget.
+ * on_disk: the model's budget reads from disk (decode then runs
+ * uncaptured, the router apart from the experts). */
+int tern_gpu_experts_ready(const tern_session *s, int l, int T, tern_cuda_experts *ex, tern_error *err);
+int tern_gpu_experts_done(const tern_session *s, int l, int T, tern_error *err);
+int tern_gpu_experts_on_disk(const gpu_model *g);
 /* Every layer's device table against the host's record of the slots
  * (after the copies in flight end): each expert at its slot or its home.
  * For the engine check. */

@@ -159,7 +159,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
     if (s->route_fn && tern_gpu_observe(s, l, T, err)) return -1;
     if (tern_gpu_experts_count(s, l, g->ids, T * K, err)) return -1;
     tern_cuda_experts ex = tern_gpu_experts_of(m, l);
-    if (tern_gpu_experts_staged(s, l, T, &ex, err)) return -1;
+    if (tern_gpu_experts_ready(s, l, T, &ex, err)) return -1;
     size_t H = (size_t)c->hidden;
     const tern_pk_tensor *pt = m->man.parts;
     int groupable = pt[0].encoding == pt[2].encoding && pt[0].group == pt[1].group && pt[0].group == pt[2].group &&
@@ -169,7 +169,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
         int rc = tern_cuda_moe_grouped(&ex, E, &w->shared, &w->shared_gate, g->xn, T, K, g->ids, g->wts,
                                        g->grouped_work, g->grouped_bytes, g->out, g->stream, err);
         tern_gpu_stage(g, R_MOE, 1);
-        return rc || tern_gpu_experts_unstaged(s, l, T, err) ? -1 : 0;
+        return rc || tern_gpu_experts_done(s, l, T, err) ? -1 : 0;
     }
     for (int t0 = 0; t0 < T; t0 += SUB) {
         int n = T - t0 < SUB ? T - t0 : SUB;
@@ -178,7 +178,7 @@ static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_er
             return -1;
     }
     tern_gpu_stage(g, R_MOE, 1);
-    return tern_gpu_experts_unstaged(s, l, T, err);
+    return tern_gpu_experts_done(s, l, T, err);
 }
 
 /* x += out (the previous block's output, when there is one), xn = norm(x). */

@@ -102,7 +102,7 @@ static int alloc_workspaces(gpu_session *g, const tern_config *c, int max_ctx, t
 /* The session's piece size and kernel statistics, from the model's
  * debugging aids (tern_load_params.debug). */
 static int configure(gpu_session *g, const gpu_model *gm, int max_ctx, tern_error *err) {
-    g->use_graph = !gm->no_graphs;
+    g->use_graph = !gm->no_graphs && !tern_gpu_experts_on_disk(gm);
     g->piece = gm->piece ? gm->piece : PIECE_DEFAULT;
     if (max_ctx > 0 && g->piece > max_ctx) g->piece = max_ctx < 16 ? 16 : max_ctx;
     if (gm->kernel_stats == TERN_STATS_OFF) return 0;

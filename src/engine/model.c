@@ -29,7 +29,7 @@ static float *rope_frequencies(const tern_config *c) {
  * layer's. Layer l of the model streams from file l. */
 static int expert_file_count(const tern_model *m) { return m->man.n_layer_files + (m->man.mtp_file ? 1 : 0); }
 
-static const char *expert_file(const tern_model *m, int i, char *buf, size_t n) {
+const char *tern_model_expert_path(const tern_model *m, int i, char *buf, size_t n) {
     const char *rel = i < m->man.n_layer_files ? m->man.layer_files[i] : m->man.mtp_file;
     snprintf(buf, n, "%s/%s", m->dir, rel);
     return buf;
@@ -49,7 +49,7 @@ static int map_experts(tern_model *m, tern_error *err) {
     if (!m->expert_maps) return tern_fail(err, "out of memory");
     for (int i = 0; i < nf; i++) {
         char path[4096];
-        expert_file(m, i, path, sizeof path);
+        tern_model_expert_path(m, i, path, sizeof path);
         int fd = tern_file_open(path, O_NOFOLLOW, err);
         if (fd < 0) return -1;
         struct stat st;
@@ -86,7 +86,7 @@ static int start_streaming(tern_model *m, const tern_load_params *p, tern_error 
     const char **pp = malloc((size_t)nf * sizeof *pp);
     int rc = -1;
     if (paths && pp) {
-        for (int i = 0; i < nf; i++) pp[i] = expert_file(m, i, paths[i], sizeof paths[i]);
+        for (int i = 0; i < nf; i++) pp[i] = tern_model_expert_path(m, i, paths[i], sizeof paths[i]);
         tern_expert_cache_params cp = {nf, pp, m->man.n_experts, m->man.stride, (int)slots,
                                        p->expert_policy, p->io_threads};
         m->experts = tern_expert_cache_create(&cp, err);
@@ -103,8 +103,12 @@ int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *er
     if (p->expert_policy != TERN_POLICY_LFU && p->expert_policy != TERN_POLICY_LRU)
         return tern_fail(err, "expert_policy %d is not a policy (LFU %d, LRU %d)", p->expert_policy, TERN_POLICY_LFU,
                          TERN_POLICY_LRU);
+    if (p->expert_home != TERN_HOME_RAM && p->expert_home != TERN_HOME_DISK)
+        return tern_fail(err, "expert_home %d is not a home (RAM %d, disk %d)", p->expert_home, TERN_HOME_RAM,
+                         TERN_HOME_DISK);
     m->gpu_expert_budget = p->expert_budget;
     m->gpu_expert_policy = p->expert_policy;
+    m->gpu_expert_home = p->expert_home;
     return 0;
 }
 
@@ -123,7 +127,8 @@ static int open_packed(tern_model *m, const tern_load_params *p, tern_error *err
     set_stream_indices(m);
     /* a GPU run streams its experts itself, from host memory (gpu_model.c) */
     if (p && p->expert_budget && p->device && strncmp(p->device, "cuda", 4) == 0) {
-        return tern_gpu_budget_set(m, p, err) || map_experts(m, err) ? -1 : 0;
+        if (tern_gpu_budget_set(m, p, err)) return -1;
+        return m->gpu_expert_home == TERN_HOME_DISK ? 0 : map_experts(m, err);
     }
     return p && p->expert_budget ? start_streaming(m, p, err) : map_experts(m, err);
 }
@@ -174,6 +179,9 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
     if (!m) return NULL;
     int rc = (m->dir = strdup(dir)) ? 0 : tern_fail(err, "out of memory");
     if (rc == 0) rc = tern_config_load(&m->cfg, dir, err);
+    if (rc == 0 && params && params->expert_home && !params->expert_budget)
+        rc = tern_fail(err, "expert_home %d: experts have a home outside VRAM only under an expert budget",
+                       params->expert_home);
     if (rc == 0 && tern_is_packed_dir(dir)) {
         rc = open_packed(m, params, err);
     } else if (rc == 0) {

@@ -15,6 +15,8 @@ static int build(tern_model *m, const tern_synth_params *sp, const tern_load_par
     if (lp && lp->expert_budget && !gpu)
         return tern_fail(err, "an in-memory synthetic model has no files to stream experts from: write it with "
                               "tern synth and load that directory with a budget");
+    if (lp && lp->expert_budget && lp->expert_home == TERN_HOME_DISK)
+        return tern_fail(err, "expert_home disk: an in-memory synthetic model has no files (write it with tern synth)");
     if (lp && lp->expert_budget && tern_gpu_budget_set(m, lp, err)) return -1;
     tern_packed_mem pm;
     if (tern_pack_synth_mem(sp, m->pool, &pm, err) != 0) return -1;

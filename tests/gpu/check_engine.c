@@ -230,9 +230,10 @@ static void tiny_greedy(const char *dir) {
 /* Experts streamed from host memory under a budget of top_k, top_k + 1
  * and half the experts per layer, each policy: the resident GPU run's greedy tokens
  * (the same kernels read each expert from its slot, over the host link,
- * or, in a prefill piece, from a staged copy of its layer). A prompt of P
- * tokens in pieces of `piece` (0: the default), both runs alike. */
-static void streamed_greedy(const char *name, const char *dir, int P, int piece) {
+ * or, in a prefill piece, from a staged copy of its layer), with their home
+ * in host RAM or on disk. A prompt of P tokens in pieces of `piece` (0:
+ * the default), both runs alike. */
+static void streamed_greedy(const char *name, const char *dir, int P, int piece, int home) {
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     json_t *man = json_load_file(path, 0, NULL), *ex = json_object_get(man, "experts");
@@ -257,7 +258,7 @@ static void streamed_greedy(const char *name, const char *dir, int P, int piece)
     for (int i = 0; i < 6; i++) {
         int policy = i < 3 ? TERN_POLICY_LFU : TERN_POLICY_LRU, n = slots[i % 3];
         tern_load_params lp = {.n_threads = 4, .device = "cuda", .expert_budget = n * stride * files,
-                               .expert_policy = policy};
+                               .expert_policy = policy, .expert_home = home};
         lp.debug.piece = piece;
         tern_error err;
         tern_model *m = tern_model_load(dir, &lp, &err);
@@ -269,11 +270,11 @@ static void streamed_greedy(const char *name, const char *dir, int P, int piece)
         int same = 0;
         while (same < 32 && a[same] == b[same]) same++;
         char what[128];
-        snprintf(what, sizeof what, "%s streamed %s, %d slots, prompt %d: greedy tokens of 32", name,
-                 policy == TERN_POLICY_LRU ? "LRU" : "LFU", n, P);
+        snprintf(what, sizeof what, "%s %s %s, %d slots, prompt %d: greedy tokens of 32", name,
+                 home == TERN_HOME_DISK ? "disk" : "RAM", policy == TERN_POLICY_LRU ? "LRU" : "LFU", n, P);
         report(what, 32 - same, 0);
-        snprintf(what, sizeof what, "%s streamed %s, %d slots: device slot tables = host's", name,
-                 policy == TERN_POLICY_LRU ? "LRU" : "LFU", n);
+        snprintf(what, sizeof what, "%s %s %s, %d slots: device slot tables = host's", name,
+                 home == TERN_HOME_DISK ? "disk" : "RAM", policy == TERN_POLICY_LRU ? "LRU" : "LFU", n);
         report(what, !table_ok, 0);
     }
 }
@@ -579,9 +580,11 @@ int main(void) {
     compare("tern-tiny q4", t4, 8);
     compare_decode("tern-tiny q4", t4, 4);
     tiny_greedy(t8);
-    streamed_greedy("tern-tiny q8", t8, 12, 0);
-    streamed_greedy("tern-tiny q4", t4, 12, 0);
-    streamed_greedy("tern-tiny q4", t4, 40, 16);   /* staged pieces of 16, 16, then 8 decode-form */
+    streamed_greedy("tern-tiny q8", t8, 12, 0, TERN_HOME_RAM);
+    streamed_greedy("tern-tiny q4", t4, 12, 0, TERN_HOME_RAM);
+    streamed_greedy("tern-tiny q4", t4, 40, 16, TERN_HOME_RAM);   /* staged pieces of 16, 16, then 8 decode-form */
+    streamed_greedy("tern-tiny q8", t8, 12, 0, TERN_HOME_DISK);
+    streamed_greedy("tern-tiny q4", t4, 40, 16, TERN_HOME_DISK);
     tail_pieces("tern-tiny q8", t8);
     long_tail("tern-tiny q8", t8, 16);
     serial_sessions("tern-tiny q8", t8);
