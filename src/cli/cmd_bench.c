@@ -701,7 +701,9 @@ static void print_header(const bench *b, const run_info *ri) {
     printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
            o->model ? o->model : o->synth_shape, ri->load_s, threads, o->reference ? "reference" : "SIMD", o->kv_bits,
            ss.streaming ? "streamed" : "resident");
-    if (ss.streaming) printf(" (%d slots per layer, %s)", ss.slots_per_layer, o->policy == TERN_POLICY_LRU ? "LRU" : "LFU");
+    if (ss.streaming)
+        printf(" (%d slots per layer, %s%s)", ss.slots_per_layer, o->policy == TERN_POLICY_LRU ? "LRU" : "LFU",
+               o->home == TERN_HOME_DISK ? ", the others on disk" : "");
     if (o->bandwidth) printf("\nmemory bandwidth for the floor (given): %.1f GB/s", b->bandwidth);
     else printf("\nmemory read bandwidth (%d threads): %.1f GB/s", threads, b->bandwidth);
     printf("; other processes' CPU use before the run: %.1f CPUs%s\n", ri->others, ri->others > ri->limit ? " (--force)" : "");
