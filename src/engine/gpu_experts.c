@@ -23,9 +23,10 @@
  * every step (one session, or serial sessions).
  *
  * A prefill piece uses nearly every expert of every layer, so it does not
- * read through the slots: each layer's whole file is copied into one of two
- * staging buffers while the layer before it computes, and the layer's
- * experts are read from there (tern_gpu_experts_ready).
+ * read the others over the bus: each layer's experts without a slot are
+ * copied into one of two staging buffers while the layer before it
+ * computes, and the layer's MoE reads a table of the slots and the staged
+ * copies (tern_gpu_experts_ready).
  *
  * With the experts' home on disk (TERN_HOME_DISK) nothing reads over the
  * bus: a step's chosen ids come back to the host after each router
@@ -91,6 +92,7 @@ struct gpu_slot_cache {
     uint8_t *stage[2];
     const uint8_t **stage_table[2];
     int stage_file[2];
+    const uint8_t **stage_words;  /* page-locked [n_files x E]: each file's staged table */
     tern_event staged[2], freed[2];
     uint64_t staged_bytes;
 };
@@ -150,6 +152,10 @@ static int stage_alloc(gpu_slot_cache *sc, tern_error *err) {
     size_t bytes = (size_t)sc->E * sc->stride;
     const uint8_t **tab = malloc((size_t)sc->E * sizeof *tab);
     if (!tab) return tern_fail(err, "out of memory");
+    if (!(sc->stage_words = tern_cuda_host_alloc((size_t)sc->n_files * sc->E * sizeof *tab, err))) {
+        free(tab);
+        return -1;
+    }
     int rc = 0;
     for (int b = 0; rc == 0 && b < 2; b++) {
         sc->stage_file[b] = -1;
@@ -245,6 +251,7 @@ void tern_gpu_experts_free(gpu_model *g) {
     tern_cuda_free(sc->counts);
     tern_cuda_host_free(sc->counts_host);
     tern_cuda_host_free((void *)sc->words);
+    tern_cuda_host_free((void *)sc->stage_words);
     if (sc->io) tern_expert_cache_destroy(sc->io);
     free(sc->want);
     free(sc->ids);
@@ -382,15 +389,34 @@ static gpu_slot_cache *staging(const tern_session *s, int T) {
 }
 
 /* File f into buffer b on the copy stream, once the MoE that last read
- * the buffer is done. */
+ * the buffer is done: the buffer's table sends each expert held in a slot
+ * there (no promotion starts within a piece, and one in flight has not
+ * repointed its expert yet), every other to its place in the buffer, and
+ * the runs of those others are copied from their homes. The table comes
+ * from the file's own page-locked words, free again once the piece ends
+ * synchronised. */
 static int stage_copy(const gpu_model *g, gpu_slot_cache *sc, int f, int b, tern_error *err) {
-    size_t bytes = (size_t)sc->E * sc->stride;
+    const int *slot_of = sc->slot_of + (size_t)f * sc->E;
+    const uint8_t **tab = sc->stage_words + (size_t)f * sc->E;
+    for (int e = 0; e < sc->E; e++)
+        tab[e] = slot_of[e] >= 0 ? g->slot_mem[f] + (size_t)slot_of[e] * sc->stride : sc->stage[b] + (size_t)e * sc->stride;
     sc->stage_file[b] = f;
-    sc->staged_bytes += bytes;
-    return tern_cuda_stream_wait(sc->copy, sc->freed[b], err) ||
-                   tern_cuda_copy(sc->stage[b], g->home[f], bytes, sc->copy, err) ||
-                   tern_cuda_event_record(sc->staged[b], sc->copy, err)
-               ? -1 : 0;
+    if (tern_cuda_stream_wait(sc->copy, sc->freed[b], err) ||
+        tern_cuda_copy_host((void *)sc->stage_table[b], tab, (size_t)sc->E * sizeof *tab, 0, sc->copy, err))
+        return -1;
+    for (int e0 = 0; e0 < sc->E;) {
+        if (slot_of[e0] >= 0) {
+            e0++;
+            continue;
+        }
+        int e1 = e0 + 1;
+        while (e1 < sc->E && slot_of[e1] < 0) e1++;
+        size_t off = (size_t)e0 * sc->stride, bytes = (size_t)(e1 - e0) * sc->stride;
+        if (tern_cuda_copy(sc->stage[b] + off, g->home[f] + off, bytes, sc->copy, err)) return -1;
+        sc->staged_bytes += bytes;
+        e0 = e1;
+    }
+    return tern_cuda_event_record(sc->staged[b], sc->copy, err);
 }
 
 /* RAM home: the staged copy of layer l for a large piece. */
@@ -531,6 +557,8 @@ int tern_gpu_experts_done(const tern_session *s, int l, int T, tern_error *err) 
     if (!sc || sc->disk || l >= sc->n_files) return 0;
     int b = l & 1;
     if (tern_cuda_event_record(sc->freed[b], ((gpu_session *)s->state)->stream, err)) return -1;
+    /* the next piece stages again: promotions may have moved experts */
+    if (l == sc->n_files - 1) sc->stage_file[0] = sc->stage_file[1] = -1;
     return l + 2 < sc->n_files ? stage_copy(s->m->gpu, sc, l + 2, b, err) : 0;
 }
 
