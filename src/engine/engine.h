@@ -48,9 +48,11 @@ int tern_model_finish(tern_model *m, tern_error *err);
 /* An expert budget on the GPU: params' budget and policy checked and kept
  * in m. model.c. */
 int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err);
-/* The path of a packed model's expert file i (decoder layers, then the
- * MTP layer's) into buf. model.c. */
-const char *tern_model_expert_path(const tern_model *m, int i, char *buf, size_t n);
+/* A reader of a packed model's first n_files expert files (decoder
+ * layers, then the MTP layer's) through `slots` host slots per file.
+ * model.c. */
+tern_expert_cache *tern_model_expert_reader(const tern_model *m, int n_files, int slots, int policy, int io_threads,
+                                            tern_error *err);
 
 /* Moves the model to params->device (engine/gpu.h) when one is named. */
 int tern_model_place(tern_model *m, const tern_load_params *params, tern_error *err);

@@ -175,24 +175,12 @@ static int stage_alloc(gpu_slot_cache *sc, tern_error *err) {
 
 /* disk: the reader of the model's expert files (decoder layers only). */
 static int disk_open(const tern_model *m, gpu_slot_cache *sc, tern_error *err) {
-    char (*paths)[4096] = malloc((size_t)sc->n_files * sizeof *paths);
-    const char **pp = malloc((size_t)sc->n_files * sizeof *pp);
     sc->want = calloc((size_t)sc->E, 1);
     sc->ids = malloc((size_t)sc->E * sizeof *sc->ids);
-    int rc = -1;
-    if (paths && pp && sc->want && sc->ids) {
-        for (int f = 0; f < sc->n_files; f++) pp[f] = tern_model_expert_path(m, f, paths[f], sizeof paths[f]);
-        int hs = m->cfg.top_k > HOST_SLOTS ? m->cfg.top_k : HOST_SLOTS;
-        tern_expert_cache_params cp = {sc->n_files, pp, sc->E, sc->stride, hs < sc->E ? hs : sc->E,
-                                       TERN_EXPERT_LRU, IO_THREADS};
-        sc->io = tern_expert_cache_create(&cp, err);
-        rc = sc->io ? 0 : -1;
-    } else {
-        tern_fail(err, "out of memory");
-    }
-    free(paths);
-    free(pp);
-    return rc;
+    if (!sc->want || !sc->ids) return tern_fail(err, "out of memory");
+    int hs = m->cfg.top_k > HOST_SLOTS ? m->cfg.top_k : HOST_SLOTS;
+    sc->io = tern_model_expert_reader(m, sc->n_files, hs < sc->E ? hs : sc->E, TERN_EXPERT_LRU, IO_THREADS, err);
+    return sc->io ? 0 : -1;
 }
 
 int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {

@@ -29,7 +29,7 @@ static float *rope_frequencies(const tern_config *c) {
  * layer's. Layer l of the model streams from file l. */
 static int expert_file_count(const tern_model *m) { return m->man.n_layer_files + (m->man.mtp_file ? 1 : 0); }
 
-const char *tern_model_expert_path(const tern_model *m, int i, char *buf, size_t n) {
+static const char *expert_path(const tern_model *m, int i, char *buf, size_t n) {
     const char *rel = i < m->man.n_layer_files ? m->man.layer_files[i] : m->man.mtp_file;
     snprintf(buf, n, "%s/%s", m->dir, rel);
     return buf;
@@ -49,7 +49,7 @@ static int map_experts(tern_model *m, tern_error *err) {
     if (!m->expert_maps) return tern_fail(err, "out of memory");
     for (int i = 0; i < nf; i++) {
         char path[4096];
-        tern_model_expert_path(m, i, path, sizeof path);
+        expert_path(m, i, path, sizeof path);
         int fd = tern_file_open(path, O_NOFOLLOW, err);
         if (fd < 0) return -1;
         struct stat st;
@@ -70,6 +70,23 @@ static int map_experts(tern_model *m, tern_error *err) {
     return 0;
 }
 
+tern_expert_cache *tern_model_expert_reader(const tern_model *m, int n_files, int slots, int policy, int io_threads,
+                                            tern_error *err) {
+    char (*paths)[4096] = malloc((size_t)n_files * sizeof *paths);
+    const char **pp = malloc((size_t)n_files * sizeof *pp);
+    tern_expert_cache *c = NULL;
+    if (paths && pp) {
+        for (int i = 0; i < n_files; i++) pp[i] = expert_path(m, i, paths[i], sizeof paths[i]);
+        tern_expert_cache_params cp = {n_files, pp, m->man.n_experts, m->man.stride, slots, policy, io_threads};
+        c = tern_expert_cache_create(&cp, err);
+    } else {
+        tern_fail(err, "out of memory");
+    }
+    free(paths);
+    free(pp);
+    return c;
+}
+
 static int start_streaming(tern_model *m, const tern_load_params *p, tern_error *err) {
     int nf = expert_file_count(m);
     uint64_t per_slot;
@@ -82,21 +99,8 @@ static int start_streaming(tern_model *m, const tern_load_params *p, tern_error 
                          (unsigned long long)p->expert_budget, (unsigned long long)slots, m->cfg.top_k,
                          (unsigned long long)(per_slot * m->cfg.top_k));
     if (slots > (uint64_t)m->man.n_experts) slots = (uint64_t)m->man.n_experts;
-    char (*paths)[4096] = malloc((size_t)nf * sizeof *paths);
-    const char **pp = malloc((size_t)nf * sizeof *pp);
-    int rc = -1;
-    if (paths && pp) {
-        for (int i = 0; i < nf; i++) pp[i] = tern_model_expert_path(m, i, paths[i], sizeof paths[i]);
-        tern_expert_cache_params cp = {nf, pp, m->man.n_experts, m->man.stride, (int)slots,
-                                       p->expert_policy, p->io_threads};
-        m->experts = tern_expert_cache_create(&cp, err);
-        rc = m->experts ? 0 : -1;
-    } else {
-        tern_fail(err, "out of memory");
-    }
-    free(paths);
-    free(pp);
-    return rc;
+    m->experts = tern_model_expert_reader(m, nf, (int)slots, p->expert_policy, p->io_threads, err);
+    return m->experts ? 0 : -1;
 }
 
 int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err) {
