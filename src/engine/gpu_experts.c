@@ -498,13 +498,15 @@ static int disk_ready(const tern_session *s, int f, int T, tern_cuda_experts *ex
                               "(tern_load_params.serial_sessions)");
     if (tern_cuda_sync(gs->stream, err) || tern_cuda_download(gs->host_ids, gs->ids, (size_t)nk * sizeof(int32_t), err))
         return -1;
+    for (int i = 0; i < nk; i++)
+        if (gs->host_ids[i] < 0 || gs->host_ids[i] >= sc->E)
+            return tern_fail(err, "layer %d: the router chose expert %d of %d", f, gs->host_ids[i], sc->E);
     float *score = sc->score + (size_t)f * sc->E;
     const int *slot_of = sc->slot_of + (size_t)f * sc->E;
     if (f == 0 && ++sc->readings % COUNT_STEPS == 0 && !sc->lru)
         for (size_t i = 0; i < (size_t)sc->n_files * sc->E; i++) sc->score[i] *= DECAY;
     for (int i = 0; i < nk; i++) {
         int e = gs->host_ids[i];
-        if (e < 0 || e >= sc->E) return tern_fail(err, "layer %d: the router chose expert %d of %d", f, e, sc->E);
         if (slot_of[e] >= 0) sc->hits++;
         else sc->misses++;
         score[e] = sc->lru ? (float)sc->readings : score[e] + 1.0f;
