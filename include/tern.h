@@ -156,6 +156,15 @@ void tern_session_destroy(tern_session *s);
 int tern_session_eval(tern_session *s, const int32_t *tokens, int n,
                       float *logits, int all_logits, tern_error *err);
 
+/* One step for n_seq distinct sessions of the same model together:
+ * session s[i] appends its n[i] tokens tokens[i] (prefill chunks and decode
+ * steps may mix), and logits + i * vocab gets the logits of its last token
+ * (logits may be NULL). Each session's result is the one tern_session_eval
+ * gives alone; on the CPU the projections and the experts run over all the
+ * tokens at once. Every session is checked before any moves. */
+int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                           float *logits, tern_error *err);
+
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
 

@@ -42,7 +42,7 @@ MUTATIONS = {
         ("src/cpu/moe.c", "if (renorm)", "if (0)"),
     ],
     "shared_expert_sigmoid_gate": [
-        ("src/engine/forward.c", "float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, sg, H));", "float s = 1.0f;"),
+        ("src/engine/forward.c", "float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, gw, H));", "float s = 1.0f;"),
     ],
     "gdn_qk_l2norm": [
         ("src/cpu/gdn.c", "            tern_l2norm(qh, dk);\n", ""),

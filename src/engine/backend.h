@@ -46,6 +46,10 @@ typedef struct tern_backend {
     /* tern_forward's step: T checked tokens at s->pos, the rows reserved. */
     int (*forward)(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                    float *hidden_out, tern_error *err);
+    /* Several sessions' steps in one pass (tern_session_eval_many, each
+     * checked and its rows reserved); NULL: one after another. */
+    int (*forward_many)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                        float *logits, tern_error *err);
     /* tern_mtp_forward's head (fails where it does not run). */
     int (*mtp_forward)(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
                        tern_error *err);

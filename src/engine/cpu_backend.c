@@ -138,6 +138,17 @@ static int cpu_wait(tern_error *err) { return 0; }
  * the GDN chunk keeps the chunk boundaries where one long call puts them. */
 #define EVAL_PIECE 512
 
+static int cpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                            float *logits, tern_error *err) {
+    tern_cpu_seq *q = malloc((size_t)n_seq * sizeof *q);
+    if (!q) return tern_fail(err, "out of memory");
+    size_t V = (size_t)s[0]->m->cfg.vocab;
+    for (int i = 0; i < n_seq; i++) q[i] = (tern_cpu_seq){s[i], tokens[i], n[i], logits ? logits + i * V : NULL, 0, NULL};
+    int rc = tern_cpu_forward_many(q, n_seq, err);
+    free(q);
+    return rc;
+}
+
 const tern_backend tern_cpu_backend = {
     .kv_bits = 32,
     .eval_piece = EVAL_PIECE,
@@ -146,6 +157,7 @@ const tern_backend tern_cpu_backend = {
     .reset = cpu_reset,
     .reserve = cpu_reserve,
     .forward = tern_cpu_forward,
+    .forward_many = cpu_forward_many,
     .mtp_forward = tern_cpu_mtp_forward,
     .sample_ok = cpu_sample_ok,
     .forward_sample = cpu_forward_sample,

@@ -33,6 +33,27 @@ static inline size_t q_at(int t, int h, int nh, int hd) { return ((size_t)t * nh
 static inline size_t gate_at(int t, int h, int nh, int hd) { return q_at(t, h, nh, hd) + hd; }
 static inline size_t q_head_stride(int hd) { return (size_t)2 * hd; }
 
+/* Where a session's routing observer (tern_session_set_route_observer)
+ * hears of each token's experts. */
+typedef struct {
+    tern_route_fn fn;
+    void *ud;
+} route_obs;
+
+/* One sequence's rows of a forward call and its state in the layer at
+ * hand: rows [t0, t0 + n) sit at positions pos0.. of the sequence whose
+ * attention rows are kv (format f) or whose DeltaNet state is gs. The
+ * projections, the norms and the experts run over the rows of every
+ * sequence at once; attention and the delta rule over each its own. */
+typedef struct {
+    int t0, n, pos0;
+    tern_kv *kv;
+    const tern_kv_format *f;
+    tern_gdn_state *gs;
+    int gdn_mode;
+    route_obs obs;
+} seg;
+
 typedef struct {
     const tern_model *m;
     const float *qg;          /* [T, n_heads, 2, head_dim] query | gate per head */
@@ -84,33 +105,42 @@ static void store_row(const tern_kv_format *f, const float *x, uint8_t *dst) {
     else tern_kv_quantize_row(&f->q, x, dst);
 }
 
-static void attn_block(tern_model *m, const tern_attn_w *w, const float *xn, int T, int pos0, tern_kv *kv,
-                       const tern_kv_format *f, float *out) {
+/* Queries and keys normed and rotated, the rows stored, then each query
+ * attends over its sequence's cached rows. */
+static void attn_seg(tern_model *m, const tern_attn_w *w, float *qg, float *k, float *v, const seg *q, float *o) {
     const tern_config *c = &m->cfg;
     int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, row = nkv * hd;
+    for (int t = q->t0; t < q->t0 + q->n; t++) {
+        int pos = q->pos0 + t - q->t0;
+        for (int h = 0; h < nh; h++) {
+            float *qh = qg + q_at(t, h, nh, hd);
+            tern_rmsnorm_1p(qh, qh, w->q_norm, hd, c->norm_eps);
+            tern_rope(qh, c->rope_dim, m->inv_freq, pos);
+        }
+        for (int g = 0; g < nkv; g++) {
+            float *kh = k + (size_t)t * row + (size_t)g * hd;
+            tern_rmsnorm_1p(kh, kh, w->k_norm, hd, c->norm_eps);
+            tern_rope(kh, c->rope_dim, m->inv_freq, pos);
+        }
+        store_row(q->f, k + (size_t)t * row, q->kv->k + (size_t)pos * q->f->row_bytes);
+        store_row(q->f, v + (size_t)t * row, q->kv->v + (size_t)pos * q->f->row_bytes);
+    }
+    attend_job job = {m, qg + q_at(q->t0, 0, nh, hd), q->kv, q->f, q->pos0, o + (size_t)q->t0 * nh * hd};
+    if (q->f->bits == 32) tern_pool_for(m->pool, (int64_t)q->n * nh, attend_f32, &job);
+    else tern_pool_for(m->pool, (int64_t)q->n * nkv, attend_quant, &job);
+}
+
+static void attn_block(tern_model *m, const tern_attn_w *w, const float *xn, int T, const seg *sg, int n_seg,
+                       float *out) {
+    const tern_config *c = &m->cfg;
+    int hd = c->head_dim, nh = c->n_heads, row = c->n_kv_heads * hd;
     float *qg = tern_scratch_f((size_t)T * nh * 2 * hd);
     float *k = tern_scratch_f((size_t)T * row), *v = tern_scratch_f((size_t)T * row);
     tern_mm(m, qg, xn, T, &w->q);
     tern_mm(m, k, xn, T, &w->k);
     tern_mm(m, v, xn, T, &w->v);
-    for (int t = 0; t < T; t++) {
-        for (int h = 0; h < nh; h++) {
-            float *q = qg + q_at(t, h, nh, hd);
-            tern_rmsnorm_1p(q, q, w->q_norm, hd, c->norm_eps);
-            tern_rope(q, c->rope_dim, m->inv_freq, pos0 + t);
-        }
-        for (int g = 0; g < nkv; g++) {
-            float *kh = k + (size_t)t * row + (size_t)g * hd;
-            tern_rmsnorm_1p(kh, kh, w->k_norm, hd, c->norm_eps);
-            tern_rope(kh, c->rope_dim, m->inv_freq, pos0 + t);
-        }
-        store_row(f, k + (size_t)t * row, kv->k + (size_t)(pos0 + t) * f->row_bytes);
-        store_row(f, v + (size_t)t * row, kv->v + (size_t)(pos0 + t) * f->row_bytes);
-    }
     float *o = tern_scratch_f((size_t)T * nh * hd);
-    attend_job job = {m, qg, kv, f, pos0, o};
-    if (f->bits == 32) tern_pool_for(m->pool, (int64_t)T * nh, attend_f32, &job);
-    else tern_pool_for(m->pool, (int64_t)T * nkv, attend_quant, &job);
+    for (int i = 0; i < n_seg; i++) attn_seg(m, w, qg, k, v, &sg[i], o);
     /* output gate: o * sigmoid(gate), per head */
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) {
@@ -138,7 +168,7 @@ static void gdn_heads(void *ctx, int64_t h0, int64_t h1) {
     else tern_gdn_chunked(&j->io, (int)h0, (int)h1, 64);
 }
 
-static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T, tern_gdn_state *st, int mode,
+static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T, const seg *sg, int n_seg,
                       float *out) {
     const tern_config *c = &m->cfg;
     int C = tern_cfg_gdn_conv_dim(c), kd = tern_cfg_gdn_key_dim(c), vd = tern_cfg_gdn_value_dim(c);
@@ -149,17 +179,24 @@ static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T
     tern_mm(m, z, xn, T, &w->z);
     tern_mm(m, b, xn, T, &w->b);
     tern_mm(m, a, xn, T, &w->a);
-    tern_gdn_conv(w->conv, st->conv, qkv, T, C, c->gdn_conv_kernel, conv);
+    for (int i = 0; i < n_seg; i++)
+        tern_gdn_conv(w->conv, sg[i].gs->conv, qkv + (size_t)sg[i].t0 * C, sg[i].n, C, c->gdn_conv_kernel,
+                      conv + (size_t)sg[i].t0 * C);
 
     /* q, k (L2-normed, q scaled), v heads; the decay g and the write strength beta */
     float *q = tern_scratch_f((size_t)T * kd), *k = tern_scratch_f((size_t)T * kd), *v = tern_scratch_f((size_t)T * vd);
     float *g = tern_scratch_f((size_t)T * nv), *beta = tern_scratch_f((size_t)T * nv);
     tern_gdn_inputs(conv, b, a, w->A_log, w->dt_bias, T, nk, nv, dk, dv, q, k, v, g, beta);
 
-    /* the delta rule, value heads spread over the pool */
+    /* the delta rule over each sequence's rows, value heads spread over the pool */
     float *o = tern_scratch_f((size_t)T * vd);
-    gdn_job job = {{T, nk, nv, dk, dv, q, k, v, g, beta, st->S, o}, mode};
-    tern_pool_for(m->pool, nv, gdn_heads, &job);
+    for (int i = 0; i < n_seg; i++) {
+        size_t t0 = (size_t)sg[i].t0;
+        gdn_job job = {{sg[i].n, nk, nv, dk, dv, q + t0 * kd, k + t0 * kd, v + t0 * vd, g + t0 * nv, beta + t0 * nv,
+                        sg[i].gs->S, o + t0 * vd},
+                       sg[i].gdn_mode};
+        tern_pool_for(m->pool, nv, gdn_heads, &job);
+    }
 
     tern_gdn_gated_norm(o, z, w->norm, (size_t)T * nv, dv, c->norm_eps);
     tern_mm(m, out, o, T, &w->out);
@@ -169,18 +206,10 @@ static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T
 
 /* ---- sparse MoE block (§2.6) --------------------------------------------- */
 
-/* Where a session's routing observer (tern_session_set_route_observer)
- * hears of each token's experts. */
-typedef struct {
-    tern_route_fn fn;
-    void *ud;
-    int layer, pos0;
-} route_obs;
-
 /* out = the routed experts (engine/experts_cpu.c) + sigmoid(x . w_sg) *
  * shared(x), per token. */
-static int moe_block(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, const route_obs *obs,
-                     tern_error *err) {
+static int moe_block(tern_model *m, const tern_moe_w *w, const float *xn, int T, float *out, int layer,
+                     const seg *sg, int n_seg, tern_error *err) {
     const tern_config *c = &m->cfg;
     int H = c->hidden, E = c->n_experts, K = c->top_k;
     float *probs = tern_scratch_f((size_t)T * E), *wt = tern_scratch_f((size_t)T * K);
@@ -189,37 +218,37 @@ static int moe_block(tern_model *m, const tern_moe_w *w, const float *xn, int T,
     tern_mm(m, probs, xn, T, &w->router);
     for (int t = 0; t < T; t++)
         tern_moe_topk(probs + (size_t)t * E, E, K, c->norm_topk, idx + (size_t)t * K, wt + (size_t)t * K);
-    if (obs && obs->fn)
-        for (int t = 0; t < T; t++) obs->fn(obs->ud, obs->layer, obs->pos0 + t, idx + (size_t)t * K, K);
+    for (int i = 0; i < n_seg; i++)
+        for (int t = sg[i].t0; sg[i].obs.fn && t < sg[i].t0 + sg[i].n; t++)
+            sg[i].obs.fn(sg[i].obs.ud, layer, sg[i].pos0 + t - sg[i].t0, idx + (size_t)t * K, K);
     int rc = tern_moe_routed(m, w, xn, T, idx, wt, out, err);
 
-    float *ye = tern_scratch_f((size_t)T * H), *sg = tern_scratch_f((size_t)H);
+    float *ye = tern_scratch_f((size_t)T * H), *gw = tern_scratch_f((size_t)H);
     tern_expert_ffn(m, &w->shared, xn, T, ye);
-    tern_mat_row(&w->shared_gate, 0, sg);
+    tern_mat_row(&w->shared_gate, 0, gw);
     for (int t = 0; t < T; t++) {
-        float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, sg, H));
+        float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, gw, H));
         for (int d = 0; d < H; d++) out[(size_t)t * H + d] += s * ye[(size_t)t * H + d];
     }
-    free(probs); free(wt); free(idx); free(ye); free(sg);
+    free(probs); free(wt); free(idx); free(ye); free(gw);
     return rc;
 }
 
 /* ---- the layer and the model (§2.1, §2.7) ------------------------------- */
 
-/* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention (kv
- * used) or Gated DeltaNet (gs used). */
-static int decoder_layer(tern_model *m, const tern_layer_w *L, float *x, int T, int pos0, tern_kv *kv,
-                         const tern_kv_format *f, tern_gdn_state *gs, int gdn_mode, const route_obs *obs,
+/* x [T, H] += mixer(norm(x)); x += moe(norm(x)). The mixer is attention
+ * (the segments' kv) or Gated DeltaNet (their gs). */
+static int decoder_layer(tern_model *m, const tern_layer_w *L, int layer, float *x, int T, const seg *sg, int n_seg,
                          tern_error *err) {
     int H = m->cfg.hidden;
     float eps = m->cfg.norm_eps;
     float *xn = tern_scratch_f((size_t)T * H), *out = tern_scratch_f((size_t)T * H);
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->in_norm, H, eps);
-    if (L->kind == TERN_LAYER_ATTN) attn_block(m, &L->attn, xn, T, pos0, kv, f, out);
-    else gdn_block(m, &L->gdn, xn, T, gs, gdn_mode, out);
+    if (L->kind == TERN_LAYER_ATTN) attn_block(m, &L->attn, xn, T, sg, n_seg, out);
+    else gdn_block(m, &L->gdn, xn, T, sg, n_seg, out);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     for (int t = 0; t < T; t++) tern_rmsnorm_1p(xn + (size_t)t * H, x + (size_t)t * H, L->post_norm, H, eps);
-    int rc = moe_block(m, &L->moe, xn, T, out, obs, err);
+    int rc = moe_block(m, &L->moe, xn, T, out, layer, sg, n_seg, err);
     for (size_t i = 0; i < (size_t)T * H; i++) x[i] += out[i];
     free(xn);
     free(out);
@@ -248,30 +277,52 @@ static void head(tern_model *m, const float *x, int T, float *logits, int all, f
     free(h);
 }
 
+int tern_cpu_forward_many(const tern_cpu_seq *q, int n_seq, tern_error *err) {
+    tern_model *m = q[0].s->m;
+    const tern_config *c = &m->cfg;
+    int H = c->hidden, T = 0;
+    seg *sg = malloc((size_t)n_seq * sizeof *sg);
+    if (!sg) return tern_fail(err, "out of memory");
+    for (int i = 0; i < n_seq; i++) {
+        tern_session *s = q[i].s;
+        sg[i] = (seg){T, q[i].n, s->pos, NULL, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}};
+        T += q[i].n;
+    }
+    float *x = tern_scratch_f((size_t)T * H);
+    for (int i = 0; i < n_seq; i++)
+        for (int t = 0; t < q[i].n; t++) tern_mat_row(&m->w.embed, q[i].tokens[t], x + (size_t)(sg[i].t0 + t) * H);
+    int rc = 0;
+    for (int l = 0; rc == 0 && l < c->n_layers; l++) {
+        for (int i = 0; i < n_seq; i++) {
+            tern_cpu_state *st = q[i].s->state;
+            sg[i].kv = &st->kv[l];
+            sg[i].gs = &st->gdn[l];
+        }
+        rc = decoder_layer(m, &m->w.layers[l], l, x, T, sg, n_seq, err);
+        for (int i = 0; rc == 0 && i < n_seq; i++)
+            if (q[i].s->hook) q[i].s->hook(q[i].s->hook_ctx, l, x + (size_t)sg[i].t0 * H, q[i].n);
+    }
+    for (int i = 0; i < n_seq; i++) {
+        tern_session *s = q[i].s;
+        /* an expert read failed mid-step: the state is partly advanced, so
+         * the session is unusable until restored or reset */
+        if (rc) {
+            s->broken = 1;
+            continue;
+        }
+        head(m, x + (size_t)sg[i].t0 * H, q[i].n, q[i].logits, q[i].all_logits, q[i].hidden_out, s->hidden);
+        s->has_hidden = 1;
+        s->pos += q[i].n;
+    }
+    free(x);
+    free(sg);
+    return rc;
+}
+
 int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      float *hidden_out, tern_error *err) {
-    tern_model *m = s->m;
-    const tern_config *c = &m->cfg;
-    tern_cpu_state *st = s->state;
-    int H = c->hidden;
-    float *x = tern_scratch_f((size_t)T * H);
-    for (int t = 0; t < T; t++) tern_mat_row(&m->w.embed, tokens[t], x + (size_t)t * H);
-    for (int l = 0; l < c->n_layers; l++) {
-        route_obs obs = {s->route_fn, s->route_ud, l, s->pos};
-        if (decoder_layer(m, &m->w.layers[l], x, T, s->pos, &st->kv[l], &s->kvf, &st->gdn[l], s->gdn_mode, &obs, err)) {
-            /* An expert read failed mid-step: the session state is now
-             * partly advanced, so it is unusable until restored or reset. */
-            free(x);
-            s->broken = 1;
-            return -1;
-        }
-        if (s->hook) s->hook(s->hook_ctx, l, x, T);
-    }
-    head(m, x, T, logits, all_logits, hidden_out, s->hidden);
-    s->has_hidden = 1;
-    s->pos += T;
-    free(x);
-    return 0;
+    tern_cpu_seq q = {s, tokens, T, logits, all_logits, hidden_out};
+    return tern_cpu_forward_many(&q, 1, err);
 }
 
 /* ---- MTP block (§2.8) ---------------------------------------------------- */
@@ -296,8 +347,8 @@ int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *ne
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
     tern_mm(m, x, cat, n, &w->fc);
-    route_obs obs = {s->route_fn, s->route_ud, m->cfg.n_layers, s->mtp_pos};
-    if (decoder_layer(m, &w->layer, x, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, &obs, err)) {
+    seg sg = {0, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}};
+    if (decoder_layer(m, &w->layer, m->cfg.n_layers, x, n, &sg, 1, err)) {
         free(cat);
         free(x);
         s->broken = 1;

@@ -151,6 +151,28 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logi
     return 0;
 }
 
+int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                           float *logits, tern_error *err) {
+    if (n_seq <= 0) return tern_fail(err, "no sessions to evaluate");
+    for (int i = 0; i < n_seq; i++) {
+        if (!s[i]) return tern_fail(err, "session %d is NULL", i);
+        if (s[i]->m != s[0]->m) return tern_fail(err, "session %d belongs to another model than session 0", i);
+        for (int j = 0; j < i; j++)
+            if (s[j] == s[i]) return tern_fail(err, "session %d is also session %d", i, j);
+        if (tern_session_sample_in_flight(s[i]) > 0) return tern_fail(err, "session %d: a step is still in flight", i);
+        if (can_eval(s[i], n[i], err) || tern_check_tokens(&s[i]->m->cfg, tokens[i], n[i], err) ||
+            tern_session_reserve_rows(s[i], s[i]->pos + n[i], err)) {
+            tern_err_prefix(err, "session %d", i);
+            return -1;
+        }
+    }
+    size_t V = (size_t)s[0]->m->cfg.vocab;
+    if (s[0]->be->forward_many) return s[0]->be->forward_many(s, tokens, n, n_seq, logits, err);
+    for (int i = 0; i < n_seq; i++)
+        if (s[i]->be->forward(s[i], tokens[i], n[i], logits ? logits + (size_t)i * V : NULL, 0, NULL, err)) return -1;
+    return 0;
+}
+
 int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, tern_error *err) {
     if (!s->has_hidden) return tern_fail(err, "MTP draft needs at least one evaluated token");
     return tern_mtp_forward(s, s->hidden, &next_token, 1, logits, err);

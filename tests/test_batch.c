@@ -1,0 +1,194 @@
+/* Several sessions in one forward pass (tern_session_eval_many): each
+ * session's logits are bit for bit the ones it gets alone, whatever else
+ * shares the step: prefill chunks beside decode steps, sessions joining
+ * and leaving, different KV precisions, and experts streamed through a
+ * slot cache. Bad calls are refused before any session moves. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "synth/synth.h"
+#include "tern.h"
+#include "testutil.h"
+
+#define SEQS 4
+#define STEPS 12
+#define PROMPT_MAX 40
+
+typedef struct {
+    int32_t prompt[PROMPT_MAX];
+    int n_prompt, start, stop;   /* joins at step `start`, leaves after step `stop` */
+    int chunk;                   /* prompt tokens per step while it prefills */
+    int kv_bits;
+} plan;
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+static void make_plans(plan *p, int V) {
+    static const int len[SEQS] = {5, 33, 1, 17}, start[SEQS] = {0, 0, 3, 5}, stop[SEQS] = {STEPS, 7, STEPS, 10};
+    static const int chunk[SEQS] = {5, 8, 1, 17}, bits[SEQS] = {16, 8, 32, 16};
+    for (int i = 0; i < SEQS; i++) {
+        p[i] = (plan){.n_prompt = len[i], .start = start[i], .stop = stop[i], .chunk = chunk[i], .kv_bits = bits[i]};
+        for (int t = 0; t < len[i]; t++) p[i].prompt[t] = (int32_t)((t * 7919 + i * 131 + 5) % V);
+    }
+}
+
+/* The logits of every step session i takes, run alone: its prompt in the
+ * plan's chunks, then greedy decode steps (each step's last logits). */
+static float *alone(tern_model *m, const plan *p, int V, int *n_steps) {
+    tern_error err;
+    tern_session_params sp = {.kv_bits = p->kv_bits};
+    tern_session *s = tern_session_create(m, &sp, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    float *out = malloc((size_t)(STEPS + 1) * V * sizeof *out);
+    int k = 0, done = 0;
+    for (int step = p->start; step <= p->stop; step++, k++) {
+        float *lg = out + (size_t)k * V;
+        if (done < p->n_prompt) {
+            int n = p->n_prompt - done < p->chunk ? p->n_prompt - done : p->chunk;
+            cr_assert_eq(tern_session_eval(s, p->prompt + done, n, lg, 0, &err), 0, "%s", err.msg);
+            done += n;
+        } else {
+            int32_t next = argmax(lg - V, V);
+            cr_assert_eq(tern_session_eval(s, &next, 1, lg, 0, &err), 0, "%s", err.msg);
+        }
+    }
+    *n_steps = k;
+    tern_session_destroy(s);
+    return out;
+}
+
+static void check_model(tern_model *m) {
+    int V = tern_model_vocab_size(m);
+    plan p[SEQS];
+    make_plans(p, V);
+    float *ref[SEQS];
+    int n_ref[SEQS];
+    for (int i = 0; i < SEQS; i++) ref[i] = alone(m, &p[i], V, &n_ref[i]);
+
+    tern_error err;
+    tern_session *s[SEQS];
+    float *mine[SEQS];
+    int done[SEQS] = {0}, k[SEQS] = {0};
+    for (int i = 0; i < SEQS; i++) {
+        tern_session_params sp = {.kv_bits = p[i].kv_bits};
+        s[i] = tern_session_create(m, &sp, &err);
+        cr_assert_not_null(s[i], "%s", err.msg);
+        mine[i] = malloc((size_t)(STEPS + 1) * V * sizeof(float));
+    }
+    float *logits = malloc((size_t)SEQS * V * sizeof *logits);
+    for (int step = 0; step <= STEPS; step++) {
+        tern_session *in[SEQS];
+        const int32_t *tok[SEQS];
+        int32_t next[SEQS];
+        int n[SEQS], who[SEQS], b = 0;
+        for (int i = 0; i < SEQS; i++) {
+            if (step < p[i].start || step > p[i].stop) continue;
+            if (done[i] < p[i].n_prompt) {
+                n[b] = p[i].n_prompt - done[i] < p[i].chunk ? p[i].n_prompt - done[i] : p[i].chunk;
+                tok[b] = p[i].prompt + done[i];
+                done[i] += n[b];
+            } else {
+                next[i] = argmax(mine[i] + (size_t)(k[i] - 1) * V, V);
+                n[b] = 1;
+                tok[b] = &next[i];
+            }
+            in[b] = s[i];
+            who[b++] = i;
+        }
+        if (!b) continue;
+        cr_assert_eq(tern_session_eval_many(in, tok, n, b, logits, &err), 0, "step %d: %s", step, err.msg);
+        for (int j = 0; j < b; j++) {
+            int i = who[j];
+            memcpy(mine[i] + (size_t)k[i]++ * V, logits + (size_t)j * V, (size_t)V * sizeof(float));
+        }
+    }
+    for (int i = 0; i < SEQS; i++) {
+        cr_assert_eq(k[i], n_ref[i], "session %d took %d steps, %d alone", i, k[i], n_ref[i]);
+        for (int t = 0; t < k[i]; t++)
+            cr_assert(!memcmp(mine[i] + (size_t)t * V, ref[i] + (size_t)t * V, (size_t)V * sizeof(float)),
+                      "session %d, its step %d: the logits differ from the ones it gets alone", i, t);
+        cr_assert_eq(tern_session_pos(s[i]), p[i].n_prompt + k[i] - (p[i].n_prompt + p[i].chunk - 1) / p[i].chunk);
+        tern_session_destroy(s[i]);
+        free(mine[i]);
+        free(ref[i]);
+    }
+    free(logits);
+}
+
+Test(batch, sessions_together_give_their_own_logits) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    check_model(m);
+    tern_model_free(m);
+}
+
+/* The same through a slot cache of top_k + 1 experts per layer (the
+ * synthetic small shape: 16 experts, top 4), so a step's experts come in
+ * waves that depend on what the other sessions chose. */
+Test(batch, streamed_experts_give_their_own_logits) {
+    char *tmp = make_temp_dir(), dst[1200], path[1300];
+    snprintf(dst, sizeof dst, "%s/model", tmp);
+    tern_synth_params sp = {.shape = "small", .routing = "prose", .bits = 4, .dst = dst, .n_threads = 2};
+    tern_error err;
+    cr_assert_eq(tern_synth(&sp, &err), 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/manifest.json", dst);
+    json_t *man = json_load_file(path, 0, NULL), *ex = json_object_get(man, "experts");
+    uint64_t stride = (uint64_t)json_integer_value(json_object_get(ex, "stride"));
+    uint64_t files = json_array_size(json_object_get(ex, "layers"));
+    json_decref(man);
+    cr_assert(stride && files);
+    tern_load_params lp = {.n_threads = 2, .expert_budget = stride * files * 5};
+    tern_model *m = tern_model_load(dst, &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    check_model(m);
+    tern_model_free(m);
+    rm_rf(tmp);
+    free(tmp);
+}
+
+Test(batch, bad_calls_are_refused_before_any_session_moves) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    tern_model *m2 = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m2, "%s", err.msg);
+    tern_session *a = tern_session_create(m, NULL, &err), *b = tern_session_create(m, NULL, &err);
+    tern_session *c = tern_session_create(m2, NULL, &err);
+    cr_assert(a && b && c);
+    int32_t ok[2] = {3, 4}, bad[1] = {1 << 30};
+    const int32_t *tok[2] = {ok, bad};
+    int n[2] = {2, 1};
+    tern_session *two[2] = {a, b};
+    cr_assert_neq(tern_session_eval_many(two, tok, n, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "session 1") && strstr(err.msg, "out of range"), "%s", err.msg);
+    cr_assert_eq(tern_session_pos(a), 0, "session 0 moved though session 1 was refused");
+    tok[1] = ok;
+    tern_session *same[2] = {a, a};
+    cr_assert_neq(tern_session_eval_many(same, tok, n, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "session 1 is also session 0"), "%s", err.msg);
+    tern_session *mixed[2] = {a, c};
+    cr_assert_neq(tern_session_eval_many(mixed, tok, n, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "another model"), "%s", err.msg);
+    int zero[2] = {2, 0};
+    cr_assert_neq(tern_session_eval_many(two, tok, zero, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "no tokens"), "%s", err.msg);
+    cr_assert_neq(tern_session_eval_many(two, tok, n, 0, NULL, &err), 0);
+    cr_assert_eq(tern_session_eval_many(two, tok, n, 2, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_pos(a), 2);
+    cr_assert_eq(tern_session_pos(b), 1);
+    tern_session_destroy(a);
+    tern_session_destroy(b);
+    tern_session_destroy(c);
+    tern_model_free(m);
+    tern_model_free(m2);
+}
