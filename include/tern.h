@@ -437,6 +437,22 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
                   const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_gen_stats *stats,
                   tern_error *err);
 
+/* The same generation in steps, for a caller that evaluates several
+ * sessions together (tern_session_eval_many); it samples on the CPU from
+ * the logits the caller passes. create takes what tern_generate takes (p
+ * and prompt must outlive the generation); input gives the tokens to
+ * evaluate next (the prompt, then each sampled token, the last one too)
+ * and 0 once the generation is over; take consumes the logits of their
+ * last token (sampling, streaming the text, checking the stops); end
+ * flushes the held-back text unless a step failed (ok 0), gives the
+ * statistics and frees. */
+typedef struct tern_gen tern_gen;
+tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                          const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err);
+int tern_gen_input(const tern_gen *g, const int32_t **tokens);
+int tern_gen_take(tern_gen *g, const float *logits, tern_error *err);
+void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats);
+
 /* ---- output parsing ----------------------------------------------------- */
 
 /* Splits generated text into reasoning, answer and tool calls, streamed:

@@ -192,3 +192,99 @@ Test(batch, bad_calls_are_refused_before_any_session_moves) {
     tern_model_free(m);
     tern_model_free(m2);
 }
+
+/* ---- generations in steps, batched ---------------------------------------- */
+
+typedef struct {
+    int32_t ids[64];
+    int n;
+    char text[4096];
+    size_t len;
+} gen_out;
+
+static void collect_id(void *ctx, int32_t id) {
+    gen_out *o = ctx;
+    if (o->n < 64) o->ids[o->n++] = id;
+}
+
+static int collect_text(void *ctx, const char *text, size_t len) {
+    gen_out *o = ctx;
+    if (o->len + len < sizeof o->text) memcpy(o->text + o->len, text, len), o->len += len;
+    return 0;
+}
+
+/* Three sampled generations (own seeds, penalties, lengths, a stop
+ * string) run as tern_gen steps through tern_session_eval_many, sessions
+ * finishing at different steps: each gives the ids, the text and the stop
+ * reason tern_generate gives alone. */
+Test(batch, generations_in_steps_match_tern_generate) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    tern_tokenizer *tok = tern_tokenizer_load(fixture_dir("tern_tiny"), &err);
+    cr_assert_not_null(tok, "%s", err.msg);
+    enum { G = 3 };
+    static const int32_t prompts[G][6] = {{11, 400, 23, 999, 5, 17}, {7, 8, 9, 10, 11, 12}, {300, 2, 44, 81, 6, 90}};
+    static const char *stops[] = {"the"};
+    tern_gen_params p[G];
+    for (int i = 0; i < G; i++) {
+        p[i] = (tern_gen_params){.n_predict = 12 + 9 * i, .ignore_eos = i != 1, .on_token = collect_id};
+        p[i].sampling = (tern_sampler_params){.do_sample = 1, .temperature = 1.0f, .top_k = 40, .top_p = 0.9f,
+                                              .repetition_penalty = i == 2 ? 1.3f : 1.0f, .seed = 100 + (uint64_t)i};
+        if (i == 1) p[i].stop = stops, p[i].n_stop = 1;
+    }
+    gen_out alone[G] = {0}, mine[G] = {0};
+    tern_gen_stats st_alone[G], st_mine[G];
+    for (int i = 0; i < G; i++) {
+        tern_session *s = tern_session_create(m, NULL, &err);
+        cr_assert_not_null(s, "%s", err.msg);
+        cr_assert_eq(tern_generate(s, tok, prompts[i], 6, &p[i], collect_text, &alone[i], &st_alone[i], &err), 0,
+                     "%s", err.msg);
+        tern_session_destroy(s);
+    }
+    tern_session *s[G];
+    tern_gen *g[G];
+    for (int i = 0; i < G; i++) {
+        s[i] = tern_session_create(m, NULL, &err);
+        cr_assert_not_null(s[i], "%s", err.msg);
+        g[i] = tern_gen_create(s[i], tok, prompts[i], 6, &p[i], collect_text, &mine[i], &err);
+        cr_assert_not_null(g[i], "%s", err.msg);
+    }
+    int V = tern_model_vocab_size(m);
+    float *logits = malloc((size_t)G * V * sizeof *logits);
+    for (int running = G; running > 0;) {
+        tern_session *in[G];
+        const int32_t *tokens[G];
+        int n[G], who[G], b = 0;
+        for (int i = 0; i < G; i++) {
+            if (!g[i] || !(n[b] = tern_gen_input(g[i], &tokens[b]))) continue;
+            in[b] = s[i];
+            who[b++] = i;
+        }
+        for (int i = 0; i < G; i++)
+            if (g[i] && !tern_gen_input(g[i], &(const int32_t *){NULL})) {
+                tern_gen_end(g[i], 1, &st_mine[i]);
+                g[i] = NULL;
+                running--;
+            }
+        if (!b) continue;
+        cr_assert_eq(tern_session_eval_many(in, tokens, n, b, logits, &err), 0, "%s", err.msg);
+        for (int j = 0; j < b; j++)
+            cr_assert_eq(tern_gen_take(g[who[j]], logits + (size_t)j * V, &err), 0, "%s", err.msg);
+    }
+    for (int i = 0; i < G; i++) {
+        cr_assert_eq(mine[i].n, alone[i].n, "generation %d: %d ids in steps, %d alone", i, mine[i].n, alone[i].n);
+        cr_assert(!memcmp(mine[i].ids, alone[i].ids, (size_t)alone[i].n * sizeof(int32_t)), "generation %d: ids differ",
+                  i);
+        cr_assert_eq(mine[i].len, alone[i].len, "generation %d: text lengths differ", i);
+        cr_assert(!memcmp(mine[i].text, alone[i].text, alone[i].len), "generation %d: texts differ", i);
+        cr_assert_eq(st_mine[i].stop_reason, st_alone[i].stop_reason, "generation %d", i);
+        cr_assert_eq(st_mine[i].n_generated, st_alone[i].n_generated, "generation %d", i);
+        cr_assert_eq(tern_session_pos(s[i]), 6 + alone[i].n, "generation %d: every sampled id is evaluated", i);
+        tern_session_destroy(s[i]);
+    }
+    free(logits);
+    tern_tokenizer_free(tok);
+    tern_model_free(m);
+}

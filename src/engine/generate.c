@@ -109,30 +109,25 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
  * candidate is left). */
 static double next_u(gen_state *g) { return g->gpu.r.greedy ? 0.0 : tern_sampler_next_uniform(g->sampler); }
 
-/* The next id: the CPU sampler over the host logits, or the id the GPU
- * drew with the last step. */
-static int32_t next_id(gen_state *g, int32_t drawn, tern_error *err) {
-    if (!g->gpu.on) return tern_sampler_sample(g->sampler, g->logits, g->history, g->n_history, err);
+/* The GPU's next id: the one it drew with the last step. */
+static int32_t next_id(int32_t drawn, tern_error *err) {
     return drawn >= 0 ? drawn : tern_fail(err, "GPU sampling: no id was drawn");
 }
 
-/* Evaluates one token. On the GPU the step always draws the next id too:
- * one launch per token, and always the same captured graphs (a step
+/* Evaluates one token on the GPU, whose step always draws the next id
+ * too: one launch per token, and always the same captured graphs (a step
  * without the draw would be another graph, captured anew whenever the loop
- * switched between them); a draw the loop does not take is dropped. There
- * the step is only launched: the loop waits for its draw (gen_wait). On
- * the CPU the logits come to the host when another token may follow. */
-static int eval_id(gen_state *g, tern_session *s, int32_t id, int need_logits, tern_error *err) {
-    if (g->gpu.on) return tern_session_sample_launch(s, id, &g->gpu.r, next_u(g), err);
-    return tern_session_eval(s, &id, 1, need_logits ? g->logits : NULL, 0, err);
+ * switched between them); a draw the loop does not take is dropped. The
+ * step is only launched: the loop waits for its draw (gen_wait). */
+static int eval_id(gen_state *g, tern_session *s, int32_t id, tern_error *err) {
+    return tern_session_sample_launch(s, id, &g->gpu.r, next_u(g), err);
 }
 
-/* The prompt; on the GPU its last token goes through eval_id's step, whose
- * draw is the first id. */
+/* The prompt; its last token goes through eval_id's step, whose draw is
+ * the first id. */
 static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int n, tern_error *err) {
-    if (!g->gpu.on) return tern_session_eval(s, prompt, n, g->logits, 0, err);
     if (n > 1 && tern_session_eval(s, prompt, n - 1, NULL, 0, err)) return -1;
-    return eval_id(g, s, prompt[n - 1], 1, err);
+    return eval_id(g, s, prompt[n - 1], err);
 }
 
 /* The log-probabilities of id under the sampler's distribution before
@@ -185,7 +180,7 @@ static int gen_wait(gen_state *g, tern_session *s, const tern_gen_params *p, int
     int why;
     *ahead = 0;
     if (!limit_reached(p, s, n_generated, tern_session_pos(s), &why)) {
-        if (eval_id(g, s, -1, 1, err)) return -1;
+        if (eval_id(g, s, -1, err)) return -1;
         *ahead = 1;
     }
     return tern_session_sample_wait(s, drawn, err);
@@ -198,51 +193,172 @@ static void gen_drain(tern_session *s) {
     while (tern_session_sample_in_flight(s) > 0 && tern_session_sample_wait(s, &id, &e) == 0) {}
 }
 
+/* ---- generation in steps: the host's logits, the CPU sampler ------------- */
+
+enum { GEN_PROMPT, GEN_NEXT, GEN_DONE };
+
+struct tern_gen {
+    gen_state g;
+    tern_session *s;
+    tern_gen_params p;
+    tern_text_fn on_text;
+    void *ctx;
+    const int32_t *prompt;
+    int n_prompt, phase;
+    int32_t next;             /* the sampled id to evaluate next */
+    int last;                 /* next ended the generation: evaluated, then done */
+    int reason;
+    double t0, t1;
+    tern_gen_stats st;
+};
+
+static tern_gen *gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                            const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
+    if (n_prompt == 0) {
+        tern_fail(err, "generation needs at least one prompt token");
+        return NULL;
+    }
+    tern_gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
+    *g = (tern_gen){.s = s, .p = *p, .on_text = on_text, .ctx = ctx, .prompt = prompt, .n_prompt = (int)n_prompt,
+                    .reason = TERN_STOP_LENGTH, .t0 = tern_now_s()};
+    g->st = (tern_gen_stats){.n_prompt = (int)n_prompt, .last_token = -1, .stop_index = -1};
+    if (gen_init(&g->g, s, tok, prompt, n_prompt, p, err)) {
+        gen_free(&g->g);
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                          const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
+    tern_gen *g = gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
+    if (g) g->g.gpu.on = 0;
+    return g;
+}
+
+int tern_gen_input(const tern_gen *g, const int32_t **tokens) {
+    if (g->phase == GEN_PROMPT) *tokens = g->prompt;
+    else if (g->phase == GEN_NEXT) *tokens = &g->next;
+    else return 0;
+    return g->phase == GEN_PROMPT ? g->n_prompt : 1;
+}
+
+/* A generated id: counted, announced, its text streamed. 1 when it ends
+ * the generation (an EOS id: reason EOS; a stop string or the caller:
+ * emit's reason), 0 when not, -1 on an error. Every generated id still
+ * enters the session (the EOS too), so the next turn continues exactly
+ * what was generated. */
+static int accept(tern_gen *g, int32_t id, tern_error *err) {
+    gen_state *gs = &g->g;
+    const tern_gen_params *p = &g->p;
+    gs->history[gs->n_history++] = id;
+    g->st.n_generated++;
+    g->st.last_token = id;
+    if (p->on_token) p->on_token(g->ctx, id);
+    /* EOS ids from generation_config.json, else the model's config.json */
+    int eos = !p->ignore_eos && (p->sampling.n_eos ? tern_sampler_is_eos(&p->sampling, id)
+                                                   : tern_model_is_eos(g->s->m, id));
+    if (eos) {
+        g->reason = TERN_STOP_EOS;
+        return 1;
+    }
+    return emit(gs, id, g->on_text, g->ctx, &g->reason, &g->st.stop_index, err);
+}
+
+/* The next id from the host's logits, with its log-probabilities. */
+static int take_id(tern_gen *g, tern_error *err) {
+    gen_state *gs = &g->g;
+    int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
+    if (id < 0) return -1;
+    if (g->p.on_logprobs && report_logprobs(gs, &g->p, id, g->ctx, err)) return -1;
+    int end = accept(g, id, err);
+    if (end < 0) return -1;
+    g->next = id;
+    g->last = end;
+    g->phase = GEN_NEXT;
+    return 0;
+}
+
+int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
+    if (g->phase == GEN_DONE) return tern_fail(err, "the generation is over");
+    if (g->phase == GEN_PROMPT) g->t1 = tern_now_s();
+    if (g->last) {
+        g->phase = GEN_DONE;
+        return 0;
+    }
+    g->phase = GEN_DONE;
+    if (g->p.cancelled && g->p.cancelled(g->ctx)) {
+        g->reason = TERN_STOP_CALLER;
+        return 0;
+    }
+    if (limit_reached(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &g->reason)) return 0;
+    if (logits != g->g.logits) memcpy(g->g.logits, logits, (size_t)tern_model_vocab_size(g->s->m) * sizeof(float));
+    return take_id(g, err);
+}
+
+void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats) {
+    if (!g) return;
+    if (ok && g->reason != TERN_STOP_STRING && g->reason != TERN_STOP_CALLER) flush(&g->g, g->on_text, g->ctx);
+    double now = tern_now_s(), t1 = g->t1 ? g->t1 : now;
+    g->st.prefill_s = t1 - g->t0;
+    g->st.decode_s = now - t1;
+    g->st.stop_reason = g->reason;
+    if (g->reason != TERN_STOP_STRING) g->st.stop_index = -1;
+    if (stats) *stats = g->st;
+    gen_free(&g->g);
+    free(g);
+}
+
+/* ---- the loops ------------------------------------------------------------------ */
+
+/* Host logits: tern_gen's steps, one session. */
+static int step_loop(tern_gen *g, tern_error *err) {
+    const int32_t *tokens;
+    int n;
+    while ((n = tern_gen_input(g, &tokens)) > 0)
+        if (tern_session_eval(g->s, tokens, n, g->g.logits, 0, err) || tern_gen_take(g, g->g.logits, err)) return -1;
+    return 0;
+}
+
+/* Sampling on the GPU: the next id drawn in the step, one step launched
+ * ahead where the loop is sure to evaluate it. */
+static int gpu_loop(tern_gen *g, tern_error *err) {
+    gen_state *gs = &g->g;
+    tern_session *s = g->s;
+    const tern_gen_params *p = &g->p;
+    tern_gen_stats *stats = &g->st;
+    int rc = eval_prompt(gs, s, g->prompt, g->n_prompt, err);
+    g->t1 = tern_now_s();
+    while (rc == 0) {
+        if (p->cancelled && p->cancelled(g->ctx)) { g->reason = TERN_STOP_CALLER; break; }
+        int32_t drawn = -1;   /* the next id, drawn by the step in flight */
+        int ahead = 0;        /* and the step evaluating it launched already */
+        if (gen_wait(gs, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
+        if (limit_reached(p, s, stats->n_generated, tern_session_pos(s) - ahead, &g->reason)) break;
+        int32_t id = next_id(drawn, err);
+        int end = id < 0 ? -1 : accept(g, id, err);
+        if (end < 0) { rc = -1; break; }
+        if (!ahead) rc = eval_id(gs, s, id, err);
+        if (rc != 0 || end) break;
+    }
+    gen_drain(s);
+    return rc;
+}
+
 int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                   const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_gen_stats *stats,
                   tern_error *err) {
     memset(stats, 0, sizeof *stats);
     stats->last_token = -1;
     stats->stop_index = -1;
-    if (n_prompt == 0) return tern_fail(err, "generation needs at least one prompt token");
-    gen_state g;
-    int rc = gen_init(&g, s, tok, prompt, n_prompt, p, err);
-    double t0 = tern_now_s();
-    if (rc == 0) rc = eval_prompt(&g, s, prompt, (int)n_prompt, err);
-    double t1 = tern_now_s();
-    stats->n_prompt = (int)n_prompt;
-    stats->prefill_s = t1 - t0;
-    int reason = TERN_STOP_LENGTH;
-    while (rc == 0) {
-        if (p->cancelled && p->cancelled(ctx)) { reason = TERN_STOP_CALLER; break; }
-        int32_t drawn = -1;   /* on the GPU: the next id, drawn by the step in flight */
-        int ahead = 0;        /* and the step evaluating it launched already */
-        if (g.gpu.on && gen_wait(&g, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
-        if (limit_reached(p, s, stats->n_generated, tern_session_pos(s) - ahead, &reason)) break;
-        int32_t id = next_id(&g, drawn, err);
-        if (id < 0) { rc = -1; break; }
-        if (p->on_logprobs && report_logprobs(&g, p, id, ctx, err)) { rc = -1; break; }
-        g.history[g.n_history++] = id;
-        stats->n_generated++;
-        stats->last_token = id;
-        if (p->on_token) p->on_token(ctx, id);
-        /* EOS ids from generation_config.json, else the model's config.json */
-        int eos = !p->ignore_eos && (p->sampling.n_eos ? tern_sampler_is_eos(&p->sampling, id)
-                                                       : tern_model_is_eos(s->m, id));
-        int stop = eos ? 0 : emit(&g, id, on_text, ctx, &reason, &stats->stop_index, err);
-        if (stop < 0) { rc = -1; break; }
-        /* Every sampled token enters the session (the EOS too), so the next
-         * turn continues exactly what was generated. */
-        if (!ahead) rc = eval_id(&g, s, id, !eos && !stop, err);
-        if (rc != 0) break;
-        if (eos) { reason = TERN_STOP_EOS; break; }
-        if (stop) break;
-    }
-    gen_drain(s);
-    if (rc == 0 && reason != TERN_STOP_STRING && reason != TERN_STOP_CALLER) flush(&g, on_text, ctx);
-    stats->decode_s = tern_now_s() - t1;
-    stats->stop_reason = reason;
-    if (reason != TERN_STOP_STRING) stats->stop_index = -1;
-    gen_free(&g);
+    tern_gen *g = gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
+    if (!g) return -1;
+    int rc = g->g.gpu.on ? gpu_loop(g, err) : step_loop(g, err);
+    tern_gen_end(g, rc == 0, stats);
     return rc;
 }
