@@ -165,6 +165,10 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n,
 int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
                            float *logits, tern_error *err);
 
+/* 1 when tern_session_eval_many runs the model's sessions in one pass
+ * (the CPU engine); 0 when it steps them one after another. */
+int tern_model_batches(const tern_model *m);
+
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
 

@@ -22,6 +22,8 @@ static void serve_usage(FILE *f) {
             "  --model-id NAME        the name responses carry (default: the model directory's name)\n"
             "  --strict-model         refuse requests that name another model (default: any name is served)\n"
             "  --slots N              live sessions kept for conversations that continue (default 4)\n"
+            "  --max-seqs N           requests generating together, a token each per step, where the engine\n"
+            "                         evaluates sessions in one pass (the CPU's; default 16, at most --slots)\n"
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
             "  --cache-ram SIZE       prefix cache: checkpoint bytes kept in host RAM (default a quarter of\n"
             "                         the available RAM, at most 32G); 0 turns the cache off on the CPU\n"
@@ -75,7 +77,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 
 int tern_cli_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
-                    .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .queue_limit = 16,
+                    .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .max_seqs = 16, .queue_limit = 16,
                     .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1, .cache_vram = -1,
                     .checkpoint_interval = 2048, .cache_disk_size = -1};
     tern_synth_params synth = {.bits = 4};
@@ -96,7 +98,7 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("--no-think")) { p.think = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
         if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
-        int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") ||
+        int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
                         IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
@@ -113,6 +115,7 @@ int tern_cli_serve(int argc, char **argv) {
             p.api_key = v;
         } else if (IS("--model-id")) p.model_id = v;
         else if (IS("--slots")) bad = parse_int(a, v, 1, 256, &p.slots);
+        else if (IS("--max-seqs")) bad = parse_int(a, v, 1, 256, &p.max_seqs);
         else if (IS("--queue-limit")) bad = parse_int(a, v, 0, 4096, &p.queue_limit);
         else if (IS("--max-tokens")) bad = parse_int(a, v, -1, INT_MAX, &p.max_tokens);
         else if (IS("--responses-store")) bad = parse_int(a, v, 0, 100000, &p.responses_store);

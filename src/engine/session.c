@@ -27,12 +27,16 @@ int tern_kv_format_init(tern_kv_format *f, const tern_config *c, int bits, tern_
     return 0;
 }
 
+static const tern_backend *backend_of(const tern_model *m) { return m->gpu ? &tern_gpu_backend : &tern_cpu_backend; }
+
+int tern_model_batches(const tern_model *m) { return backend_of(m)->forward_many != NULL; }
+
 tern_session *tern_session_create(tern_model *m, const tern_session_params *p, tern_error *err) {
     const tern_config *c = &m->cfg;
     tern_session *s = calloc(1, sizeof *s);
     if (!s) { tern_fail(err, "out of memory"); return NULL; }
     s->m = m;
-    s->be = m->gpu ? &tern_gpu_backend : &tern_cpu_backend;
+    s->be = backend_of(m);
     s->gdn_mode = p ? p->gdn_mode : TERN_GDN_CHUNKED;
     s->max_ctx = p && p->max_context > 0 ? p->max_context : c->max_pos;
     if (s->gdn_mode != TERN_GDN_CHUNKED && s->gdn_mode != TERN_GDN_RECURRENT) {

@@ -17,6 +17,7 @@ typedef struct slot {
     /* the checkpoint (pc_node_serial) whose KV rows the session holds as
      * they are: restored from it or taken from it; 0: none */
     uint64_t ckpt;
+    int busy;                    /* a running job holds it */
 } slot;
 
 struct srv_sched {
@@ -34,7 +35,11 @@ struct srv_sched {
     pthread_cond_t cv;           /* work arrived / the thread went idle */
     srv_job *qhead, *qtail;
     int n_queued;
-    srv_job *running;
+    /* the running jobs, at most max_seqs (the list under mu); each its own
+     * allocation, since its parser and generation point at it */
+    struct active **act;
+    int n_act, max_seqs;
+    float *logits;               /* a step's rows, max_seqs x vocab */
     int closed;                  /* no new jobs */
     int quit;                    /* the thread ends once the queue is empty */
 };
@@ -103,9 +108,9 @@ typedef struct plan {
 } plan;
 
 static slot *lru_slot(srv_sched *s) {
-    slot *best = &s->slots[0];
-    for (int i = 1; i < s->p.n_slots; i++)
-        if (s->slots[i].used < best->used) best = &s->slots[i];
+    slot *best = NULL;
+    for (int i = 0; i < s->p.n_slots; i++)
+        if (!s->slots[i].busy && (!best || s->slots[i].used < best->used)) best = &s->slots[i];
     return best;
 }
 
@@ -129,7 +134,7 @@ static plan pick(srv_sched *s, const int32_t *prompt, int n) {
     plan p = {0};
     for (int i = 0; i < s->p.n_slots; i++) {
         slot *sl = &s->slots[i];
-        int k = live_reuse(sl, prompt, n);
+        int k = sl->busy ? 0 : live_reuse(sl, prompt, n);
         if (k > p.reuse || (k == p.reuse && k > 0 && sl->used > p.sl->used)) {
             p.sl = sl;
             p.reuse = k;
@@ -344,88 +349,193 @@ static void count_reuse(srv_sched *s, const plan *p) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static void generate_job(srv_sched *s, srv_job *j) {
-    double t0 = tern_now_s();
-    srv_usage u = {.prompt_tokens = j->n_prompt, .queue_s = t0 - j->t_submit};
-    if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &u); return; }
+/* A running job: its slot and output parser (r), the generation's
+ * parameters, and in a batched scheduler its steps (gen). */
+typedef struct active {
+    run r;
+    srv_job *j;
+    srv_usage u;
+    double t0;
+    tern_gen_params gp;
+    tern_gen *gen;
+} active;
+
+/* The job's start: a slot brought to the longest prefix it can reuse, the
+ * prompt prefilled but for its last token, the generation's parameters.
+ * 1: the job ended here (cancelled or failed, its events pushed). */
+static int start_job(srv_sched *s, active *a, srv_job *j) {
+    *a = (active){.j = j, .t0 = tern_now_s()};
+    a->u = (srv_usage){.prompt_tokens = j->n_prompt, .queue_s = a->t0 - j->t_submit};
+    if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &a->u); return 1; }
     tern_error err = {{0}};
     plan p = pick(s, j->prompt, j->n_prompt);
-    slot *sl = p.sl;
+    slot *sl = p.sl;   /* (one is free: max_seqs <= n_slots) */
     sl->used = ++s->clock;
-    run r = {.s = s, .j = j, .sl = sl};
+    sl->busy = 1;
+    a->r = (run){.s = s, .j = j, .sl = sl};
     tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
-    r.parser = tern_output_parser_create(&op, on_event, &r, &err);
-    int rc = r.parser ? 0 : -1;
+    a->r.parser = tern_output_parser_create(&op, on_event, &a->r, &err);
+    int rc = a->r.parser ? 0 : -1;
     if (rc == 0) rc = slot_prepare(s, &p, j->prompt, &err);
-    u.restore_s = tern_now_s() - t0;
-    u.cached_tokens = rc == 0 ? sl->n_toks : 0;
+    a->u.restore_s = tern_now_s() - a->t0;
+    a->u.cached_tokens = rc == 0 ? sl->n_toks : 0;
     if (rc == 0) count_reuse(s, &p);
-    if (rc == 0) rc = prefill(s, sl, j, &u, &err);
-    if (rc == 1) {
-        tern_output_parser_destroy(r.parser);
-        push_done(j, SRV_FINISH_CANCEL, -1, &u);
-        return;
-    }
-    int32_t *last = j->prompt + j->n_prompt - 1;
-    tern_gen_params gp = {.sampling = j->sampling, .n_predict = j->max_tokens,
-                          .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
-                          .on_token = on_token, .cancelled = is_cancelled,
-                          .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
-    if (j->logprobs) { gp.on_logprobs = on_logprobs; gp.top_logprobs = j->top_logprobs; }
-    tern_gen_stats st = {0};
-    if (rc == 0 && toks_append(sl, last, 1)) {
+    if (rc == 0) rc = prefill(s, sl, j, &a->u, &err);
+    if (rc == 0 && toks_append(sl, j->prompt + j->n_prompt - 1, 1)) {
         rc = -1;
         snprintf(err.msg, sizeof err.msg, "out of memory");
     }
-    if (rc == 0) rc = tern_generate(sl->s, s->tok, last, 1, &gp, on_text, &r, &st, &err);
-    if (rc == 0 && !r.stop_after_call && tern_output_parser_finish(r.parser, &err)) rc = -1;
-    if (rc == 0 && r.failed) { rc = -1; snprintf(err.msg, sizeof err.msg, "the output parser failed"); }
-    tern_output_parser_destroy(r.parser);
+    a->gp = (tern_gen_params){.sampling = j->sampling, .n_predict = j->max_tokens,
+                              .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
+                              .on_token = on_token, .cancelled = is_cancelled,
+                              .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
+    if (j->logprobs) { a->gp.on_logprobs = on_logprobs; a->gp.top_logprobs = j->top_logprobs; }
+    if (rc == 0) return 0;
+    tern_output_parser_destroy(a->r.parser);
+    sl->busy = 0;
+    if (rc == 1) {
+        push_done(j, SRV_FINISH_CANCEL, -1, &a->u);
+        return 1;
+    }
+    sl->live = 0;
+    sl->n_toks = 0;
+    push_text(j, SRV_EV_ERROR, err.msg, strlen(err.msg));
+    return 1;
+}
+
+/* The job's end after its generation (rc, st): the parser's last events,
+ * the usage, DONE or the error, the checkpoint after the generated turn,
+ * the evictions its checkpoints call for. */
+static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st, tern_error *err) {
+    run *r = &a->r;
+    slot *sl = r->sl;
+    srv_job *j = a->j;
+    if (rc == 0 && !r->stop_after_call && tern_output_parser_finish(r->parser, err)) rc = -1;
+    if (rc == 0 && r->failed) { rc = -1; snprintf(err->msg, sizeof err->msg, "the output parser failed"); }
+    tern_output_parser_destroy(r->parser);
+    sl->busy = 0;
     if (tern_session_pos(sl->s) != sl->n_toks) sl->live = 0;
     if (rc != 0) {
         sl->live = 0;
         sl->n_toks = 0;
-        push_text(j, SRV_EV_ERROR, err.msg, strlen(err.msg));
-        return;
+        push_text(j, SRV_EV_ERROR, err->msg, strlen(err->msg));
+    } else {
+        a->u.completion_tokens = st->n_generated;
+        a->u.reasoning_tokens = r->n_reasoning;
+        a->u.prefill_s = (r->t_first ? r->t_first : tern_now_s()) - a->t0;
+        a->u.decode_s = r->t_first ? tern_now_s() - r->t_first : 0;
+        if (s->on_done) s->on_done(s->ud, &a->u, r->t_first ? r->t_first - j->t_submit : 0);
+        push_done(j, finish_of(st, r), st->stop_index, &a->u);
+        /* after the answer went out: the state after the generated turn, for
+         * a next prompt that continues it as generated */
+        if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
     }
-    u.completion_tokens = st.n_generated;
-    u.reasoning_tokens = r.n_reasoning;
-    u.prefill_s = (r.t_first ? r.t_first : tern_now_s()) - t0;
-    u.decode_s = r.t_first ? tern_now_s() - r.t_first : 0;
-    if (s->on_done) s->on_done(s->ud, &u, r.t_first ? r.t_first - j->t_submit : 0);
-    push_done(j, finish_of(&st, &r), st.stop_index, &u);
-    /* after the answer went out: the state after the generated turn, for
-     * a next prompt that continues it as generated */
-    if (st.stop_reason != TERN_STOP_CALLER || r.stop_after_call) checkpoint(s, sl, NULL, 0);
-}
-
-/* The job, then the evictions its checkpoints call for. */
-static void run_job(srv_sched *s, srv_job *j) {
-    generate_job(s, j);
     if (s->cache) pcache_trim(s->cache);
 }
 
 /* ---- the thread and the queue ------------------------------------------ */
 
+/* The next queued job (the lock held), or NULL. */
+static srv_job *dequeue(srv_sched *s) {
+    srv_job *j = s->qhead;
+    if (!j) return NULL;
+    s->qhead = j->qnext;
+    if (!s->qhead) s->qtail = NULL;
+    s->n_queued--;
+    j->queued = 0;
+    return j;
+}
+
+/* Ends the running job at index i (the lock not held). */
+static void retire(srv_sched *s, int i) {
+    active *a = s->act[i];
+    srv_job *j = a->j;
+    pthread_mutex_lock(&s->mu);
+    s->act[i] = s->act[--s->n_act];
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    free(a);
+    srv_job_release(j);
+}
+
+/* One job at a time, its generation whole (tern_generate: on a GPU the
+ * draw stays on the device). */
+static void run_one(srv_sched *s, int i) {
+    active *a = s->act[i];
+    tern_error err = {{0}};
+    tern_gen_stats st = {0};
+    const int32_t *last = a->j->prompt + a->j->n_prompt - 1;
+    int rc = tern_generate(a->r.sl->s, s->tok, last, 1, &a->gp, on_text, &a->r, &st, &err);
+    finish_job(s, a, rc, &st, &err);
+    retire(s, i);
+}
+
+/* One step of every running job together (tern_session_eval_many); the
+ * jobs whose generation ended leave. */
+static void step_all(srv_sched *s) {
+    int B = s->n_act, n[SRV_MAX_SEQS] = {0};
+    tern_session *in[SRV_MAX_SEQS] = {0};
+    const int32_t *tokens[SRV_MAX_SEQS] = {0};
+    tern_error err = {{0}};
+    for (int i = 0; i < B; i++) {
+        n[i] = tern_gen_input(s->act[i]->gen, &tokens[i]);
+        in[i] = s->act[i]->r.sl->s;
+    }
+    int failed = tern_session_eval_many(in, tokens, n, B, s->logits, &err);
+    size_t V = (size_t)tern_model_vocab_size(s->m);
+    for (int i = B - 1; i >= 0; i--) {
+        active *a = s->act[i];
+        tern_error e = err;
+        int rc = failed ? -1 : tern_gen_take(a->gen, s->logits + (size_t)i * V, &e);
+        if (rc == 0 && tern_gen_input(a->gen, &tokens[i]) > 0) continue;
+        tern_gen_stats st;
+        tern_gen_end(a->gen, rc == 0, &st);
+        finish_job(s, a, rc, &st, &e);
+        retire(s, i);
+    }
+}
+
+/* Admits queued jobs while a place is free, then runs: one job whole when
+ * the model steps sessions one at a time, else one step of them all. */
 static void *sched_main(void *arg) {
     srv_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->qhead && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
-        srv_job *j = s->qhead;
-        if (!j) break;
-        s->qhead = j->qnext;
-        if (!s->qhead) s->qtail = NULL;
-        s->n_queued--;
-        j->queued = 0;
-        s->running = j;
+        while (!s->qhead && !s->n_act && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->qhead && !s->n_act) break;
+        while (s->qhead && s->n_act < s->max_seqs) {
+            srv_job *j = dequeue(s);
+            active *a = malloc(sizeof *a);
+            if (!a) {
+                push_text(j, SRV_EV_ERROR, "out of memory", 13);
+                pthread_mutex_unlock(&s->mu);
+                srv_job_release(j);
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
+            s->act[s->n_act++] = a;
+            pthread_mutex_unlock(&s->mu);
+            int ended = start_job(s, a, j);
+            tern_error err = {{0}};
+            if (!ended && s->max_seqs > 1 &&
+                !(a->gen = tern_gen_create(a->r.sl->s, s->tok, j->prompt + j->n_prompt - 1, 1, &a->gp, on_text,
+                                           &a->r, &err))) {
+                finish_job(s, a, -1, NULL, &err);
+                ended = 1;
+            }
+            pthread_mutex_lock(&s->mu);
+            if (ended) {
+                s->n_act--;   /* it was the last */
+                pthread_cond_broadcast(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+                free(a);
+                srv_job_release(j);
+                pthread_mutex_lock(&s->mu);
+            }
+        }
         pthread_mutex_unlock(&s->mu);
-        run_job(s, j);
-        pthread_mutex_lock(&s->mu);
-        s->running = NULL;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        srv_job_release(j);
+        if (s->n_act && s->max_seqs == 1) run_one(s, 0);
+        else if (s->n_act) step_all(s);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -452,23 +562,47 @@ static int cache_create(srv_sched *s, const tern_model *m, const srv_sched_param
     return 0;
 }
 
+/* What create made, before the thread starts or after it ended. */
+static void sched_free(srv_sched *s) {
+    for (int i = 0; s->slots && i < s->p.n_slots; i++) {
+        tern_session_destroy(s->slots[i].s);
+        free(s->slots[i].toks);
+    }
+    free(s->slots);
+    free(s->act);
+    free(s->logits);
+    pcache_destroy(s->cache);
+    free(s);
+}
+
 srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
                             srv_done_fn on_done, void *ud, tern_error *err) {
-    srv_sched *s = calloc(1, sizeof *s);
-    if (!s || p->n_slots < 1 || !(s->slots = calloc((size_t)p->n_slots, sizeof *s->slots))) {
-        snprintf(err->msg, sizeof err->msg, p->n_slots < 1 ? "n_slots must be at least 1" : "out of memory");
-        free(s);
+    if (p->n_slots < 1) {
+        snprintf(err->msg, sizeof err->msg, "n_slots must be at least 1");
         return NULL;
     }
-    s->m = m;
-    s->tok = tok;
-    s->p = *p;
-    s->on_done = on_done;
-    s->ud = ud;
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return NULL;
+    }
+    *s = (srv_sched){.m = m, .tok = tok, .p = *p, .on_done = on_done, .ud = ud};
+    /* sessions step together where the engine runs them in one pass */
+    s->max_seqs = tern_model_batches(m) ? p->max_seqs : 1;
+    if (s->max_seqs < 1) s->max_seqs = 1;
+    if (s->max_seqs > p->n_slots) s->max_seqs = p->n_slots;
+    if (s->max_seqs > SRV_MAX_SEQS) s->max_seqs = SRV_MAX_SEQS;
+    s->slots = calloc((size_t)p->n_slots, sizeof *s->slots);
+    s->act = calloc((size_t)s->max_seqs, sizeof *s->act);
+    s->logits = malloc((size_t)s->max_seqs * (size_t)tern_model_vocab_size(m) * sizeof *s->logits);
+    if (!s->slots || !s->act || !s->logits) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        sched_free(s);
+        return NULL;
+    }
     s->cs.enabled = p->cache_ram_bytes > 0 || p->cache_vram_bytes > 0;
     if (s->cs.enabled && cache_create(s, m, p, err)) {
-        free(s->slots);
-        free(s);
+        sched_free(s);
         return NULL;
     }
     /* every slot's session now, so no request waits for one (a GPU session
@@ -478,20 +612,16 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
         snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, p->n_slots, why);
-        for (int k = 0; k < i; k++) tern_session_destroy(s->slots[k].s);
-        pcache_destroy(s->cache);
-        free(s->slots);
-        free(s);
+        sched_free(s);
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err->msg, sizeof err->msg, "could not start the scheduler thread");
-        for (int i = 0; i < p->n_slots; i++) tern_session_destroy(s->slots[i].s);
-        pcache_destroy(s->cache);
-        free(s->slots);
-        free(s);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        sched_free(s);
         return NULL;
     }
     return s;
@@ -504,22 +634,16 @@ void srv_sched_destroy(srv_sched *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    for (int i = 0; i < s->p.n_slots; i++) {
-        tern_session_destroy(s->slots[i].s);
-        free(s->slots[i].toks);
-    }
-    free(s->slots);
-    pcache_destroy(s->cache);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s);
+    sched_free(s);
 }
 
 int srv_sched_submit(srv_sched *s, srv_job *j) {
     pthread_mutex_lock(&s->mu);
     int rc = SRV_SUBMIT_OK;
     if (s->closed) rc = SRV_SUBMIT_CLOSED;
-    else if (s->n_queued >= s->p.queue_limit && (s->running || s->n_queued > 0)) rc = SRV_SUBMIT_FULL;
+    else if (s->n_queued >= s->p.queue_limit && (s->n_act >= s->max_seqs || s->n_queued > 0)) rc = SRV_SUBMIT_FULL;
     if (rc == SRV_SUBMIT_OK) {
         srv_job_retain(j);
         j->t_submit = tern_now_s();
@@ -563,7 +687,7 @@ void srv_sched_cancel(srv_sched *s, srv_job *j) {
 void srv_sched_drain(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
-    while (s->qhead || s->running) pthread_cond_wait(&s->cv, &s->mu);
+    while (s->qhead || s->n_act) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -571,14 +695,14 @@ void srv_sched_cancel_all(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
     for (srv_job *j = s->qhead; j; j = j->qnext) atomic_store(&j->cancel, 1);
-    if (s->running) atomic_store(&s->running->cancel, 1);
+    for (int i = 0; i < s->n_act; i++) atomic_store(&s->act[i]->j->cancel, 1);
     pthread_mutex_unlock(&s->mu);
 }
 
 void srv_sched_load(srv_sched *s, int *queued, int *running) {
     pthread_mutex_lock(&s->mu);
     *queued = s->n_queued;
-    *running = s->running != NULL;
+    *running = s->n_act;
     pthread_mutex_unlock(&s->mu);
 }
 

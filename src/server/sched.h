@@ -1,5 +1,5 @@
 /* The scheduler: one thread that owns the engine. Jobs wait in a FIFO queue
- * (bounded); the thread takes them one at a time, picks a slot (a session
+ * (bounded); the thread takes each in turn, picks a free slot (a session
  * with the token ids it holds), reuses the longest prefix it can, and
  * generates, pushing each job's events.
  *
@@ -17,8 +17,11 @@
  * conversations share), every checkpoint_interval prompt tokens (a prompt that diverges in
  * its middle resumes from the last one before), at the end of the prompt's
  * prefill, and after a generated turn.
- * Running several sequences in one step is for later: the queue and the job
- * interface stay the same. */
+ * Up to max_seqs jobs run together where the engine evaluates several
+ * sessions in one pass (the CPU's): each step evaluates every running job's
+ * next token at once (tern_session_eval_many, tern_gen's steps), a job
+ * joins after its prefill and leaves when its generation ends. Otherwise
+ * (the GPU, whose draw stays on the device) one job runs whole at a time. */
 #ifndef TERN_SERVER_SCHED_H
 #define TERN_SERVER_SCHED_H
 
@@ -28,8 +31,13 @@
 
 typedef struct srv_sched srv_sched;
 
+/* The most jobs running at once. */
+#define SRV_MAX_SEQS 256
+
 typedef struct srv_sched_params {
     int n_slots;                 /* sessions kept (>= 1) */
+    int max_seqs;                /* jobs running together, each a step at a time, where the engine evaluates
+                                  * sessions in one pass (tern_model_batches); at most n_slots; else 1 */
     int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
     tern_session_params session;
     size_t cache_ram_bytes;      /* the prefix cache's budgets: host RAM, device memory (both 0: */

@@ -139,7 +139,8 @@ int srv_run(const srv_params *p) {
     ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
-    srv_sched_params sp = {.n_slots = p->slots, .queue_limit = p->queue_limit, .session = p->session,
+    srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
+                           .session = p->session,
                            .checkpoint_interval = p->checkpoint_interval};
     sp.session.max_context = ctx.n_ctx;
     sp.cache_disk = p->cache_disk;

@@ -35,7 +35,7 @@ typedef struct srv_params {
     int preserve_thinking;       /* the chat template keeps every turn's reasoning, when a request does not say */
     int ignore_eos;              /* default of the ignore_eos request field */
     /* scheduling */
-    int slots, queue_limit, responses_store;
+    int slots, max_seqs, queue_limit, responses_store;
     long long cache_ram;         /* prefix cache's host RAM budget in bytes; < 0: default_cache_bytes */
     long long cache_vram;        /* its device memory budget (a GPU model only); < 0: 4 GiB there */
     int checkpoint_interval;     /* prompt tokens between checkpoints of a long prefill; 0: none */

@@ -1,5 +1,6 @@
-"""Many clients at once: concurrent streams lose nothing and match the same requests run alone; a client that
-leaves cancels its generation; the queue limit answers 429; waiting streams get heartbeats."""
+"""Many clients at once: concurrent streams lose nothing and match the same requests run alone (up to --max-seqs
+of them generating together, a token each per step); a client that leaves cancels its generation; the queue limit
+answers 429; waiting streams get heartbeats."""
 import json
 import signal
 import socket
@@ -130,8 +131,31 @@ def test_client_leaving_cancels_generation(start_server, stream):
     assert wait_generating_zero(srv), "tern_requests_generating did not return to 0"
 
 
+def test_requests_generate_together(start_server):
+    srv = start_server("--ctx", "8192", "--ignore-eos", "--slots", "3", "--max-seqs", "3")
+    bodies = [chat_body(f"Story number {i}.", max_tokens=200) for i in range(3)]
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(srv.metric("tern_requests_generating"))
+            time.sleep(0.01)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        results = run_threads(lambda b: srv.post("/v1/chat/completions", b, timeout=240), [(b,) for b in bodies])
+    finally:
+        stop.set()
+        w.join()
+    assert all(r.status == 200 and r.json()["usage"]["completion_tokens"] == 200 for r in results), results
+    assert max(seen) == 3, f"three requests never generated together: {sorted(set(seen))}"
+
+
 def test_queue_limit_429(start_server):
-    srv = start_server("--ctx", "8192", "--ignore-eos", "--queue-limit", "2")
+    # one request generates at a time, so the queue holds the others
+    srv = start_server("--ctx", "8192", "--ignore-eos", "--queue-limit", "2", "--max-seqs", "1")
     n = 8
     bodies = [chat_body(f"Fortune number {i}.", max_tokens=300) for i in range(n)]
     results = run_threads(lambda b: srv.post("/v1/chat/completions", b, timeout=240), [(b,) for b in bodies])
@@ -153,8 +177,10 @@ def test_queue_limit_429(start_server):
     assert srv.metric("tern_requests_total", endpoint="chat", status="200") == len(ok)
 
 
-def test_waiting_streams_get_heartbeats(server):
-    # a long first request holds the engine; the streams behind it wait in the queue until it is abandoned
+def test_waiting_streams_get_heartbeats(start_server):
+    # a long first request holds the engine (one request at a time); the streams behind it wait in the queue
+    # until it is abandoned
+    server = start_server(*SERVER_ARGS, "--max-seqs", "1")
     first = open_raw(server, "/v1/chat/completions", chat_body("A long story, please.", max_tokens=LONG,
                                                                stream=True))
     results = {}
