@@ -360,11 +360,12 @@ typedef struct active {
     tern_gen *gen;
 } active;
 
-/* The job's start: a slot brought to the longest prefix it can reuse, the
- * prompt prefilled but for its last token, the generation's parameters.
- * 1: the job ended here (cancelled or failed, its events pushed). */
+/* The job's start (a zeroed but for its job): a slot brought to the
+ * longest prefix it can reuse, the prompt prefilled but for its last
+ * token, the generation's parameters. 1: the job ended here (cancelled or
+ * failed, its events pushed). */
 static int start_job(srv_sched *s, active *a, srv_job *j) {
-    *a = (active){.j = j, .t0 = tern_now_s()};
+    a->t0 = tern_now_s();
     a->u = (srv_usage){.prompt_tokens = j->n_prompt, .queue_s = a->t0 - j->t_submit};
     if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &a->u); return 1; }
     tern_error err = {{0}};
@@ -505,7 +506,7 @@ static void *sched_main(void *arg) {
         if (!s->qhead && !s->n_act) break;
         while (s->qhead && s->n_act < s->max_seqs) {
             srv_job *j = dequeue(s);
-            active *a = malloc(sizeof *a);
+            active *a = calloc(1, sizeof *a);
             if (!a) {
                 push_text(j, SRV_EV_ERROR, "out of memory", 13);
                 pthread_mutex_unlock(&s->mu);
@@ -513,6 +514,7 @@ static void *sched_main(void *arg) {
                 pthread_mutex_lock(&s->mu);
                 continue;
             }
+            a->j = j;   /* before other threads see it (srv_sched_cancel_all) */
             s->act[s->n_act++] = a;
             pthread_mutex_unlock(&s->mu);
             int ended = start_job(s, a, j);
