@@ -444,7 +444,8 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
 /* The same generation in steps, for a caller that evaluates several
  * sessions together (tern_session_eval_many); it samples on the CPU from
  * the logits the caller passes. create takes what tern_generate takes (p
- * and prompt must outlive the generation); input gives the tokens to
+ * is copied; prompt and what p points to must outlive the generation);
+ * input gives the tokens to
  * evaluate next (the prompt, then each sampled token, the last one too)
  * and 0 once the generation is over; take consumes the logits of their
  * last token (sampling, streaming the text, checking the stops); end

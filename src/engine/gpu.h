@@ -18,8 +18,9 @@ int tern_gpu_model_init(tern_model *m, const char *device, const tern_load_param
 void tern_gpu_model_free(tern_model *m);
 const char *tern_gpu_name(const tern_model *m);   /* "cuda:N (name)" */
 /* Under an expert budget: the slot cache's statistics (hits and misses of
- * the steps counted so far; bytes: misses read over the host link plus the
- * promotions' copies). */
+ * the steps counted so far; bytes: with the experts' home in RAM, misses
+ * read over the host link plus the promotions' and the prefill staging's
+ * copies; on disk, what was read from the files). */
 void tern_gpu_stream_stats(const tern_model *m, tern_stream_stats *out);
 
 #endif

@@ -202,8 +202,7 @@ int tern_gpu_experts_stream(tern_model *m, gpu_model *g, tern_error *err) {
         return tern_fail(err, "out of memory");
     }
     *g->sc = (gpu_slot_cache){.n_files = nf, .E = E, .S = (int)slots, .lru = m->gpu_expert_policy == TERN_POLICY_LRU,
-                              .stride = m->man.stride};
-    g->sc->disk = m->gpu_expert_home == TERN_HOME_DISK;
+                              .disk = m->gpu_expert_home == TERN_HOME_DISK, .stride = m->man.stride};
     int rc = cache_alloc(g->sc, err) || stage_alloc(g->sc, err) ? -1 : 0;
     if (rc == 0 && g->sc->disk) rc = disk_open(m, g->sc, err);
     for (int f = 0; rc == 0 && f < nf; f++)
@@ -366,8 +365,8 @@ static int take_counts(const gpu_model *g, gpu_slot_cache *sc, tern_stream s, te
 
 /* Whether a piece of T tokens stages its layers: when its T x top_k
  * choices are at least the experts per layer, nearly all of them are
- * used, and one copy of the file beats reading them over the link from
- * the kernels; and only where one stream orders the pieces (as for
+ * used, and one copy of those without a slot beats reading them over the
+ * link from the kernels; and only where one stream orders the pieces (as for
  * promotions), since the buffers are the model's. */
 static gpu_slot_cache *staging(const tern_session *s, int T) {
     const gpu_model *gm = s->m->gpu;
@@ -463,9 +462,9 @@ static int disk_read(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int
 static int put_slot(const gpu_model *g, gpu_slot_cache *sc, tern_stream st, int f, int e, const uint8_t *blob,
                     tern_error *err) {
     int v = victim(sc, f);
+    if (v < 0) return tern_fail(err, "layer %d: no slot free for expert %d", f, e);
     int *held = sc->held + (size_t)f * sc->S, *slot_of = sc->slot_of + (size_t)f * sc->E;
     uint8_t *dst = g->slot_mem[f] + (size_t)v * sc->stride;
-    if (v < 0) return tern_fail(err, "layer %d: no slot free for expert %d", f, e);
     if (tern_cuda_upload(dst, blob, sc->stride, err)) return -1;
     if (held[v] >= 0) {
         slot_of[held[v]] = -1;
