@@ -24,6 +24,8 @@ static void serve_usage(FILE *f) {
             "  --slots N              live sessions kept for conversations that continue (default 4)\n"
             "  --max-seqs N           requests generating together, a token each per step, where the engine\n"
             "                         evaluates sessions in one pass (the CPU's; default 16, at most --slots)\n"
+            "  --prefill-chunk N      prompt tokens a step for a request being prefilled while others\n"
+            "                         generate (default 512; a smaller chunk holds them up less)\n"
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
             "  --cache-ram SIZE       prefix cache: checkpoint bytes kept in host RAM (default a quarter of\n"
             "                         the available RAM, at most 32G); 0 turns the cache off on the CPU\n"
@@ -98,7 +100,7 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("--no-think")) { p.think = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
         if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
-        int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") ||
+        int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") || IS("--prefill-chunk") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
                         IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
@@ -116,6 +118,7 @@ int tern_cli_serve(int argc, char **argv) {
         } else if (IS("--model-id")) p.model_id = v;
         else if (IS("--slots")) bad = parse_int(a, v, 1, 256, &p.slots);
         else if (IS("--max-seqs")) bad = parse_int(a, v, 1, 256, &p.max_seqs);
+        else if (IS("--prefill-chunk")) bad = parse_int(a, v, 1, 65536, &p.prefill_chunk);
         else if (IS("--queue-limit")) bad = parse_int(a, v, 0, 4096, &p.queue_limit);
         else if (IS("--max-tokens")) bad = parse_int(a, v, -1, INT_MAX, &p.max_tokens);
         else if (IS("--responses-store")) bad = parse_int(a, v, 0, 100000, &p.responses_store);

@@ -40,6 +40,9 @@ struct srv_sched {
     struct active **act;
     int n_act, max_seqs;
     float *logits;               /* a step's rows, max_seqs x vocab */
+    struct active *pre;          /* the job being prefilled in steps (one at a time, so a job admitted
+                                  * after it finds its checkpoints); NULL: none */
+    int chunk;                   /* its prompt tokens a step while others generate */
     int closed;                  /* no new jobs */
     int quit;                    /* the thread ends once the queue is empty */
 };
@@ -311,31 +314,6 @@ static int next_stop(const srv_sched *s, const srv_job *j, int from, int end) {
     return to;
 }
 
-/* Prefills all but the prompt's last token (tern_generate evaluates that
- * one with its first draw) in pieces, checkpointing at the message
- * boundaries, at each interval and at the end; the checkpoints of the last
- * piece are evicted for only after the generation (run_job), so the first
- * token does not wait for that. Returns 1 when the job was cancelled on
- * the way. */
-static int prefill(srv_sched *s, slot *sl, srv_job *j, srv_usage *u, tern_error *err) {
-    int end = j->n_prompt - 1, iv = s->p.checkpoint_interval;
-    while (sl->n_toks < end) {
-        if (atomic_load(&j->cancel)) return 1;
-        int from = sl->n_toks, to = next_stop(s, j, from, end);
-        double t0 = tern_now_s();
-        if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
-        u->eval_s += tern_now_s() - t0;
-        if (toks_append(sl, j->prompt + from, to - from)) {
-            sl->live = 0;
-            snprintf(err->msg, sizeof err->msg, "out of memory");
-            return -1;
-        }
-        if (to == j->boundary || to == j->first_boundary || to == end || (iv > 0 && to % iv == 0))
-            checkpoint(s, sl, u, end - to > PREFILL_PIECE);
-    }
-    return 0;
-}
-
 static void count_reuse(srv_sched *s, const plan *p) {
     pthread_mutex_lock(&s->mu);
     if (p->ckpt) {
@@ -360,10 +338,64 @@ typedef struct active {
     tern_gen *gen;
 } active;
 
+/* The slot's session has evaluated prompt[from..to): its ids, and a
+ * checkpoint at a message boundary, at each interval and at the end of
+ * the prefill (whose eviction waits for the generation's end, so the first
+ * token does not wait for it). */
+static int prefill_advance(srv_sched *s, active *a, int from, int to, tern_error *err) {
+    slot *sl = a->r.sl;
+    const srv_job *j = a->j;
+    int end = j->n_prompt - 1, iv = s->p.checkpoint_interval;
+    if (toks_append(sl, j->prompt + from, to - from)) {
+        sl->live = 0;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
+    }
+    if (to == j->boundary || to == j->first_boundary || to == end || (iv > 0 && to % iv == 0))
+        checkpoint(s, sl, &a->u, end - to > PREFILL_PIECE);
+    return 0;
+}
+
+/* Prefills all but the prompt's last token (the generation evaluates that
+ * one with its first draw) in pieces. Returns 1 when the job was cancelled
+ * on the way. */
+static int prefill(srv_sched *s, active *a, tern_error *err) {
+    slot *sl = a->r.sl;
+    const srv_job *j = a->j;
+    int end = j->n_prompt - 1;
+    while (sl->n_toks < end) {
+        if (atomic_load(&j->cancel)) return 1;
+        int from = sl->n_toks, to = next_stop(s, j, from, end);
+        double t0 = tern_now_s();
+        if (tern_session_eval(sl->s, j->prompt + from, to - from, NULL, 0, err)) return -1;
+        a->u.eval_s += tern_now_s() - t0;
+        if (prefill_advance(s, a, from, to, err)) return -1;
+    }
+    return 0;
+}
+
+/* A job that ends before its generation (rc 1: cancelled, else failed
+ * with err): the parser goes, the slot is freed (and dropped on a
+ * failure), the job's last event is pushed. */
+static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
+    slot *sl = a->r.sl;
+    tern_output_parser_destroy(a->r.parser);
+    a->r.parser = NULL;
+    sl->busy = 0;
+    if (rc == 1) {
+        push_done(a->j, SRV_FINISH_CANCEL, -1, &a->u);
+        return;
+    }
+    sl->live = 0;
+    sl->n_toks = 0;
+    push_text(a->j, SRV_EV_ERROR, err->msg, strlen(err->msg));
+}
+
 /* The job's start (a zeroed but for its job): a slot brought to the
- * longest prefix it can reuse, the prompt prefilled but for its last
- * token, the generation's parameters. 1: the job ended here (cancelled or
- * failed, its events pushed). */
+ * longest prefix it can reuse, the output parser, the generation's
+ * parameters. Its prefill follows (whole in run_one, in chunks in
+ * step_all). 1: the job ended here (cancelled or failed, its events
+ * pushed). */
 static int start_job(srv_sched *s, active *a, srv_job *j) {
     a->t0 = tern_now_s();
     a->u = (srv_usage){.prompt_tokens = j->n_prompt, .queue_s = a->t0 - j->t_submit};
@@ -381,27 +413,22 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
     a->u.restore_s = tern_now_s() - a->t0;
     a->u.cached_tokens = rc == 0 ? sl->n_toks : 0;
     if (rc == 0) count_reuse(s, &p);
-    if (rc == 0) rc = prefill(s, sl, j, &a->u, &err);
-    if (rc == 0 && toks_append(sl, j->prompt + j->n_prompt - 1, 1)) {
-        rc = -1;
-        snprintf(err.msg, sizeof err.msg, "out of memory");
-    }
     a->gp = (tern_gen_params){.sampling = j->sampling, .n_predict = j->max_tokens,
                               .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
                               .on_token = on_token, .cancelled = is_cancelled,
                               .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
     if (j->logprobs) { a->gp.on_logprobs = on_logprobs; a->gp.top_logprobs = j->top_logprobs; }
     if (rc == 0) return 0;
-    tern_output_parser_destroy(a->r.parser);
-    sl->busy = 0;
-    if (rc == 1) {
-        push_done(j, SRV_FINISH_CANCEL, -1, &a->u);
-        return 1;
-    }
-    sl->live = 0;
-    sl->n_toks = 0;
-    push_text(j, SRV_EV_ERROR, err.msg, strlen(err.msg));
+    end_early(s, a, rc, &err);
     return 1;
+}
+
+/* The prefill is done: the prompt's last token joins the slot's ids (the
+ * generation evaluates it with its first draw). */
+static int prefilled(active *a, tern_error *err) {
+    if (toks_append(a->r.sl, a->j->prompt + a->j->n_prompt - 1, 1) == 0) return 0;
+    snprintf(err->msg, sizeof err->msg, "out of memory");
+    return -1;
 }
 
 /* The job's end after its generation (rc, st): the parser's last events,
@@ -459,34 +486,100 @@ static void retire(srv_sched *s, int i) {
     srv_job_release(j);
 }
 
-/* One job at a time, its generation whole (tern_generate: on a GPU the
- * draw stays on the device). */
+/* The generation's start in a batched scheduler, once the prefill is
+ * done. */
+static int begin_gen(srv_sched *s, active *a, tern_error *err) {
+    srv_job *j = a->j;
+    if (prefilled(a, err)) return -1;
+    a->gen = tern_gen_create(a->r.sl->s, s->tok, j->prompt + j->n_prompt - 1, 1, &a->gp, on_text, &a->r, err);
+    return a->gen ? 0 : -1;
+}
+
+/* One job at a time, its prefill and generation whole (tern_generate: on
+ * a GPU the draw stays on the device). */
 static void run_one(srv_sched *s, int i) {
     active *a = s->act[i];
     tern_error err = {{0}};
+    int rc = prefill(s, a, &err);
+    if (rc == 0) rc = prefilled(a, &err);
+    if (rc) {
+        end_early(s, a, rc, &err);
+        retire(s, i);
+        return;
+    }
     tern_gen_stats st = {0};
     const int32_t *last = a->j->prompt + a->j->n_prompt - 1;
-    int rc = tern_generate(a->r.sl->s, s->tok, last, 1, &a->gp, on_text, &a->r, &st, &err);
+    rc = tern_generate(a->r.sl->s, s->tok, last, 1, &a->gp, on_text, &a->r, &st, &err);
     finish_job(s, a, rc, &st, &err);
     retire(s, i);
 }
 
-/* One step of every running job together (tern_session_eval_many); the
- * jobs whose generation ended leave. */
+/* The job being prefilled (s->pre): its next chunk, [*from, *to) of the
+ * prompt, at most s->chunk tokens while others decode (so none waits for
+ * more than a chunk), a whole piece otherwise. 0: it was cancelled, and
+ * has left. */
+static int pre_chunk(srv_sched *s, int *from, int *to) {
+    active *a = s->pre;
+    int i = 0;
+    while (s->act[i] != a) i++;
+    if (atomic_load(&a->j->cancel)) {
+        s->pre = NULL;
+        end_early(s, a, 1, NULL);
+        retire(s, i);
+        return 0;
+    }
+    int end = a->j->n_prompt - 1, chunk = s->n_act > 1 ? s->chunk : PREFILL_PIECE;
+    *from = a->r.sl->n_toks;
+    *to = next_stop(s, a->j, *from, end);
+    if (*to - *from > chunk) *to = *from + chunk;
+    return 1;
+}
+
+/* After a step: the prefilled job's chunk is in (rc 0) or the step failed;
+ * its generation begins once the prompt is in. 1: it left. */
+static int pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_error *err) {
+    active *a = s->act[i];
+    if (rc == 0) rc = prefill_advance(s, a, from, to, err);
+    if (rc == 0 && a->r.sl->n_toks < a->j->n_prompt - 1) return 0;
+    s->pre = NULL;
+    if (rc == 0 && begin_gen(s, a, err) == 0) return 0;
+    end_early(s, a, -1, err);
+    retire(s, i);
+    return 1;
+}
+
+/* One step of every running job together (tern_session_eval_many): each
+ * generating job's next token and a chunk of the prefilled one's prompt;
+ * the jobs whose generation ended leave. */
 static void step_all(srv_sched *s) {
+    int pfrom = 0, pto = 0;
+    if (s->pre && !pre_chunk(s, &pfrom, &pto)) return;
     int B = s->n_act, n[SRV_MAX_SEQS] = {0};
     tern_session *in[SRV_MAX_SEQS] = {0};
     const int32_t *tokens[SRV_MAX_SEQS] = {0};
     tern_error err = {{0}};
     for (int i = 0; i < B; i++) {
-        n[i] = tern_gen_input(s->act[i]->gen, &tokens[i]);
-        in[i] = s->act[i]->r.sl->s;
+        active *a = s->act[i];
+        in[i] = a->r.sl->s;
+        if (a->gen) {
+            n[i] = tern_gen_input(a->gen, &tokens[i]);
+        } else {
+            tokens[i] = a->j->prompt + pfrom;
+            n[i] = pto - pfrom;
+        }
     }
+    double t0 = tern_now_s();
     int failed = tern_session_eval_many(in, tokens, n, B, s->logits, &err);
+    if (s->pre) s->pre->u.eval_s += tern_now_s() - t0;
     size_t V = (size_t)tern_model_vocab_size(s->m);
+    /* from the last: a job that leaves takes the last one's place */
     for (int i = B - 1; i >= 0; i--) {
         active *a = s->act[i];
         tern_error e = err;
+        if (!a->gen) {
+            pre_advance(s, i, pfrom, pto, failed ? -1 : 0, &e);
+            continue;
+        }
         int rc = failed ? -1 : tern_gen_take(a->gen, s->logits + (size_t)i * V, &e);
         if (rc == 0 && tern_gen_input(a->gen, &tokens[i]) > 0) continue;
         tern_gen_stats st;
@@ -496,15 +589,16 @@ static void step_all(srv_sched *s) {
     }
 }
 
-/* Admits queued jobs while a place is free, then runs: one job whole when
- * the model steps sessions one at a time, else one step of them all. */
+/* Admits queued jobs while a place is free and no job is being prefilled,
+ * then runs: one job whole when the model steps sessions one at a time,
+ * else one step of them all. */
 static void *sched_main(void *arg) {
     srv_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->qhead && !s->n_act && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
         if (!s->qhead && !s->n_act) break;
-        while (s->qhead && s->n_act < s->max_seqs) {
+        while (s->qhead && s->n_act < s->max_seqs && !s->pre) {
             srv_job *j = dequeue(s);
             active *a = calloc(1, sizeof *a);
             if (!a) {
@@ -519,11 +613,13 @@ static void *sched_main(void *arg) {
             pthread_mutex_unlock(&s->mu);
             int ended = start_job(s, a, j);
             tern_error err = {{0}};
-            if (!ended && s->max_seqs > 1 &&
-                !(a->gen = tern_gen_create(a->r.sl->s, s->tok, j->prompt + j->n_prompt - 1, 1, &a->gp, on_text,
-                                           &a->r, &err))) {
-                finish_job(s, a, -1, NULL, &err);
-                ended = 1;
+            if (!ended && s->max_seqs > 1) {
+                if (a->r.sl->n_toks < j->n_prompt - 1) {
+                    s->pre = a;
+                } else if (begin_gen(s, a, &err)) {
+                    end_early(s, a, -1, &err);
+                    ended = 1;
+                }
             }
             pthread_mutex_lock(&s->mu);
             if (ended) {
@@ -594,6 +690,7 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
     if (s->max_seqs < 1) s->max_seqs = 1;
     if (s->max_seqs > p->n_slots) s->max_seqs = p->n_slots;
     if (s->max_seqs > SRV_MAX_SEQS) s->max_seqs = SRV_MAX_SEQS;
+    s->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : SRV_PREFILL_CHUNK;
     s->slots = calloc((size_t)p->n_slots, sizeof *s->slots);
     s->act = calloc((size_t)s->max_seqs, sizeof *s->act);
     s->logits = malloc((size_t)s->max_seqs * (size_t)tern_model_vocab_size(m) * sizeof *s->logits);

@@ -19,9 +19,13 @@
  * prefill, and after a generated turn.
  * Up to max_seqs jobs run together where the engine evaluates several
  * sessions in one pass (the CPU's): each step evaluates every running job's
- * next token at once (tern_session_eval_many, tern_gen's steps), a job
- * joins after its prefill and leaves when its generation ends. Otherwise
- * (the GPU, whose draw stays on the device) one job runs whole at a time. */
+ * next token at once (tern_session_eval_many, tern_gen's steps) and a chunk
+ * of at most prefill_chunk tokens of the prompt of the one job being
+ * prefilled, so a long prompt holds the others up a chunk at a time. A job
+ * is admitted once the one before it is prefilled (so it finds the
+ * checkpoints of a prefix they share) and leaves when its generation ends.
+ * Otherwise (the GPU, whose draw stays on the device) one job runs whole at
+ * a time. */
 #ifndef TERN_SERVER_SCHED_H
 #define TERN_SERVER_SCHED_H
 
@@ -33,12 +37,16 @@ typedef struct srv_sched srv_sched;
 
 /* The most jobs running at once. */
 #define SRV_MAX_SEQS 256
+/* Prompt tokens a step for the job being prefilled while others generate
+ * (srv_sched_params.prefill_chunk 0). */
+#define SRV_PREFILL_CHUNK 512
 
 typedef struct srv_sched_params {
     int n_slots;                 /* sessions kept (>= 1) */
     int max_seqs;                /* jobs running together, each a step at a time, where the engine evaluates
                                   * sessions in one pass (tern_model_batches); at most n_slots; else 1 */
     int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
+    int prefill_chunk;           /* a prompt's tokens a step while other jobs generate; 0: SRV_PREFILL_CHUNK */
     tern_session_params session;
     size_t cache_ram_bytes;      /* the prefix cache's budgets: host RAM, device memory (both 0: */
     size_t cache_vram_bytes;     /* no cache) */

@@ -140,6 +140,7 @@ int srv_run(const srv_params *p) {
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
     srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
+                           .prefill_chunk = p->prefill_chunk,
                            .session = p->session,
                            .checkpoint_interval = p->checkpoint_interval};
     sp.session.max_context = ctx.n_ctx;

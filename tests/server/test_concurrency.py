@@ -153,6 +153,52 @@ def test_requests_generate_together(start_server):
     assert max(seen) == 3, f"three requests never generated together: {sorted(set(seen))}"
 
 
+def test_long_prompt_prefills_between_steps(start_server):
+    """A prompt that arrives while another request generates is prefilled --prefill-chunk tokens a step, between
+    the other's tokens: the generating stream goes on meanwhile, and the prompt's answer is the one it gets alone."""
+    srv = start_server("--ctx", "16384", "--ignore-eos", "--slots", "2", "--max-seqs", "2", "--prefill-chunk", "16",
+                       "--cache-ram", "0")
+    long_body = chat_body("Summarize: " + " ".join(f"line {i} of the record." for i in range(200)), max_tokens=8)
+    alone = srv.post("/v1/chat/completions", long_body, timeout=240).json()
+    n_prompt = alone["usage"]["prompt_tokens"]
+    assert n_prompt > 1000, alone["usage"]
+    times = []
+    sock = open_raw(srv, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=LONG,
+                                                            stream=True))
+
+    def read_stream():
+        while True:
+            try:
+                b = sock.recv(65536)
+            except OSError:
+                return
+            if not b:
+                return
+            times.extend([time.monotonic()] * b.count(b"data: "))
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(times) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(times) >= 5, "the generating stream did not start"
+        t0 = time.monotonic()
+        r = srv.post("/v1/chat/completions", long_body, timeout=240)
+        t1 = time.monotonic()
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        reader.join(30)
+    assert r.status == 200, r
+    assert r.json()["choices"][0]["message"] == alone["choices"][0]["message"], "prefilled in chunks, the answer differs"
+    during = sum(t0 < t < t1 for t in times)
+    chunks = n_prompt // 16
+    assert during >= chunks // 4, (f"{during} tokens streamed while a {n_prompt}-token prompt was prefilled in "
+                                   f"~{chunks} chunks: the prefill held the generating request up")
+    assert wait_generating_zero(srv), "tern_requests_generating did not return to 0"
+
+
 def test_queue_limit_429(start_server):
     # one request generates at a time, so the queue holds the others
     srv = start_server("--ctx", "8192", "--ignore-eos", "--queue-limit", "2", "--max-seqs", "1")
