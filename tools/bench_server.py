@@ -4,6 +4,8 @@ responses and the time to the first token of cold prompts.
 
     python3 tools/bench_server.py --url http://127.0.0.1:8080 [--endpoint chat|completions]
         [--prompt-tokens 1024] [--gen 128] [--runs 3] [--ttft-runs 5] [--json FILE]
+    python3 tools/bench_server.py --url ... --concurrency 1,4,16,64 [--prompt-range 512:4096] [--gen 256]
+        [--requests-per-stream 2] [--json FILE]
 
 Decode: a streamed request of --gen tokens (ignore_eos) after a prompt of
 about --decode-prompt tokens; the rate is (tokens - 1) over the time from
@@ -11,12 +13,25 @@ the first text chunk to the last. TTFT: streamed requests whose prompts
 (about --prompt-tokens tokens) share nothing with earlier ones, timed from
 sending to the first text chunk; the server's usage must report 0 cached
 tokens. Sampling: temperature 1, top_k 20 (as tern bench --top-k 20).
+
+Concurrency: for each N, N client threads each send --requests-per-stream
+streamed chat requests one after another (prompts of a length drawn
+uniformly from --prompt-range tokens, sharing nothing, --gen tokens each).
+Per N: output tok/s (every generated token over the level's wall time, the
+prefills included), the per-stream decode rate (median over requests of
+(tokens - 1) over first to last text chunk) and N times it (the aggregate
+decode rate), the time to the first token (from sending; the queue and the
+other streams' work included) and the gaps between text chunks (inter-token
+latency), p50 and p99. Any OpenAI-compatible server that takes ignore_eos
+and top_k (llama-server too) can be measured the same way.
 Needs only the standard library.
 """
+import threading
 import argparse
 import http.client
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -60,9 +75,12 @@ def prompt_text(n_words, salt):
 
 
 def count_tokens(url, text):
-    r = post(url, "/v1/messages/count_tokens",
-             {"model": "m", "messages": [{"role": "user", "content": text}]}, False)
-    return r["input_tokens"]
+    try:
+        r = post(url, "/v1/messages/count_tokens",
+                 {"model": "m", "messages": [{"role": "user", "content": text}]}, False)
+        return r["input_tokens"]
+    except SystemExit:   # not tern: llama-server's /tokenize counts the text alone
+        return len(post(url, "/tokenize", {"content": text}, False)["tokens"])
 
 
 def sized_prompt(url, tokens, salt):
@@ -105,17 +123,121 @@ def stream_once(url, endpoint, text, gen):
     return t0, times[0], times[-1], usage
 
 
+TEXT_CHUNK = re.compile(rb'"(reasoning_)?content":"[^"]')
+
+
+def stream_chunks(url, text, gen):
+    """One streamed chat request: (sent, [text chunk arrival times], usage)."""
+    path, body = request("chat", text, gen)
+    t0 = time.perf_counter()
+    conn, resp = post(url, path, body, True)
+    times, usage = [], None
+    for t, data in sse_lines(resp):
+        if b'"usage"' in data and json.loads(data).get("usage"):
+            usage = json.loads(data)["usage"]
+        elif TEXT_CHUNK.search(data):
+            times.append(t)
+    conn.close()
+    return t0, times, usage
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
+def run_level(url, n, a, words_per_token, salt):
+    """n client threads, each a.requests_per_stream requests in turn."""
+    lo, hi = a.prompt_range
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def client(c):
+        rng = random.Random(salt * 1000 + c)
+        for r in range(a.requests_per_stream):
+            tokens = rng.randint(lo, hi)
+            text = f"{salt}-{n}-{c}-{r}: " + prompt_text(max(1, int(tokens * words_per_token)), rng.random())
+            try:
+                got = stream_chunks(url, text, a.gen)
+            except BaseException as e:  # noqa: BLE001 -- reported after the level
+                with lock:
+                    errors.append(repr(e))
+                return
+            with lock:
+                results.append(got)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"{n} streams: {len(errors)} requests failed: {errors[0]}")
+    gen = sum((u or {}).get("completion_tokens", len(ts)) for _, ts, u in results)
+    rates = [((u or {}).get("completion_tokens", len(ts)) - 1) / (ts[-1] - ts[0])
+             for _, ts, u in results if len(ts) > 1 and ts[-1] > ts[0]]
+    ttft = [(ts[0] - sent) * 1e3 for sent, ts, _ in results if ts]
+    itl = [(b - x) * 1e3 for _, ts, _ in results for x, b in zip(ts, ts[1:])]
+    prompt = [u["prompt_tokens"] for _, _, u in results if u]
+    per_stream = statistics.median(rates) if rates else float("nan")
+    return {"streams": n, "requests": len(results), "prompt_tokens_mean": statistics.mean(prompt) if prompt else None,
+            "generated": gen, "wall_s": wall, "output_tok_s": gen / wall, "decode_tok_s_per_stream": per_stream,
+            "decode_tok_s_aggregate": n * per_stream, "ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
+            "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99)}
+
+
+def concurrency(a):
+    salt = random.randrange(1 << 30)
+    probe = prompt_text(400, salt)
+    words_per_token = 400 / max(1, count_tokens(a.url, probe))
+    stream_chunks(a.url, prompt_text(64, salt + 1), 8)   # warm-up
+    levels = []
+    print("| streams | requests | prompt tokens (mean) | output tok/s | decode tok/s a stream | decode tok/s "
+          "aggregate | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in a.concurrency:
+        r = run_level(a.url, n, a, words_per_token, salt)
+        levels.append(r)
+        print(f"| {n} | {r['requests']} | {r['prompt_tokens_mean'] or 0:.0f} | {r['output_tok_s']:.1f} | "
+              f"{r['decode_tok_s_per_stream']:.1f} | {r['decode_tok_s_aggregate']:.1f} | "
+              f"{r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f} | {r['itl_ms_p50']:.1f} / {r['itl_ms_p99']:.1f} |",
+              flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"levels": levels, "gen": a.gen, "prompt_range": a.prompt_range}, f, indent=1)
+
+
+def int_list(v):
+    return [int(x) for x in v.split(",")]
+
+
+def token_range(v):
+    lo, _, hi = v.partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"a range MIN:MAX of tokens, got {v!r}")
+    return lo, hi
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--decode-prompt", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--gen", type=int, help="tokens generated a request (default 128; 256 with --concurrency)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--ttft-runs", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--concurrency", type=int_list, help="stream counts, e.g. 1,4,16,64 (the concurrency mode)")
+    ap.add_argument("--prompt-range", type=token_range, default=(512, 4096))
+    ap.add_argument("--requests-per-stream", type=int, default=2)
     a = ap.parse_args()
+    a.gen = a.gen or (256 if a.concurrency else 128)
+    if a.concurrency:
+        return concurrency(a)
     salt = random.randrange(1 << 30)
     res = {"endpoint": a.endpoint, "decode_tok_s": [], "ttft_ms": [], "ttft_prompt_tokens": []}
 

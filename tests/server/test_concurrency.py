@@ -4,12 +4,14 @@ answers 429; waiting streams get heartbeats."""
 import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from helpers import chat_body
+from helpers import REPO, chat_body
 
 # --ignore-eos: generations run to max_tokens, so "long" requests are long; --heartbeat 0.2: waiting streams ping.
 SERVER_ARGS = ["--ctx", "32768", "--ignore-eos", "--heartbeat", "0.2"]
@@ -277,3 +279,23 @@ def waiting_stream(server, kind):
     assert all(p == {"type": "ping"} for p in pings), pings
     start = events.index("content_block_start") if "content_block_start" in events else len(events)
     return {"raw": raw, "pings": events[:start].count("ping"), "events": [e for e in events if e != "ping"]}
+
+
+def test_bench_server_concurrency(start_server, tmp_path):
+    """tools/bench_server.py --concurrency: every level's requests all come back whole, and its figures are
+    consistent with them."""
+    srv = start_server("--ctx", "4096", "--slots", "2", "--max-seqs", "2")
+    out = tmp_path / "conc.json"
+    p = subprocess.run([sys.executable, "tools/bench_server.py", "--url", f"http://{srv.host}:{srv.port}",
+                        "--concurrency", "1,2", "--prompt-range", "64:128", "--gen", "6", "--requests-per-stream", "2",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    levels = json.loads(out.read_text())["levels"]
+    assert [lv["streams"] for lv in levels] == [1, 2]
+    for lv in levels:
+        assert lv["requests"] == 2 * lv["streams"]
+        assert lv["generated"] == 6 * lv["requests"], lv
+        assert 50 <= lv["prompt_tokens_mean"] <= 160, lv
+        assert lv["output_tok_s"] > 0 and lv["ttft_ms_p50"] <= lv["ttft_ms_p99"], lv
+        assert lv["decode_tok_s_aggregate"] == pytest.approx(lv["streams"] * lv["decode_tok_s_per_stream"])
+    assert sum(line.startswith("| ") for line in p.stdout.splitlines()) == 1 + 2, p.stdout
