@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+
 #include "tern.h"
 #include "testutil.h"
 
@@ -50,6 +52,43 @@ Test(cli, chat_second_turn_prefills_only_the_new_turn) {
                              "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     cr_assert_eq(p2, want2, "turn 2 prefilled %d tokens, expected %d\n%s", p2, want2, out);
     cr_assert_lt(p2, p1 + g1 + want2);
+    free(out);
+}
+
+/* The reasoning apart from the answer: --json's "reasoning" and "text"
+ * fields; on a pipe the reasoning between <think> tags before the answer;
+ * --hide-reasoning prints the answer alone. */
+Test(cli, chat_shows_reasoning_apart) {
+    char cmd[512];
+    const char *args = "chat --seed 3 -n 80 -t 2 2>/dev/null";
+    snprintf(cmd, sizeof cmd, "printf 'Tell me a fortune.\\n' | %s %s --json", tern_bin(), args);
+    int rc;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert_not_null(j, "%s: %s", je.text, out);
+    const char *text = json_string_value(json_object_get(j, "text"));
+    const char *reasoning = json_string_value(json_object_get(j, "reasoning"));
+    cr_assert(text && reasoning, "%s", out);
+    cr_assert(*text && *reasoning, "the reply has no reasoning or no answer: %s", out);
+    cr_assert(!strstr(text, "think>") && !strstr(reasoning, "think>"), "%s", out);
+
+    snprintf(cmd, sizeof cmd, "printf 'Tell me a fortune.\\n' | %s %s", tern_bin(), args);
+    char *plain = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", plain);
+    char *want = NULL;
+    cr_assert(asprintf(&want, "\n<think>\n%s\n</think>\n\n%s", reasoning, text) > 0);
+    cr_assert(!strncmp(plain, want, strlen(want)), "printed:\n%s\nexpected it to start:\n%s", plain, want);
+
+    snprintf(cmd, sizeof cmd, "printf 'Tell me a fortune.\\n' | %s %s --hide-reasoning", tern_bin(), args);
+    char *hidden = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", hidden);
+    cr_assert(strstr(hidden, text) && !strstr(hidden, reasoning) && !strstr(hidden, "think>"), "%s", hidden);
+    free(want);
+    free(hidden);
+    free(plain);
+    json_decref(j);
     free(out);
 }
 

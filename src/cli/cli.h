@@ -23,6 +23,7 @@ typedef struct cli_opts {
     int ctx;                     /* --ctx; 0 = model maximum */
     int kv_bits;                 /* --kv-bits */
     int json, stats, ignore_eos, think, reference;
+    int hide_reasoning;          /* run, chat: the reasoning is not printed (--json keeps it) */
     uint64_t expert_budget;
     int expert_policy;
     int expert_home;

@@ -22,34 +22,104 @@ static void install_sigint(void) {
     sigaction(SIGINT, &sa, NULL);
 }
 
+/* A growing text. */
 typedef struct {
-    int echo;                    /* print as it streams */
-    int keep;                    /* accumulate (--json output, chat transcript) */
-    char *text;
+    char *p;
     size_t len, cap;
+} text_buf;
+
+static int buf_add(text_buf *b, const char *text, size_t len) {
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = (b->len + len + 1) * 2;
+        char *t = realloc(b->p, cap);
+        if (!t) return -1;
+        b->p = t;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, text, len);
+    b->len += len;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+/* Where the generated text goes: split by the output parser into reasoning
+ * and answer; echoed as it streams (the reasoning dimmed on a terminal,
+ * between <think> tags elsewhere, or not at all with --hide-reasoning) and
+ * kept (--json, the chat transcript). */
+typedef struct {
+    int echo, keep, hide, tty;
+    tern_output_parser *parser;
+    text_buf raw, answer, reasoning;
+    int showing;                 /* the echo is inside the reasoning */
     int wrote;                   /* something was echoed */
 } sink;
 
+static void echo(sink *k, const char *text, size_t len) {
+    k->wrote |= len > 0;
+    fwrite(text, 1, len, stdout);
+}
+
+/* Closes the echoed reasoning before the answer (or at the end). */
+static void end_reasoning(sink *k) {
+    if (!k->showing) return;
+    k->showing = 0;
+    const char *close = k->tty ? "\033[0m\n\n" : "\n</think>\n\n";
+    echo(k, close, strlen(close));
+}
+
+static int on_part(void *user, const tern_out_event *ev, tern_error *err) {
+    sink *k = user;
+    int reasoning = ev->kind == TERN_OUT_REASONING;
+    if (ev->kind != TERN_OUT_CONTENT && !reasoning) return 0;   /* (no tool calls parsed here) */
+    if (k->keep && buf_add(reasoning ? &k->reasoning : &k->answer, ev->text, ev->len)) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
+    }
+    if (!k->echo || (reasoning && k->hide)) return 0;
+    if (reasoning && !k->showing) {
+        k->showing = 1;
+        const char *open = k->tty ? "\033[2m" : "<think>\n";
+        echo(k, open, strlen(open));
+    } else if (!reasoning) {
+        end_reasoning(k);
+    }
+    echo(k, ev->text, ev->len);
+    return 0;
+}
+
 static int on_text(void *ctx, const char *text, size_t len) {
     sink *k = ctx;
-    if (k->echo) {
-        k->wrote |= len > 0;
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-    }
-    if (k->keep) {
-        if (k->len + len + 1 > k->cap) {
-            size_t cap = (k->len + len + 1) * 2;
-            char *t = realloc(k->text, cap);
-            if (!t) return 1;
-            k->text = t;
-            k->cap = cap;
-        }
-        memcpy(k->text + k->len, text, len);
-        k->len += len;
-        k->text[k->len] = '\0';
-    }
+    tern_error err;
+    if (buf_add(&k->raw, text, len) || tern_output_parser_feed(k->parser, text, len, &err)) return 1;
+    fflush(stdout);
     return interrupted != 0;
+}
+
+/* A sink for one reply; start_in_reasoning: the prompt opened a <think>
+ * block. */
+static int sink_init(sink *k, const cli_opts *o, int echo_on, int start_in_reasoning) {
+    *k = (sink){.echo = echo_on, .keep = 1, .hide = o->hide_reasoning, .tty = isatty(STDOUT_FILENO)};
+    tern_output_params op = {.start_in_reasoning = start_in_reasoning};
+    tern_error err;
+    if ((k->parser = tern_output_parser_create(&op, on_part, k, &err))) return 0;
+    fprintf(stderr, "tern: %s\n", err.msg);
+    return -1;
+}
+
+/* The end of the reply: the parser's held-back text, the reasoning's
+ * echo closed. */
+static void sink_finish(sink *k) {
+    tern_error err;
+    tern_output_parser_finish(k->parser, &err);
+    end_reasoning(k);
+    fflush(stdout);
+}
+
+static void sink_free(sink *k) {
+    tern_output_parser_destroy(k->parser);
+    free(k->raw.p);
+    free(k->answer.p);
+    free(k->reasoning.p);
 }
 
 static void print_id(void *ctx, int32_t id) {
@@ -80,7 +150,8 @@ static void footer(const cli_opts *o, const tern_model *m, const tern_gen_stats 
 }
 
 static void print_json(const sink *k, const tern_gen_stats *st) {
-    json_t *j = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:s}", "text", k->text ? k->text : "",
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:s}", "text", k->answer.p ? k->answer.p : "",
+                          "reasoning", k->reasoning.p ? k->reasoning.p : "",
                           "prompt_tokens", st->n_prompt, "generated_tokens", st->n_generated, "prefill_s",
                           st->prefill_s, "decode_s", st->decode_s, "prefill_tok_s",
                           st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, "decode_tok_s",
@@ -161,17 +232,22 @@ int cmd_run(const cli_opts *o) {
     if (s) {
         gp.n_predict = o->n_predict == INT_MIN ? 256 : o->n_predict;
         if (o->tokens) gp.on_token = print_id;
-        sink k = {!o->json, o->json, NULL, 0, 0, 0};
+        sink k;
         tern_gen_stats st;
         install_sigint();
         void *out = o->tokens ? (void *)&ids_printed : (void *)&k;
-        rc = tern_generate(s, o->tokens ? NULL : tok, prompt, n_prompt, &gp, on_text, out, &st, &err) ? 1 : 0;
-        if (rc) fprintf(stderr, "%stern: %s\n", ids_printed || k.wrote ? "\n" : "", err.msg);
+        if (sink_init(&k, o, !o->json, 0)) {
+            rc = 1;
+        } else {
+            rc = tern_generate(s, o->tokens ? NULL : tok, prompt, n_prompt, &gp, on_text, out, &st, &err) ? 1 : 0;
+            sink_finish(&k);
+        }
+        if (rc && k.parser) fprintf(stderr, "%stern: %s\n", ids_printed || k.wrote ? "\n" : "", err.msg);
         if (o->json && !o->tokens && rc == 0) print_json(&k, &st);
         else if (o->tokens && (rc == 0 || ids_printed)) printf("\n");
         fflush(stdout);
         if (rc == 0) footer(o, m, &st);   /* after an error its numbers mean nothing */
-        free(k.text);
+        sink_free(&k);
     } else if (params_ok) {
         fprintf(stderr, "tern: %s\n", err.msg);
     } else if (prompt) {
@@ -267,17 +343,19 @@ static int chat_turn(chat_state *c, const cli_opts *o, const char *user, int *tu
     tern_gen_params gp;
     if (cli_gen_params(o, &gp) != 0) { free(ids); return -1; }
     gp.n_predict = o->n_predict == INT_MIN ? 1024 : o->n_predict;
-    sink k = {!o->json, 1, NULL, 0, 0, 0};   /* keep the reply for the transcript */
+    sink k;   /* keeps the reply for the transcript */
+    if (sink_init(&k, o, !o->json, c->opt.enable_thinking)) { free(ids); return -1; }
     tern_gen_stats st;
     interrupted = 0;
     rc = tern_generate(c->s, c->tok, ids, n, &gp, on_text, &k, &st, &err);
     free(ids);
-    if (rc != 0) { fprintf(stderr, "\ntern: %s\n", err.msg); free(k.text); return -1; }
+    sink_finish(&k);
+    if (rc != 0) { fprintf(stderr, "\ntern: %s\n", err.msg); sink_free(&k); return -1; }
     c->last_token = st.last_token;
-    add_reply(c, k.text ? k.text : "");
+    add_reply(c, k.raw.p ? k.raw.p : "");
     if (o->json) print_json(&k, &st);
     footer(o, c->m, &st);
-    free(k.text);
+    sink_free(&k);
     (*turn)++;
     return 0;
 }

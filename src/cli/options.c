@@ -48,7 +48,9 @@ void cli_usage(FILE *f) {
         "  --stop TEXT              stop string (repeatable)\n"
         "  --ignore-eos             keep generating past end-of-sequence ids\n"
         "  --think / --no-think     chat: reasoning on (default) or off\n"
-        "  --json                   one JSON object per run: text, token counts, timings\n");
+        "  --hide-reasoning         run, chat: print the answer only (the reasoning is dimmed on a terminal,\n"
+        "                           between <think> tags elsewhere)\n"
+        "  --json                   one JSON object per run: text (the answer), reasoning, token counts, timings\n");
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
@@ -141,6 +143,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--think")) o->think = 1;
         else if (!strcmp(a, "--no-think")) o->think = 0;
+        else if (!strcmp(a, "--hide-reasoning")) o->hide_reasoning = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { cli_usage(stdout); exit(0); }
         else if (a[0] == '-' && a[1] != '\0') {
             if (i + 1 >= argc) {
