@@ -165,8 +165,11 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n,
 int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
                            float *logits, tern_error *err);
 
-/* 1 when tern_session_eval_many runs the model's sessions in one pass
- * (the CPU engine); 0 when it steps them one after another. */
+/* 1 when a server should step its requests together through
+ * tern_session_eval_many, drawing each row on the host (the CPU engine);
+ * 0 when one request at a time generates faster (the GPU engine, whose
+ * decode draws on the device; its tern_session_eval_many runs the sessions
+ * in one pass all the same). */
 int tern_model_batches(const tern_model *m);
 
 /* Number of tokens the session holds. */

@@ -33,6 +33,11 @@ typedef enum tern_copy_kind {
 typedef struct tern_backend {
     int kv_bits;              /* the KV rows' precision when the session asks none (kv_bits 0) */
     int eval_piece;           /* tokens per forward call of an evaluation; 0: the whole run at once */
+    /* A server steps its requests together (tern_model_batches): the CPU's.
+     * Not the GPU's, whose one-request decode draws on the device, with the
+     * next step launched before the last id is read; forward_many's rows
+     * are drawn on the host. */
+    int server_batches;
 
     /* s->state: made once s->kvf and s->max_ctx are set (after a failure,
      * destroy frees what was made), freed, and back to a new session's

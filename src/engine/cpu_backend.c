@@ -152,6 +152,7 @@ static int cpu_forward_many(tern_session *const *s, const int32_t *const *tokens
 const tern_backend tern_cpu_backend = {
     .kv_bits = 32,
     .eval_piece = EVAL_PIECE,
+    .server_batches = 1,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .reset = cpu_reset,

@@ -93,7 +93,7 @@ static int attn1(tern_session *s, const tern_attn_w *w, const float *in_norm, in
     if (in_proj1(g, gm, l, in_norm, c->norm_eps, R_ATTN_PROJ, r, err)) return -1;
     float *qg = g->fused_out, *k = qg + w->q.rows, *v = k + w->k.rows;
     tern_gpu_stage(g, R_ATTN, 0);
-    if (tern_gpu_attend_small(s, &d, qg, k, v, w, l, 1, err)) return -1;
+    if (tern_gpu_attend_small(s, g, &d, qg, k, v, g->o, w, l, 1, err)) return -1;
     tern_gpu_stage(g, R_ATTN, 1);
     return out_proj1(s, &w->o, g->o, R_ATTN_PROJ, r, err);
 }
@@ -399,6 +399,88 @@ int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logit
             return -1;
         }
     }
+    return 0;
+}
+
+/* Whether sessions s[0..n_seq) can run one pass together: their tokens
+ * fit the first one's buffers (a piece), which are sized, like its
+ * workspaces, for a context every other session's stays within; none has
+ * a sampled step in flight or a route observer (which reads one session's
+ * positions). */
+static int pass_fits(tern_session *const *s, const int *n, int n_seq) {
+    const gpu_session *g = s[0]->state;
+    int T = 0;
+    for (int i = 0; i < n_seq; i++) {
+        const gpu_session *gi = s[i]->state;
+        T += n[i];
+        if (n[i] < 1 || gi->n_flight || s[i]->route_fn || s[i]->max_ctx > s[0]->max_ctx) return 0;
+    }
+    return T <= g->piece;
+}
+
+/* The last row of each session's tokens in xn to rows 0 .. n_seq - 1 of
+ * out (for the lm_head), and to row 0 of the session's own xn (its hidden
+ * state, which the first session's next pass would overwrite). */
+static int gather_last(const gpu_pass *p, tern_error *err) {
+    gpu_session *g = p->g;
+    size_t H = (size_t)p->s->m->cfg.hidden, row = H * sizeof(float);
+    for (int i = 0; i < p->n_seg; i++) {
+        const gpu_seg *sg = &p->seg[i];
+        const float *last = g->xn + (size_t)(sg->t0 + sg->n - 1) * H;
+        gpu_session *gi = sg->s->state;
+        if (tern_cuda_copy(g->out + (size_t)i * H, last, row, g->stream, err) ||
+            (i > 0 && tern_cuda_copy(gi->xn, last, row, g->stream, err)))
+            return -1;
+    }
+    return 0;
+}
+
+/* Several sessions' tokens in one pass (tern_session_eval_many): the dense
+ * projections and the experts over all of them at once, the attention and
+ * the DeltaNet of each session on its own state (gpu_prefill.c's layers
+ * over a gpu_pass), on the first session's stream and buffers; logits of
+ * each session's last token. Sessions that cannot share a pass run one
+ * after another. */
+int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                          float *logits, tern_error *err) {
+    size_t V = (size_t)s[0]->m->cfg.vocab;
+    if (n_seq == 1 || !pass_fits(s, n, n_seq)) {
+        for (int i = 0; i < n_seq; i++)
+            if (tern_gpu_forward(s[i], tokens[i], n[i], logits ? logits + (size_t)i * V : NULL, 0, NULL, err))
+                return -1;
+        return 0;
+    }
+    gpu_seg seg[n_seq];
+    gpu_session *g = s[0]->state;
+    int T = 0;
+    for (int i = 0; i < n_seq; i++) {
+        seg[i] = (gpu_seg){s[i], T, n[i]};
+        /* (another session's last work, on its own stream, ends first) */
+        if (i > 0 && tern_cuda_sync(((gpu_session *)s[i]->state)->stream, err)) return -1;
+        memcpy(g->step_host[0] + STEP_TOK + (size_t)T * sizeof(int32_t), tokens[i], (size_t)n[i] * sizeof(int32_t));
+        T += n[i];
+    }
+    gpu_pass p = {s[0], g, seg, n_seq, T};
+    const gpu_model *gm = s[0]->m->gpu;
+    const tern_config *c = &s[0]->m->cfg;
+    g->blk = 0;
+    if (g->st) g->st->n_marks = -1;
+    int rc = tern_gpu_experts_tick(s[0], err) || embed(s[0], T, err) || tern_gpu_layers_pass(&p, err) ||
+             gather_last(&p, err);
+    if (rc == 0 && logits) rc = tern_gpu_head(g, gm, g->out, n_seq, c->hidden, c->vocab, logits, err);
+    if (rc == 0) rc = tern_cuda_sync(g->stream, err);
+    if (rc != 0) {
+        clear_slots(s[0]);
+        for (int i = 0; i < n_seq; i++) s[i]->broken = 1;
+        return -1;
+    }
+    for (int i = 0; i < n_seq; i++) {
+        gpu_session *gi = s[i]->state;
+        s[i]->hidden_dev = i == 0 ? g->xn + (size_t)(n[0] - 1) * c->hidden : gi->xn;
+        s[i]->has_hidden = 1;
+        s[i]->pos += n[i];
+    }
+    if (gm->serial) ((gpu_model *)gm)->last = s[0];
     return 0;
 }
 

@@ -205,21 +205,37 @@ void tern_gpu_stage(gpu_session *g, int role, int end);
 void tern_gpu_collect(stats *st, double wall_ms, int T);
 
 /* gpu_prefill.c */
+/* The sessions of one forward pass: seg[i].s's n tokens are rows t0 ..
+ * t0 + n - 1 of the buffers of g, the first session's state (its stream,
+ * workspaces and statistics; under an expert budget its counts), and each
+ * session's own KV rows and DeltaNet state take its rows at its position.
+ * A session's prefill or step alone is a pass of one. */
+typedef struct gpu_seg {
+    tern_session *s;
+    int t0, n;
+} gpu_seg;
+typedef struct gpu_pass {
+    tern_session *s;
+    gpu_session *g;
+    const gpu_seg *seg;
+    int n_seg, T;
+} gpu_pass;
 /* y[T, W.rows] = x[T, W.cols] W^T: the GEMV kernels up to their token
  * count, cuBLAS above it. */
 int tern_gpu_mm(const gpu_model *gm, const gpu_session *g, float *y, const float *x, int T, const tern_mat *W,
                 tern_error *err);
-/* A decode-sized step's attention (T <= SUB): K/V rows into the cache,
- * then the split-K attention into g->o. */
-int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
-                          const tern_attn_w *w, int l, int T, tern_error *err);
+/* A decode-sized step's attention (T <= SUB): K/V rows into s's cache,
+ * then the split-K attention into o, on g's stream and workspace. */
+int tern_gpu_attend_small(tern_session *s, gpu_session *g, const tern_cuda_attn_dims *d, float *qg, float *k,
+                          float *v, float *o, const tern_attn_w *w, int l, int T, tern_error *err);
 /* The route observer (s->route_fn): layer l's ids of T tokens, after a sync. */
 int tern_gpu_observe(tern_session *s, int l, int T, tern_error *err);
 /* The lm_head over n normed rows, LOGIT_ROWS at a time, copied to logits. */
 int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, int H, int V, float *logits,
                   tern_error *err);
-/* Every layer and the final norm over T tokens, enqueued on the session's
- * stream. */
+/* Every layer and the final norm of a pass, enqueued on its stream; the
+ * same over one session's T tokens. */
+int tern_gpu_layers_pass(const gpu_pass *p, tern_error *err);
 int tern_gpu_layers(tern_session *s, int T, tern_error *err);
 
 /* gpu_decode.c: the backend's steps (engine/backend.h). tern_gpu_forward:
@@ -227,6 +243,9 @@ int tern_gpu_layers(tern_session *s, int T, tern_error *err);
  * tern_forward's (no per-token hidden states). */
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      float *hidden_out, tern_error *err);
+/* Several sessions' tokens in one pass (backend.h's forward_many). */
+int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                          float *logits, tern_error *err);
 /* Sampling on the GPU (unless tern_load_params.debug.cpu_sampling):
  * tern_gpu_forward_sample is a decode step and the draw of the next id with
  * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured

@@ -28,43 +28,75 @@ int tern_gpu_mm(const gpu_model *gm, const gpu_session *g, float *y, const float
     return tern_cuda_gemm(gm->ctx, W, x, T, y, g->stream, err);
 }
 
-/* A decode-sized step's attention (T <= SUB): K/V rows into the cache,
- * then the split-K attention into g->o. While a graph is captured the
- * position is read on the device and the splits are planned for g->n_plan,
- * so the graph serves the following tokens too. */
-int tern_gpu_attend_small(tern_session *s, const tern_cuda_attn_dims *d, float *qg, float *k, float *v,
-                        const tern_attn_w *w, int l, int T, tern_error *err) {
+/* A decode-sized step's attention (T <= SUB): K/V rows into s's cache,
+ * then the split-K attention into o, on g's stream and workspace (g: s's
+ * own state, or in a pass of several sessions the first one's). While a
+ * graph is captured the position is read on the device and the splits are
+ * planned for g->n_plan, so the graph serves the following tokens too. */
+int tern_gpu_attend_small(tern_session *s, gpu_session *g, const tern_cuda_attn_dims *d, float *qg, float *k,
+                          float *v, float *o, const tern_attn_w *w, int l, int T, tern_error *err) {
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->state;
+    const tern_kv *kv = &((gpu_session *)s->state)->kv[l];
     float scale = 1.0f / sqrtf((float)s->m->cfg.head_dim);
     if (g->pos_dev)
         return tern_cuda_attn_prep_at(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, g->pos_dev,
-                                      g->kv[l].k, g->kv[l].v, g->stream, err) ||
-                       tern_cuda_attention_at(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, g->pos_dev, g->n_plan, scale,
-                                              g->att_work, g->att_bytes, g->o, g->stream, err)
+                                      kv->k, kv->v, g->stream, err) ||
+                       tern_cuda_attention_at(d, &s->kvf.q, qg, kv->k, kv->v, T, g->pos_dev, g->n_plan, scale,
+                                              g->att_work, g->att_bytes, o, g->stream, err)
                    ? -1 : 0;
-    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
-                               g->kv[l].v, g->stream, err) ||
-                   tern_cuda_attention(d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->att_work,
-                                       g->att_bytes, g->o, g->stream, err)
+    return tern_cuda_attn_prep(d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, kv->k, kv->v,
+                               g->stream, err) ||
+                   tern_cuda_attention(d, &s->kvf.q, qg, kv->k, kv->v, T, s->pos, scale, g->att_work, g->att_bytes, o,
+                                       g->stream, err)
                ? -1 : 0;
 }
 
 /* The end of the attention role and the output projection of g->o. */
-static int attn_out(tern_session *s, const tern_attn_w *w, int T, tern_error *err) {
-    gpu_session *g = s->state;
+static int attn_out(const gpu_pass *p, const tern_attn_w *w, tern_error *err) {
+    gpu_session *g = p->g;
     tern_gpu_stage(g, R_ATTN, 1);
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
-    int rc = tern_gpu_mm(s->m->gpu, g, g->out, g->o, T, &w->o, err);
+    int rc = tern_gpu_mm(p->s->m->gpu, g, g->out, g->o, p->T, &w->o, err);
     tern_gpu_stage(g, R_ATTN_PROJ, 1);
     return rc;
 }
 
-static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_error *err) {
+/* One session's rows of the attention core: its K/V rows into its cache,
+ * its queries against them, into its rows of o. */
+static int attend(const gpu_pass *p, const gpu_seg *sg, float *qg, float *k, float *v, float *o,
+                  const tern_attn_w *w, int l, tern_error *err) {
+    tern_session *s = sg->s;
     const tern_config *c = &s->m->cfg;
     const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->state;
+    gpu_session *g = p->g;
+    const tern_kv *kv = &((gpu_session *)s->state)->kv[l];
     tern_cuda_attn_dims d = tern_gpu_attn_dims(c);
+    int T = sg->n, hd = c->head_dim;
+    if (T <= SUB) return tern_gpu_attend_small(s, g, &d, qg, k, v, o, w, l, T, err);
+    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, kv->k, kv->v,
+                            g->stream, err))
+        return -1;
+    size_t qrow = (size_t)c->n_heads * 2 * hd, orow = (size_t)c->n_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    if (hd == 32 || hd == 64 || hd == 128 || hd == 256)
+        return tern_cuda_attention_prefill(&d, &s->kvf.q, qg, kv->k, kv->v, T, s->pos, scale, g->att_work,
+                                           g->att_bytes, o, g->stream, err);
+    /* every row of the piece is in the cache now: each run of SUB tokens
+     * attends causally from its own first position */
+    for (int t0 = 0; t0 < T; t0 += SUB) {
+        int n = T - t0 < SUB ? T - t0 : SUB;
+        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, kv->k, kv->v, n, s->pos + t0, scale, g->att_work,
+                                g->att_bytes, o + t0 * orow, g->stream, err))
+            return -1;
+    }
+    return 0;
+}
+
+static int attn_layer(const gpu_pass *p, const tern_attn_w *w, int l, tern_error *err) {
+    const tern_config *c = &p->s->m->cfg;
+    const gpu_model *gm = p->s->m->gpu;
+    gpu_session *g = p->g;
+    int T = p->T;
     tern_gpu_stage(g, R_ATTN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
     float *qg = g->qg, *k = g->k, *v = g->v;
@@ -80,34 +112,21 @@ static int attn_layer(tern_session *s, const tern_attn_w *w, int l, int T, tern_
     }
     tern_gpu_stage(g, R_ATTN_PROJ, 1);
     tern_gpu_stage(g, R_ATTN, 0);
-    if (T <= SUB) return tern_gpu_attend_small(s, &d, qg, k, v, w, l, T, err) ? -1 : attn_out(s, w, T, err);
-    if (tern_cuda_attn_prep(&d, &s->kvf.q, qg, k, v, w->q_norm, w->k_norm, gm->inv_freq, T, s->pos, g->kv[l].k,
-                            g->kv[l].v, g->stream, err))
-        return -1;
-    size_t qrow = (size_t)c->n_heads * 2 * c->head_dim, orow = (size_t)c->n_heads * c->head_dim;
-    float scale = 1.0f / sqrtf((float)c->head_dim);
-    int hd = c->head_dim;
-    if (T > SUB && (hd == 32 || hd == 64 || hd == 128 || hd == 256)) {
-        if (tern_cuda_attention_prefill(&d, &s->kvf.q, qg, g->kv[l].k, g->kv[l].v, T, s->pos, scale, g->att_work,
-                                        g->att_bytes, g->o, g->stream, err))
-            return -1;
-        return attn_out(s, w, T, err);
-    }
-    /* every row of the piece is in the cache now: each run of SUB tokens
-     * attends causally from its own first position */
-    for (int t0 = 0; t0 < T; t0 += SUB) {
-        int n = T - t0 < SUB ? T - t0 : SUB;
-        if (tern_cuda_attention(&d, &s->kvf.q, qg + t0 * qrow, g->kv[l].k, g->kv[l].v, n, s->pos + t0, scale,
-                                g->att_work, g->att_bytes, g->o + t0 * orow, g->stream, err))
+    size_t orow = (size_t)c->n_heads * c->head_dim;
+    for (int i = 0; i < p->n_seg; i++) {
+        const gpu_seg *sg = &p->seg[i];
+        if (attend(p, sg, qg + sg->t0 * w->q.rows, k + sg->t0 * w->k.rows, v + sg->t0 * w->v.rows,
+                   g->o + sg->t0 * orow, w, l, err))
             return -1;
     }
-    return attn_out(s, w, T, err);
+    return attn_out(p, w, err);
 }
 
-static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
-    const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->state;
+static int gdn_layer(const gpu_pass *p, const tern_gdn_w *w, int l, tern_error *err) {
+    const tern_config *c = &p->s->m->cfg;
+    const gpu_model *gm = p->s->m->gpu;
+    gpu_session *g = p->g;
+    int T = p->T;
     tern_cuda_gdn_w gw = tern_gpu_gdn_w_of(c, w);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     const fused_mat *fz = gm->fused_in ? &gm->fused_in[l] : NULL;
@@ -125,10 +144,19 @@ static int gdn_layer(tern_session *s, const tern_gdn_w *w, int l, int T, tern_er
     }
     tern_gpu_stage(g, R_GDN_PROJ, 1);
     tern_gpu_stage(g, R_GDN, 0);
-    /* a prefill runs the chunked form (chunk 64), decode the step */
-    int rc = T > SUB ? tern_cuda_gdn_chunked(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->gdn_work, g->gdn_bytes,
-                                         g->g_out, g->stream, err)
-                 : tern_cuda_gdn_step(&gw, qkv, z, b, a, T, g->gdn[l].conv, g->gdn[l].S, g->g_out, g->stream, err);
+    /* each session's rows on its own state: a prefill's in the chunked form
+     * (chunk 64), a decode's in the step */
+    int rc = 0;
+    for (int i = 0; i < p->n_seg && rc == 0; i++) {
+        const gpu_seg *sg = &p->seg[i];
+        tern_gdn_state *st = &((gpu_session *)sg->s->state)->gdn[l];
+        size_t t0 = (size_t)sg->t0;
+        float *q_i = qkv + t0 * w->qkv.rows, *z_i = z + t0 * w->z.rows, *b_i = b + t0 * w->b.rows;
+        float *a_i = a + t0 * w->a.rows, *o_i = g->g_out + t0 * w->out.cols;
+        rc = sg->n > SUB ? tern_cuda_gdn_chunked(&gw, q_i, z_i, b_i, a_i, sg->n, st->conv, st->S, g->gdn_work,
+                                                 g->gdn_bytes, o_i, g->stream, err)
+                         : tern_cuda_gdn_step(&gw, q_i, z_i, b_i, a_i, sg->n, st->conv, st->S, o_i, g->stream, err);
+    }
     tern_gpu_stage(g, R_GDN, 1);
     tern_gpu_stage(g, R_GDN_PROJ, 0);
     rc = rc || tern_gpu_mm(gm, g, g->out, g->g_out, T, &w->out, err) ? -1 : 0;
@@ -145,11 +173,13 @@ int tern_gpu_observe(tern_session *s, int l, int T, tern_error *err) {
     return 0;
 }
 
-static int moe_layer(tern_session *s, const tern_moe_w *w, int l, int T, tern_error *err) {
+static int moe_layer(const gpu_pass *p, const tern_moe_w *w, int l, tern_error *err) {
+    tern_session *s = p->s;
+    int T = p->T;
     const tern_config *c = &s->m->cfg;
     const tern_model *m = s->m;
     const gpu_model *gm = m->gpu;
-    gpu_session *g = s->state;
+    gpu_session *g = p->g;
     int E = c->n_experts, K = c->top_k;
     tern_gpu_stage(g, R_ROUTER, 0);
     if (tern_gpu_mm(gm, g, g->rlog, g->xn, T, &w->router, err) ||
@@ -201,24 +231,30 @@ int tern_gpu_head(gpu_session *g, const gpu_model *gm, const float *xn, int n, i
     return 0;
 }
 
-/* Every layer and the final norm, enqueued on the session's stream. */
-int tern_gpu_layers(tern_session *s, int T, tern_error *err) {
-    const tern_config *c = &s->m->cfg;
-    const gpu_model *gm = s->m->gpu;
-    gpu_session *g = s->state;
-    int H = c->hidden;
+/* Every layer and the final norm of a pass, enqueued on its stream. */
+int tern_gpu_layers_pass(const gpu_pass *p, tern_error *err) {
+    const tern_config *c = &p->s->m->cfg;
+    const gpu_model *gm = p->s->m->gpu;
+    gpu_session *g = p->g;
+    int H = c->hidden, T = p->T;
     for (int l = 0; l < c->n_layers; l++) {
         const tern_layer_w *L = &gm->w.layers[l];
         int rc = norm_in(g, L->in_norm, l > 0, H, T, c->norm_eps, err);
-        if (rc == 0) rc = L->kind == TERN_LAYER_ATTN ? attn_layer(s, &L->attn, l, T, err) : gdn_layer(s, &L->gdn, l, T, err);
+        if (rc == 0) rc = L->kind == TERN_LAYER_ATTN ? attn_layer(p, &L->attn, l, err) : gdn_layer(p, &L->gdn, l, err);
         if (rc == 0) rc = norm_in(g, L->post_norm, 1, H, T, c->norm_eps, err);
-        if (rc == 0) rc = moe_layer(s, &L->moe, l, T, err);
+        if (rc == 0) rc = moe_layer(p, &L->moe, l, err);
         if (rc != 0) {
             tern_err_prefix(err, "GPU layer %d", l);
             return -1;
         }
     }
     return norm_in(g, gm->w.final_norm, 1, H, T, c->norm_eps, err);
+}
+
+int tern_gpu_layers(tern_session *s, int T, tern_error *err) {
+    gpu_seg one = {s, 0, T};
+    gpu_pass p = {s, s->state, &one, 1, T};
+    return tern_gpu_layers_pass(&p, err);
 }
 
 #endif

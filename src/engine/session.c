@@ -29,7 +29,7 @@ int tern_kv_format_init(tern_kv_format *f, const tern_config *c, int bits, tern_
 
 static const tern_backend *backend_of(const tern_model *m) { return m->gpu ? &tern_gpu_backend : &tern_cpu_backend; }
 
-int tern_model_batches(const tern_model *m) { return backend_of(m)->forward_many != NULL; }
+int tern_model_batches(const tern_model *m) { return backend_of(m)->server_batches; }
 
 tern_session *tern_session_create(tern_model *m, const tern_session_params *p, tern_error *err) {
     const tern_config *c = &m->cfg;

@@ -546,6 +546,108 @@ static void serial_sessions(const char *name, const char *dir) {
     tern_model_free(gpu);
 }
 
+/* Sessions evaluated together (tern_session_eval_many: one pass, each
+ * session's attention and DeltaNet on its own state) against each alone
+ * on the GPU, with the same pieces: prefill pieces and decode tokens
+ * mixed in one pass, sessions at different positions. A pass over more
+ * than 8 tokens takes the prefill ops for all its rows, so the bound is
+ * the prefill's. */
+#define N_MANY 3
+static void eval_many_mixed(const char *name, const char *dir) {
+    tern_model *gpu = load(dir, "cuda");
+    int V = tern_model_vocab_size(gpu);
+    /* per step, per session: tokens evaluated */
+    static const int steps[][N_MANY] = {{40, 12, 1}, {1, 1, 5}, {1, 3, 1}, {1, 1, 1}, {20, 1, 1}, {1, 1, 1}};
+    enum { N_STEPS = sizeof steps / sizeof *steps };
+    tern_session_params sp = {.kv_bits = 16};
+    tern_error err;
+    tern_session *many[N_MANY], *alone[N_MANY];
+    int32_t ids[N_MANY][128];
+    for (int i = 0; i < N_MANY; i++) {
+        many[i] = tern_session_create(gpu, &sp, &err);
+        alone[i] = tern_session_create(gpu, &sp, &err);
+        if (!many[i] || !alone[i]) { fprintf(stderr, "session: %s\n", err.msg); exit(2); }
+        for (int t = 0; t < 128; t++) ids[i][t] = (int32_t)((t * 7919 + 13 + 104729 * i) % V);
+    }
+    float *a = malloc((size_t)N_MANY * V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    int at[N_MANY] = {0};
+    double worst = 0, worst_step = 0;
+    for (int st = 0; st < N_STEPS; st++) {
+        const int32_t *tok[N_MANY];
+        for (int i = 0; i < N_MANY; i++) tok[i] = ids[i] + at[i];
+        if (tern_session_eval_many(many, tok, steps[st], N_MANY, a, &err)) { fprintf(stderr, "many: %s\n", err.msg); exit(2); }
+        for (int i = 0; i < N_MANY; i++) {
+            if (tern_session_eval(alone[i], tok[i], steps[st][i], b, 0, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+            double e = rel(a + (size_t)i * V, b, (size_t)V);
+            if (!(e <= worst)) { worst = e; worst_step = st; }
+            at[i] += steps[st][i];
+            if (tern_session_pos(many[i]) != at[i]) {
+                fprintf(stderr, "eval_many: session %d at %d, not %d\n", i, tern_session_pos(many[i]), at[i]);
+                failures++;
+            }
+        }
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: 3 sessions in one pass (worst at step %.0f)", name, worst_step);
+    report(what, worst, TOL);
+    for (int i = 0; i < N_MANY; i++) {
+        tern_session_destroy(many[i]);
+        tern_session_destroy(alone[i]);
+    }
+    free(a);
+    free(b);
+    tern_model_free(gpu);
+}
+
+/* tern-tiny's greedy tokens for three prompts prefilled in one pass and
+ * decoded together, 24 steps: those of each prompt alone. */
+static void eval_many_greedy(const char *dir) {
+    tern_model *gpu = load(dir, "cuda");
+    tern_tokenizer *tok;
+    tern_error err;
+    if (!(tok = tern_tokenizer_load("models/tern-tiny", &err))) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    static const char *texts[N_MANY] = {"And God said, Let there be light: and there was light.",
+                                        "In the beginning", "The sea is wide, and the ships upon it are small."};
+    enum { N = 24 };
+    int V = tern_model_vocab_size(gpu);
+    tern_session_params sp = {.kv_bits = 16};
+    tern_session *s[N_MANY];
+    int32_t *prompt[N_MANY], got[N_MANY][N], want[N];
+    int n[N_MANY];
+    float *lg = malloc((size_t)N_MANY * V * sizeof(float));
+    for (int i = 0; i < N_MANY; i++) {
+        size_t P = 0;
+        prompt[i] = NULL;
+        if (tern_tokenizer_encode(tok, texts[i], strlen(texts[i]), 0, &prompt[i], &P, &err) != 0) exit(2);
+        n[i] = (int)P;
+        if (!(s[i] = tern_session_create(gpu, &sp, &err))) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    }
+    const int32_t *in[N_MANY] = {prompt[0], prompt[1], prompt[2]};
+    for (int t = 0; t < N; t++) {
+        if (tern_session_eval_many(s, in, n, N_MANY, lg, &err)) { fprintf(stderr, "many: %s\n", err.msg); exit(2); }
+        for (int i = 0; i < N_MANY; i++) {
+            got[i][t] = argmax_f(lg + (size_t)i * V, V);
+            in[i] = &got[i][t];
+            n[i] = 1;
+        }
+    }
+    int differ = 0;
+    for (int i = 0; i < N_MANY; i++) {
+        size_t P = 0;
+        int32_t *p = NULL;
+        if (tern_tokenizer_encode(tok, texts[i], strlen(texts[i]), 0, &p, &P, &err) != 0) exit(2);
+        greedy(gpu, p, (int)P, N, want);
+        for (int t = 0; t < N; t++) differ += got[i][t] != want[t];
+        free(p);
+        free(prompt[i]);
+        tern_session_destroy(s[i]);
+    }
+    report("tern-tiny greedy, 3 prompts in one pass: tokens unlike alone (of 72)", differ, 0);
+    free(lg);
+    tern_tokenizer_free(tok);
+    tern_model_free(gpu);
+}
+
 int main(void) {
     char tmpl[] = "/tmp/tern-gpu-XXXXXX";
     char *tmp = mkdtemp(tmpl);
@@ -588,6 +690,9 @@ int main(void) {
     tail_pieces("tern-tiny q8", t8);
     long_tail("tern-tiny q8", t8, 16);
     serial_sessions("tern-tiny q8", t8);
+    eval_many_mixed("tern-tiny q8", t8);
+    eval_many_mixed("tern-tiny q4", t4);
+    eval_many_greedy(t8);
     snapshot(t4);
     check_tiers(t4);
     no_logits_step(t8);
