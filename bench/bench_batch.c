@@ -1,6 +1,6 @@
-/* Decode of B sequences stepping together (tern_session_eval_many, each
- * row drawn on the host by its own tern_gen, as the server's batched
- * scheduler does) against one sequence's tern_generate, on a synthetic
+/* Decode of B sequences stepping together (tern_gen_step_many: one pass,
+ * each row drawn by its own tern_gen, on the device where the engine
+ * draws in the step, as the server's batched scheduler does) against one sequence's tern_generate, on a synthetic
  * model: aggregate tok/s, the step's time and its per-sequence share.
  *
  *   build/bench/bench_batch [--synth SHAPE] [--bits 4|8] [--device D] [-b 1,4,16,64] [-c 512] [-n 64] [-r 3]
@@ -68,16 +68,15 @@ static double run_batch(const opts *o, tern_session **s, tern_snapshot **snap, c
         gp[i] = gen_params(o, (uint64_t)(rep * MAX_B + i));
         if (!(g[i] = tern_gen_create(s[i], NULL, &last[i], 1, &gp[i], NULL, NULL, &err))) die("gen", &err);
     }
-    const int32_t *in[MAX_B];
-    int n[MAX_B];
+    const int32_t *in;
+    int rc[MAX_B];
+    (void)vocab;
     double t0 = tern_now_s();
-    for (;;) {
-        int live = 0;
-        for (int i = 0; i < B; i++) live += (n[i] = tern_gen_input(g[i], &in[i])) > 0;
-        if (live < B) break;   /* every sequence generates o->gen tokens: they end together */
-        if (tern_session_eval_many(s, in, n, B, logits, &err)) die("eval_many", &err);
+    /* every sequence generates o->gen tokens: they end together */
+    while (tern_gen_input(g[0], &in) > 0) {
+        if (tern_gen_step_many(g, B, NULL, NULL, NULL, 0, logits, rc, &err)) die("step", &err);
         for (int i = 0; i < B; i++)
-            if (tern_gen_take(g[i], logits + (size_t)i * vocab, &err)) die("take", &err);
+            if (rc[i]) die("take", &err);
     }
     double dt = tern_now_s() - t0;
     for (int i = 0; i < B; i++) tern_gen_end(g[i], 1, NULL);

@@ -459,6 +459,18 @@ tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *p
                           const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err);
 int tern_gen_input(const tern_gen *g, const int32_t **tokens);
 int tern_gen_take(tern_gen *g, const float *logits, tern_error *err);
+/* One step of several generations of one model together, and of sessions
+ * that only evaluate tokens this step (extra: a prompt prefilled in
+ * chunks; NULL when n_extra is 0; logits: room for n_gen + n_extra rows
+ * of the vocabulary, the caller's scratch): every input in one pass
+ * (tern_session_eval_many), then each generation's next token drawn and
+ * taken as tern_gen_take takes it, drawn in the step where the engine
+ * can (a GPU session, for the sampling rules its kernels take) and from
+ * the host's logits otherwise. Returns -1 when the pass failed (every
+ * rc[i] -1 then); else rc[i] is generation i's take (err holds the last
+ * failure's message). */
+int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra, const int32_t *const *extra_tokens,
+                       const int *extra_n, int n_extra, float *logits, int *rc, tern_error *err);
 void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats);
 
 /* ---- output parsing ----------------------------------------------------- */

@@ -288,3 +288,74 @@ Test(batch, generations_in_steps_match_tern_generate) {
     tern_tokenizer_free(tok);
     tern_model_free(m);
 }
+
+static void collect(void *ctx, int32_t id) {
+    int32_t **at = ctx;
+    *(*at)++ = id;
+}
+
+/* tern_gen_step_many: three sampled generations stepping together, one of
+ * them joining late with a session prefilled in chunks beside them (the
+ * server's chunked prefill), draw the tokens each draws alone with
+ * tern_generate (each its own seed). */
+Test(batch, generations_step_together) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    int V = tern_model_vocab_size(m);
+    enum { G = 3, N = 20, P = 23, CHUNK = 5 };
+    int32_t prompt[G][P], got[G][N], want[G][N];
+    tern_gen_params gp[G];
+    for (int i = 0; i < G; i++) {
+        for (int t = 0; t < P; t++) prompt[i][t] = (int32_t)((t * 7919 + i * 131 + 5) % V);
+        gp[i] = (tern_gen_params){.n_predict = N, .ignore_eos = 1, .on_token = collect};
+        tern_sampler_params_default(&gp[i].sampling);
+        gp[i].sampling.do_sample = 1;
+        gp[i].sampling.temperature = 0.9f;
+        gp[i].sampling.top_k = 20;
+        gp[i].sampling.seed = 11 + (uint64_t)i;
+    }
+    tern_session *s[G];
+    for (int i = 0; i < G; i++) {
+        cr_assert_not_null(s[i] = tern_session_create(m, &(tern_session_params){0}, &err), "%s", err.msg);
+        int32_t *at = want[i];
+        tern_gen_stats st;
+        cr_assert_eq(tern_generate(s[i], NULL, prompt[i], P, &gp[i], NULL, &at, &st, &err), 0, "%s", err.msg);
+        cr_assert_eq(st.n_generated, N);
+        cr_assert_eq(tern_session_reset(s[i], &err), 0, "%s", err.msg);
+    }
+    /* generations 0 and 1 start at once; 2's prompt is prefilled in
+     * chunks beside them (all but its last token), then it joins */
+    int32_t *at[G] = {got[0], got[1], got[2]};
+    tern_gen *g[G] = {0};
+    for (int i = 0; i < 2; i++)
+        cr_assert_not_null(g[i] = tern_gen_create(s[i], NULL, prompt[i], P, &gp[i], NULL, &at[i], &err), "%s", err.msg);
+    float *logits = malloc((size_t)G * V * sizeof *logits);
+    int done2 = 0, rc[G];
+    for (;;) {
+        tern_gen *live[G];
+        int n_live = 0;
+        const int32_t *tok;
+        for (int i = 0; i < G; i++)
+            if (g[i] && tern_gen_input(g[i], &tok) > 0) live[n_live++] = g[i];
+        if (!n_live) break;
+        int pn = P - 1 - done2 < CHUNK ? P - 1 - done2 : CHUNK;
+        const int32_t *ptok = prompt[2] + done2;
+        int extra = !g[2] && pn > 0;
+        cr_assert_eq(tern_gen_step_many(live, n_live, &s[2], &ptok, &pn, extra, logits, rc, &err), 0, "%s", err.msg);
+        for (int k = 0; k < n_live; k++) cr_assert_eq(rc[k], 0, "%s", err.msg);
+        if (extra && (done2 += pn) == P - 1)
+            cr_assert_not_null(g[2] = tern_gen_create(s[2], NULL, prompt[2] + P - 1, 1, &gp[2], NULL, &at[2], &err),
+                               "%s", err.msg);
+    }
+    for (int i = 0; i < G; i++) {
+        tern_gen_stats st;
+        tern_gen_end(g[i], 1, &st);
+        cr_assert_eq(st.n_generated, N, "generation %d: %d tokens", i, st.n_generated);
+        cr_assert(!memcmp(got[i], want[i], sizeof want[i]), "generation %d drew other tokens than alone", i);
+        tern_session_destroy(s[i]);
+    }
+    free(logits);
+    tern_model_free(m);
+}

@@ -22,6 +22,13 @@ typedef struct tern_gpu_rule {
     float temperature, top_p, min_p;
 } tern_gpu_rule;
 
+/* A row of a pass drawn in the step: the rule at u (on: this row). */
+typedef struct tern_row_draw {
+    int on;
+    tern_gpu_rule r;
+    double u;
+} tern_row_draw;
+
 /* Where a copy's ends are: host memory or the backend's memory (a GPU's
  * device memory; host memory again on the CPU). */
 typedef enum tern_copy_kind {
@@ -55,6 +62,11 @@ typedef struct tern_backend {
      * checked and its rows reserved); NULL: one after another. */
     int (*forward_many)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
                         float *logits, tern_error *err);
+    /* The same pass with rows drawn in the step (draw[i].on, each its own
+     * rule, into id[i]; the others' logits into logits + i * vocab); NULL
+     * where the backend does not draw in the step. */
+    int (*forward_many_draw)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                             const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
     /* tern_mtp_forward's head (fails where it does not run). */
     int (*mtp_forward)(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
                        tern_error *err);

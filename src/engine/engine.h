@@ -185,6 +185,12 @@ int tern_session_sample_launch(tern_session *s, int32_t token, const tern_gpu_ru
 int tern_session_sample_wait(tern_session *s, int32_t *next, tern_error *err);
 int tern_session_sample_in_flight(const tern_session *s);
 
+/* tern_session_eval_many where rows may be drawn in the step: a row with
+ * draw[i].on gets its id in id[i] when the backend draws in the step
+ * (else -1 and its logits, as every other row's, in logits + i * vocab). */
+int tern_session_eval_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                                const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+
 /* The MTP head over n (hidden state, next token) pairs at its next n
  * positions; logits [n, vocab]. */
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,

@@ -236,9 +236,7 @@ static tern_gen *gen_create(tern_session *s, tern_tokenizer *tok, const int32_t 
 
 tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                           const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
-    tern_gen *g = gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
-    if (g) g->g.gpu.on = 0;
-    return g;
+    return gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
 }
 
 int tern_gen_input(const tern_gen *g, const int32_t **tokens) {
@@ -284,21 +282,76 @@ static int take_id(tern_gen *g, tern_error *err) {
     return 0;
 }
 
-int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
-    if (g->phase == GEN_DONE) return tern_fail(err, "the generation is over");
+/* Whether the step just evaluated ends the generation before a draw (the
+ * last id was in, the caller cancelled, a limit): 1, the phase DONE. */
+static int take_ends(tern_gen *g) {
     if (g->phase == GEN_PROMPT) g->t1 = tern_now_s();
-    if (g->last) {
-        g->phase = GEN_DONE;
-        return 0;
-    }
+    int last = g->last;
     g->phase = GEN_DONE;
+    if (last) return 1;
     if (g->p.cancelled && g->p.cancelled(g->ctx)) {
         g->reason = TERN_STOP_CALLER;
-        return 0;
+        return 1;
     }
-    if (limit_reached(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &g->reason)) return 0;
+    return limit_reached(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &g->reason);
+}
+
+int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
+    if (g->phase == GEN_DONE) return tern_fail(err, "the generation is over");
+    if (take_ends(g)) return 0;
     if (logits != g->g.logits) memcpy(g->g.logits, logits, (size_t)tern_model_vocab_size(g->s->m) * sizeof(float));
     return take_id(g, err);
+}
+
+/* An id drawn in the step (tern_gen_step_many), taken as take_id takes a
+ * sampled one. */
+static int take_drawn(tern_gen *g, int32_t id, tern_error *err) {
+    if (take_ends(g)) return 0;
+    int end = accept(g, id, err);
+    if (end < 0) return -1;
+    g->next = id;
+    g->last = end;
+    g->phase = GEN_NEXT;
+    return 0;
+}
+
+int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra, const int32_t *const *extra_tokens,
+                       const int *extra_n, int n_extra, float *logits, int *rc, tern_error *err) {
+    int B = n_gen + n_extra;
+    if (n_gen < 0 || n_extra < 0 || B < 1) return tern_fail(err, "no generations or sessions to step");
+    tern_session **s = malloc((size_t)B * sizeof *s);
+    const int32_t **tokens = malloc((size_t)B * sizeof *tokens);
+    int *n = malloc((size_t)B * sizeof *n);
+    int32_t *id = malloc((size_t)B * sizeof *id);
+    tern_row_draw *draw = calloc((size_t)B, sizeof *draw);
+    int V = tern_model_vocab_size(n_gen ? g[0]->s->m : extra[0]->m);
+    int ret = s && tokens && n && id && draw ? 0 : tern_fail(err, "out of memory");
+    for (int i = 0; ret == 0 && i < n_gen; i++) {
+        s[i] = g[i]->s;
+        if ((n[i] = tern_gen_input(g[i], &tokens[i])) < 1) ret = tern_fail(err, "generation %d is over", i);
+        /* drawn in the step where the rule and the session allow */
+        if ((draw[i].on = g[i]->g.gpu.on)) {
+            draw[i].r = g[i]->g.gpu.r;
+            draw[i].u = next_u(&g[i]->g);
+        }
+    }
+    for (int i = 0; i < n_extra; i++) {
+        s[n_gen + i] = extra[i];
+        tokens[n_gen + i] = extra_tokens[i];
+        n[n_gen + i] = extra_n[i];
+    }
+    if (ret == 0) ret = tern_session_eval_many_draw(s, tokens, n, B, draw, id, logits, err);
+    for (int i = 0; i < n_gen; i++) {
+        tern_error e = *err;
+        rc[i] = ret ? -1 : id[i] >= 0 ? take_drawn(g[i], id[i], &e) : tern_gen_take(g[i], logits + (size_t)i * V, &e);
+        if (rc[i] && !ret) *err = e;
+    }
+    free(s);
+    free(tokens);
+    free(n);
+    free(id);
+    free(draw);
+    return ret;
 }
 
 void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats) {

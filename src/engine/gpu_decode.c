@@ -435,19 +435,69 @@ static int gather_last(const gpu_pass *p, tern_error *err) {
     return 0;
 }
 
+/* The draws' buffers of a pass (gpu_session.draw_*), made at its first
+ * draw: a sampler workspace a row, u and the ids in page-locked memory
+ * the kernels read and write over the bus. */
+static int draw_buffers(gpu_session *g, int V, tern_error *err) {
+    if (g->draw_work) return 0;
+    g->draw_ws = (tern_cuda_sample_workspace(V) + 255) & ~(size_t)255;
+    size_t all = g->draw_ws * LOGIT_ROWS;
+    if (!(g->draw_work = tern_cuda_alloc(all, err)) || tern_cuda_fill(g->draw_work, 0, all, NULL, err) ||
+        !(g->draw_host = tern_cuda_host_alloc(LOGIT_ROWS * (sizeof(double) + sizeof(int32_t)), err)))
+        return -1;
+    return 0;
+}
+
+/* The pass's rows (out, n_seq of them) through the lm_head; the rows with
+ * a draw drawn on the device into id, the others' logits copied back.
+ * More rows than the logits buffer holds: every row's logits come back
+ * (id -1). */
+static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+    const gpu_model *gm = p->s->m->gpu;
+    gpu_session *g = p->g;
+    int B = p->n_seg, H = p->s->m->cfg.hidden, V = p->s->m->cfg.vocab, any = 0;
+    for (int i = 0; draw && i < B; i++) any |= draw[i].on;
+    for (int i = 0; id && i < B; i++) id[i] = -1;
+    if (!any || B > LOGIT_ROWS) return logits ? tern_gpu_head(g, gm, g->out, B, H, V, logits, err) : 0;
+    if (draw_buffers(g, V, err) || tern_gpu_mm(gm, g, g->logits, g->out, B, &gm->w.lm_head, err)) return -1;
+    double *u = (double *)g->draw_host;
+    int32_t *got = (int32_t *)(u + LOGIT_ROWS);
+    for (int i = 0; i < B; i++) {
+        if (!draw[i].on) continue;
+        const tern_gpu_rule *r = &draw[i].r;
+        const float *row = g->logits + (size_t)i * V;
+        void *work = (uint8_t *)g->draw_work + (size_t)i * g->draw_ws;
+        u[i] = draw[i].u;
+        int rc = r->greedy ? tern_cuda_argmax(row, r->n_valid, work, &got[i], NULL, g->stream, err)
+                           : tern_cuda_sample(row, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, &u[i],
+                                              work, &got[i], NULL, g->stream, err);
+        if (rc) return -1;
+    }
+    if (tern_cuda_sync(g->stream, err)) return -1;
+    for (int i = 0; i < B; i++) {
+        if (draw[i].on) id[i] = got[i];
+        else if (logits && tern_cuda_download(logits + (size_t)i * V, g->logits + (size_t)i * V, (size_t)V * sizeof(float), err))
+            return -1;
+    }
+    return 0;
+}
+
 /* Several sessions' tokens in one pass (tern_session_eval_many): the dense
  * projections and the experts over all of them at once, the attention and
  * the DeltaNet of each session on its own state (gpu_prefill.c's layers
- * over a gpu_pass), on the first session's stream and buffers; logits of
- * each session's last token. Sessions that cannot share a pass run one
- * after another. */
-int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                          float *logits, tern_error *err) {
+ * over a gpu_pass), on the first session's stream and buffers; then each
+ * session's last token drawn on the device (draw[i].on, into id[i]) or its
+ * logits copied back. Sessions that cannot share a pass run one after
+ * another, drawn on the host. */
+int tern_gpu_forward_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                               const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
     size_t V = (size_t)s[0]->m->cfg.vocab;
     if (n_seq == 1 || !pass_fits(s, n, n_seq)) {
-        for (int i = 0; i < n_seq; i++)
+        for (int i = 0; i < n_seq; i++) {
+            if (id) id[i] = -1;
             if (tern_gpu_forward(s[i], tokens[i], n[i], logits ? logits + (size_t)i * V : NULL, 0, NULL, err))
                 return -1;
+        }
         return 0;
     }
     gpu_seg seg[n_seq];
@@ -467,7 +517,7 @@ int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, 
     if (g->st) g->st->n_marks = -1;
     int rc = tern_gpu_experts_tick(s[0], err) || embed(s[0], T, err) || tern_gpu_layers_pass(&p, err) ||
              gather_last(&p, err);
-    if (rc == 0 && logits) rc = tern_gpu_head(g, gm, g->out, n_seq, c->hidden, c->vocab, logits, err);
+    if (rc == 0) rc = pass_head(&p, draw, id, logits, err);
     if (rc == 0) rc = tern_cuda_sync(g->stream, err);
     if (rc != 0) {
         clear_slots(s[0]);
@@ -482,6 +532,11 @@ int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, 
     }
     if (gm->serial) ((gpu_model *)gm)->last = s[0];
     return 0;
+}
+
+int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                          float *logits, tern_error *err) {
+    return tern_gpu_forward_many_draw(s, tokens, n, n_seq, NULL, NULL, logits, err);
 }
 
 /* (a vocabulary too large for the sampler's merge at this top-k: the CPU

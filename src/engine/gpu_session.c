@@ -181,6 +181,8 @@ static void gpu_destroy(tern_session *s) {
     tern_cuda_free(g->fx);
     tern_cuda_free(g->att_work);
     tern_cuda_free(g->sample_work);
+    tern_cuda_free(g->draw_work);
+    tern_cuda_host_free(g->draw_host);
     tern_cuda_free(g->d_id);
     tern_cuda_free(g->route_counters);
     tern_cuda_free(g->gdn_work);
@@ -310,6 +312,7 @@ const tern_backend tern_gpu_backend = {
     .reserve = tern_gpu_reserve,
     .forward = tern_gpu_forward,
     .forward_many = tern_gpu_forward_many,
+    .forward_many_draw = tern_gpu_forward_many_draw,
     .mtp_forward = gpu_mtp_forward,
     .sample_ok = tern_gpu_sample_ok,
     .forward_sample = tern_gpu_forward_sample,

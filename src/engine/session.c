@@ -155,8 +155,9 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logi
     return 0;
 }
 
-int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                           float *logits, tern_error *err) {
+/* eval_many's checks: distinct sessions of one model, none with a step in
+ * flight, valid tokens, and their rows reserved. */
+static int many_ok(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq, tern_error *err) {
     if (n_seq <= 0) return tern_fail(err, "no sessions to evaluate");
     for (int i = 0; i < n_seq; i++) {
         if (!s[i]) return tern_fail(err, "session %d is NULL", i);
@@ -170,11 +171,27 @@ int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens,
             return -1;
         }
     }
+    return 0;
+}
+
+int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                           float *logits, tern_error *err) {
+    if (many_ok(s, tokens, n, n_seq, err)) return -1;
     size_t V = (size_t)s[0]->m->cfg.vocab;
     if (s[0]->be->forward_many) return s[0]->be->forward_many(s, tokens, n, n_seq, logits, err);
     for (int i = 0; i < n_seq; i++)
         if (s[i]->be->forward(s[i], tokens[i], n[i], logits ? logits + (size_t)i * V : NULL, 0, NULL, err)) return -1;
     return 0;
+}
+
+int tern_session_eval_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                                const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+    if (n_seq > 0 && s[0] && s[0]->be->forward_many_draw) {
+        if (many_ok(s, tokens, n, n_seq, err)) return -1;
+        return s[0]->be->forward_many_draw(s, tokens, n, n_seq, draw, id, logits, err);
+    }
+    for (int i = 0; i < n_seq; i++) id[i] = -1;
+    return tern_session_eval_many(s, tokens, n, n_seq, logits, err);
 }
 
 int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, tern_error *err) {

@@ -548,30 +548,30 @@ static int pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_error
     return 1;
 }
 
-/* One step of every running job together (tern_session_eval_many): each
+/* One step of every running job together (tern_gen_step_many): each
  * generating job's next token and a chunk of the prefilled one's prompt;
  * the jobs whose generation ended leave. */
 static void step_all(srv_sched *s) {
     int pfrom = 0, pto = 0;
     if (s->pre && !pre_chunk(s, &pfrom, &pto)) return;
-    int B = s->n_act, n[SRV_MAX_SEQS] = {0};
-    tern_session *in[SRV_MAX_SEQS] = {0};
-    const int32_t *tokens[SRV_MAX_SEQS] = {0};
-    tern_error err = {{0}};
+    int B = s->n_act, n_gen = 0, pre_at = -1, at[SRV_MAX_SEQS], rc[SRV_MAX_SEQS], took[SRV_MAX_SEQS];
+    tern_gen *gens[SRV_MAX_SEQS];
     for (int i = 0; i < B; i++) {
-        active *a = s->act[i];
-        in[i] = a->r.sl->s;
-        if (a->gen) {
-            n[i] = tern_gen_input(a->gen, &tokens[i]);
+        if (s->act[i]->gen) {
+            at[n_gen] = i;
+            gens[n_gen++] = s->act[i]->gen;
         } else {
-            tokens[i] = a->j->prompt + pfrom;
-            n[i] = pto - pfrom;
+            pre_at = i;
         }
     }
+    tern_session *extra = pre_at >= 0 ? s->act[pre_at]->r.sl->s : NULL;
+    const int32_t *ptok = pre_at >= 0 ? s->act[pre_at]->j->prompt + pfrom : NULL;
+    int pn = pto - pfrom;
+    tern_error err = {{0}};
     double t0 = tern_now_s();
-    int failed = tern_session_eval_many(in, tokens, n, B, s->logits, &err);
+    int failed = tern_gen_step_many(gens, n_gen, &extra, &ptok, &pn, pre_at >= 0, s->logits, rc, &err);
     if (s->pre) s->pre->u.eval_s += tern_now_s() - t0;
-    size_t V = (size_t)tern_model_vocab_size(s->m);
+    for (int k = 0; k < n_gen; k++) took[at[k]] = rc[k];
     /* from the last: a job that leaves takes the last one's place */
     for (int i = B - 1; i >= 0; i--) {
         active *a = s->act[i];
@@ -580,11 +580,11 @@ static void step_all(srv_sched *s) {
             pre_advance(s, i, pfrom, pto, failed ? -1 : 0, &e);
             continue;
         }
-        int rc = failed ? -1 : tern_gen_take(a->gen, s->logits + (size_t)i * V, &e);
-        if (rc == 0 && tern_gen_input(a->gen, &tokens[i]) > 0) continue;
+        const int32_t *next;
+        if (took[i] == 0 && tern_gen_input(a->gen, &next) > 0) continue;
         tern_gen_stats st;
-        tern_gen_end(a->gen, rc == 0, &st);
-        finish_job(s, a, rc, &st, &e);
+        tern_gen_end(a->gen, took[i] == 0, &st);
+        finish_job(s, a, took[i], &st, &e);
         retire(s, i);
     }
 }

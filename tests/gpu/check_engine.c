@@ -648,6 +648,54 @@ static void eval_many_greedy(const char *dir) {
     tern_model_free(gpu);
 }
 
+static void collect_ids(void *ctx, int32_t id) {
+    int32_t **at = ctx;
+    *(*at)++ = id;
+}
+
+/* tern_gen_step_many on the GPU: three greedy generations stepping
+ * together, each token drawn on the device in the pass (a row's argmax),
+ * give tern_generate's tokens for each alone. */
+static void step_many_greedy(const char *dir) {
+    tern_model *gpu = load(dir, "cuda");
+    int V = tern_model_vocab_size(gpu);
+    enum { N = 24, P = 9 };
+    int32_t prompt[N_MANY][P], got[N_MANY][N], want[N_MANY][N];
+    tern_gen_params gp = {.n_predict = N, .ignore_eos = 1, .on_token = collect_ids};
+    tern_sampler_params_default(&gp.sampling);
+    gp.sampling.do_sample = 0;
+    tern_session_params sp = {.kv_bits = 16};
+    tern_error err;
+    tern_session *s[N_MANY];
+    tern_gen *g[N_MANY];
+    int32_t *at[N_MANY];
+    for (int i = 0; i < N_MANY; i++) {
+        for (int t = 0; t < P; t++) prompt[i][t] = (int32_t)((t * 7919 + 13 + 104729 * i) % V);
+        if (!(s[i] = tern_session_create(gpu, &sp, &err))) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+        at[i] = want[i];
+        tern_gen_stats st;
+        if (tern_generate(s[i], NULL, prompt[i], P, &gp, NULL, &at[i], &st, &err) ||
+            tern_session_reset(s[i], &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+        at[i] = got[i];
+        if (!(g[i] = tern_gen_create(s[i], NULL, prompt[i], P, &gp, NULL, &at[i], &err))) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    }
+    float *logits = malloc((size_t)N_MANY * V * sizeof(float));
+    int rc[N_MANY];
+    const int32_t *tok;
+    while (tern_gen_input(g[0], &tok) > 0)
+        if (tern_gen_step_many(g, N_MANY, NULL, NULL, NULL, 0, logits, rc, &err)) { fprintf(stderr, "%s\n", err.msg); exit(2); }
+    int differ = 0;
+    for (int i = 0; i < N_MANY; i++) {
+        tern_gen_stats st;
+        tern_gen_end(g[i], 1, &st);
+        for (int t = 0; t < N; t++) differ += st.n_generated != N || got[i][t] != want[i][t];
+        tern_session_destroy(s[i]);
+    }
+    report("tern-tiny greedy drawn in 3-session passes: tokens unlike alone (of 72)", differ, 0);
+    free(logits);
+    tern_model_free(gpu);
+}
+
 int main(void) {
     char tmpl[] = "/tmp/tern-gpu-XXXXXX";
     char *tmp = mkdtemp(tmpl);
@@ -693,6 +741,7 @@ int main(void) {
     eval_many_mixed("tern-tiny q8", t8);
     eval_many_mixed("tern-tiny q4", t4);
     eval_many_greedy(t8);
+    step_many_greedy(t8);
     snapshot(t4);
     check_tiers(t4);
     no_logits_step(t8);
