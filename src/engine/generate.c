@@ -268,18 +268,23 @@ static int accept(tern_gen *g, int32_t id, tern_error *err) {
     return emit(gs, id, g->on_text, g->ctx, &g->reason, &g->st.stop_index, err);
 }
 
-/* The next id from the host's logits, with its log-probabilities. */
-static int take_id(tern_gen *g, tern_error *err) {
-    gen_state *gs = &g->g;
-    int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
-    if (id < 0) return -1;
-    if (g->p.on_logprobs && report_logprobs(gs, &g->p, id, g->ctx, err)) return -1;
+/* A drawn id taken: accepted, and the next token to evaluate. */
+static int take_next(tern_gen *g, int32_t id, tern_error *err) {
     int end = accept(g, id, err);
     if (end < 0) return -1;
     g->next = id;
     g->last = end;
     g->phase = GEN_NEXT;
     return 0;
+}
+
+/* The next id from the host's logits, with its log-probabilities. */
+static int take_id(tern_gen *g, tern_error *err) {
+    gen_state *gs = &g->g;
+    int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
+    if (id < 0) return -1;
+    if (g->p.on_logprobs && report_logprobs(gs, &g->p, id, g->ctx, err)) return -1;
+    return take_next(g, id, err);
 }
 
 /* Whether the step just evaluated ends the generation before a draw (the
@@ -303,16 +308,9 @@ int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
     return take_id(g, err);
 }
 
-/* An id drawn in the step (tern_gen_step_many), taken as take_id takes a
- * sampled one. */
+/* An id drawn in the step (tern_gen_step_many). */
 static int take_drawn(tern_gen *g, int32_t id, tern_error *err) {
-    if (take_ends(g)) return 0;
-    int end = accept(g, id, err);
-    if (end < 0) return -1;
-    g->next = id;
-    g->last = end;
-    g->phase = GEN_NEXT;
-    return 0;
+    return take_ends(g) ? 0 : take_next(g, id, err);
 }
 
 int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra, const int32_t *const *extra_tokens,
