@@ -201,6 +201,41 @@ def test_long_prompt_prefills_between_steps(start_server):
     assert wait_generating_zero(srv), "tern_requests_generating did not return to 0"
 
 
+def test_client_leaving_during_chunked_prefill(start_server):
+    """A client that leaves while its prompt is prefilled in chunks beside another request's generation frees its
+    place within a step or two, not after its whole prefill; the other request goes on."""
+    srv = start_server("--ctx", "16384", "--ignore-eos", "--slots", "2", "--max-seqs", "2", "--prefill-chunk", "16",
+                       "--cache-ram", "0")
+    a = open_raw(srv, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=LONG, stream=True))
+    try:
+        buf = b""
+        while buf.count(b"data: ") < 3:
+            chunk = a.recv(65536)
+            assert chunk, "the generating stream ended early"
+            buf += chunk
+        long_body = chat_body("Summarize: " + " ".join(f"line {i} of the record." for i in range(600)), max_tokens=8)
+        b = open_raw(srv, "/v1/chat/completions", long_body)
+        deadline = time.monotonic() + 10
+        while srv.metric("tern_requests_generating") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.metric("tern_requests_generating") == 2, "the long prompt was not admitted beside the stream"
+        time.sleep(0.3)  # a few chunks into its prefill
+        b.close()
+        t0 = time.monotonic()
+        while srv.metric("tern_requests_generating") != 1 and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        left = time.monotonic() - t0
+        assert srv.metric("tern_requests_generating") == 1, "the abandoned prefill never left"
+        assert left < 2, f"the abandoned prefill took {left:.1f} s to leave: it ran to its end"
+        got = len(buf)
+        time.sleep(0.3)
+        a.settimeout(5)
+        assert len(a.recv(65536)) > 0 and got > 0, "the generating stream stopped"
+    finally:
+        a.close()
+    assert wait_generating_zero(srv), "tern_requests_generating did not return to 0"
+
+
 def test_queue_limit_429(start_server):
     # one request generates at a time, so the queue holds the others
     srv = start_server("--ctx", "8192", "--ignore-eos", "--queue-limit", "2", "--max-seqs", "1")
