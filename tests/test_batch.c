@@ -359,3 +359,48 @@ Test(batch, generations_step_together) {
     free(logits);
     tern_model_free(m);
 }
+
+/* Bad calls of tern_gen_step_many are refused with a message, nothing
+ * moved: nothing to step, NULL pieces, a generation that is over, a
+ * session stepped twice. */
+Test(batch, step_many_refuses_bad_calls) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    int V = tern_model_vocab_size(m);
+    tern_session *s = tern_session_create(m, &(tern_session_params){0}, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    int32_t prompt[3] = {1, 2, 3};
+    tern_gen_params gp = {.n_predict = 1, .ignore_eos = 1};
+    tern_sampler_params_default(&gp.sampling);
+    tern_gen *g = tern_gen_create(s, NULL, prompt, 3, &gp, NULL, NULL, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    float *logits = malloc((size_t)2 * V * sizeof *logits);
+    int rc[2];
+    tern_gen *none[1] = {NULL};
+    const int32_t *tok = prompt;
+    int n = 1;
+    cr_assert_eq(tern_gen_step_many(&g, 0, NULL, NULL, NULL, 0, logits, rc, &err), -1);
+    cr_assert(strstr(err.msg, "no generations"), "%s", err.msg);
+    cr_assert_eq(tern_gen_step_many(none, 1, NULL, NULL, NULL, 0, logits, rc, &err), -1);
+    cr_assert(strstr(err.msg, "generation 0 is NULL"), "%s", err.msg);
+    cr_assert_eq(tern_gen_step_many(&g, 1, NULL, NULL, NULL, 0, NULL, rc, &err), -1);
+    cr_assert_eq(tern_gen_step_many(&g, 1, NULL, &tok, &n, 1, logits, rc, &err), -1);
+    cr_assert(strstr(err.msg, "extra"), "%s", err.msg);
+    /* its own session again as an extra one */
+    cr_assert_eq(tern_gen_step_many(&g, 1, &s, &tok, &n, 1, logits, rc, &err), -1);
+    cr_assert(strstr(err.msg, "is also session"), "%s", err.msg);
+    cr_assert_eq(tern_session_pos(s), 0, "a refused step moved the session");
+    /* two steps end a one-token generation; a third is refused */
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(tern_gen_step_many(&g, 1, NULL, NULL, NULL, 0, logits, rc, &err), 0, "%s", err.msg);
+        cr_assert_eq(rc[0], 0, "%s", err.msg);
+    }
+    cr_assert_eq(tern_gen_step_many(&g, 1, NULL, NULL, NULL, 0, logits, rc, &err), -1);
+    cr_assert(strstr(err.msg, "is over"), "%s", err.msg);
+    tern_gen_end(g, 1, NULL);
+    free(logits);
+    tern_session_destroy(s);
+    tern_model_free(m);
+}

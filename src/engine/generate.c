@@ -317,6 +317,13 @@ int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra
                        const int *extra_n, int n_extra, float *logits, int *rc, tern_error *err) {
     int B = n_gen + n_extra;
     if (n_gen < 0 || n_extra < 0 || B < 1) return tern_fail(err, "no generations or sessions to step");
+    if (!logits || (n_gen && (!g || !rc))) return tern_fail(err, "logits, and with generations g and rc, are needed");
+    if (n_extra && (!extra || !extra_tokens || !extra_n))
+        return tern_fail(err, "%d extra sessions without their sessions, tokens or counts", n_extra);
+    for (int i = 0; i < n_gen; i++)
+        if (!g[i]) return tern_fail(err, "generation %d is NULL", i);
+    for (int i = 0; i < n_extra; i++)
+        if (!extra[i]) return tern_fail(err, "extra session %d is NULL", i);
     tern_session **s = malloc((size_t)B * sizeof *s);
     const int32_t **tokens = malloc((size_t)B * sizeof *tokens);
     int *n = malloc((size_t)B * sizeof *n);
@@ -333,7 +340,7 @@ int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra
             draw[i].u = next_u(&g[i]->g);
         }
     }
-    for (int i = 0; i < n_extra; i++) {
+    for (int i = 0; ret == 0 && i < n_extra; i++) {
         s[n_gen + i] = extra[i];
         tokens[n_gen + i] = extra_tokens[i];
         n[n_gen + i] = extra_n[i];
