@@ -5,7 +5,7 @@ responses and the time to the first token of cold prompts.
     python3 tools/bench_server.py --url http://127.0.0.1:8080 [--endpoint chat|completions]
         [--prompt-tokens 1024] [--gen 128] [--runs 3] [--ttft-runs 5] [--json FILE]
     python3 tools/bench_server.py --url ... --concurrency 1,4,16,64 [--prompt-range 512:4096] [--gen 256]
-        [--requests-per-stream 2] [--json FILE]
+        [--requests-per-stream 2] [--seed N] [--json FILE]
 
 Decode: a streamed request of --gen tokens (ignore_eos) after a prompt of
 about --decode-prompt tokens; the rate is (tokens - 1) over the time from
@@ -189,7 +189,7 @@ def run_level(url, n, a, words_per_token, salt):
 
 
 def concurrency(a):
-    salt = random.randrange(1 << 30)
+    salt = a.seed if a.seed is not None else random.randrange(1 << 30)
     probe = prompt_text(400, salt)
     words_per_token = 400 / max(1, count_tokens(a.url, probe))
     stream_chunks(a.url, prompt_text(64, salt + 1), 8)   # warm-up
@@ -234,6 +234,8 @@ def main():
     ap.add_argument("--concurrency", type=int_list, help="stream counts, e.g. 1,4,16,64 (the concurrency mode)")
     ap.add_argument("--prompt-range", type=token_range, default=(512, 4096))
     ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--seed", type=int, help="the concurrency mode's prompts (default: new ones each run; a seed "
+                    "repeats them, for runs side by side)")
     a = ap.parse_args()
     a.gen = a.gen or (256 if a.concurrency else 128)
     if a.concurrency:
