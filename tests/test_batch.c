@@ -179,6 +179,11 @@ Test(batch, bad_calls_are_refused_before_any_session_moves) {
     tern_session *mixed[2] = {a, c};
     cr_assert_neq(tern_session_eval_many(mixed, tok, n, 2, NULL, &err), 0);
     cr_assert(strstr(err.msg, "another model"), "%s", err.msg);
+    cr_assert_neq(tern_session_eval_many(two, NULL, n, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "are needed"), "%s", err.msg);
+    const int32_t *hole[2] = {ok, NULL};
+    cr_assert_neq(tern_session_eval_many(two, hole, n, 2, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "session 1: its tokens are NULL"), "%s", err.msg);
     int zero[2] = {2, 0};
     cr_assert_neq(tern_session_eval_many(two, tok, zero, 2, NULL, &err), 0);
     cr_assert(strstr(err.msg, "no tokens"), "%s", err.msg);

@@ -47,7 +47,7 @@ static int buf_add(text_buf *b, const char *text, size_t len) {
  * between <think> tags elsewhere, or not at all with --hide-reasoning) and
  * kept (--json, the chat transcript). */
 typedef struct {
-    int echo, keep, hide, tty;
+    int echo, hide, tty;
     tern_output_parser *parser;
     text_buf raw, answer, reasoning;
     int showing;                 /* the echo is inside the reasoning */
@@ -71,7 +71,7 @@ static int on_part(void *user, const tern_out_event *ev, tern_error *err) {
     sink *k = user;
     int reasoning = ev->kind == TERN_OUT_REASONING;
     if (ev->kind != TERN_OUT_CONTENT && !reasoning) return 0;   /* (no tool calls parsed here) */
-    if (k->keep && buf_add(reasoning ? &k->reasoning : &k->answer, ev->text, ev->len)) {
+    if (buf_add(reasoning ? &k->reasoning : &k->answer, ev->text, ev->len)) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
     }
@@ -98,7 +98,7 @@ static int on_text(void *ctx, const char *text, size_t len) {
 /* A sink for one reply; start_in_reasoning: the prompt opened a <think>
  * block. */
 static int sink_init(sink *k, const cli_opts *o, int echo_on, int start_in_reasoning) {
-    *k = (sink){.echo = echo_on, .keep = 1, .hide = o->hide_reasoning, .tty = isatty(STDOUT_FILENO)};
+    *k = (sink){.echo = echo_on, .hide = o->hide_reasoning, .tty = isatty(STDOUT_FILENO)};
     tern_output_params op = {.start_in_reasoning = start_in_reasoning};
     tern_error err;
     if ((k->parser = tern_output_parser_create(&op, on_part, k, &err))) return 0;

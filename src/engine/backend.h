@@ -41,9 +41,9 @@ typedef struct tern_backend {
     int kv_bits;              /* the KV rows' precision when the session asks none (kv_bits 0) */
     int eval_piece;           /* tokens per forward call of an evaluation; 0: the whole run at once */
     /* A server steps its requests together (tern_model_batches): the CPU's.
-     * Not the GPU's, whose one-request decode draws on the device, with the
-     * next step launched before the last id is read; forward_many's rows
-     * are drawn on the host. */
+     * Not yet the GPU's, whose forward_many is slower than one request's
+     * captured step with the next one launched before the last id is read
+     * (docs/PERFORMANCE.md, "Many sequences at once"). */
     int server_batches;
 
     /* s->state: made once s->kvf and s->max_ctx are set (after a failure,
@@ -58,15 +58,13 @@ typedef struct tern_backend {
     /* tern_forward's step: T checked tokens at s->pos, the rows reserved. */
     int (*forward)(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                    float *hidden_out, tern_error *err);
-    /* Several sessions' steps in one pass (tern_session_eval_many, each
-     * checked and its rows reserved); NULL: one after another. */
+    /* Several sessions' steps in one pass (tern_session_eval_many_draw,
+     * each checked and its rows reserved). draw and id may be NULL: a row
+     * with draw[i].on is drawn in the step by its own rule, into id[i],
+     * where the backend draws there (the GPU); every other row's id is -1
+     * and its logits go to logits + i * vocab (logits may be NULL). */
     int (*forward_many)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                        float *logits, tern_error *err);
-    /* The same pass with rows drawn in the step (draw[i].on, each its own
-     * rule, into id[i]; the others' logits into logits + i * vocab); NULL
-     * where the backend does not draw in the step. */
-    int (*forward_many_draw)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                             const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+                        const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
     /* tern_mtp_forward's head (fails where it does not run). */
     int (*mtp_forward)(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
                        tern_error *err);

@@ -138,8 +138,11 @@ static int cpu_wait(tern_error *err) { return 0; }
  * the GDN chunk keeps the chunk boundaries where one long call puts them. */
 #define EVAL_PIECE 512
 
+/* The CPU draws no row in the step: every row's logits come back. */
 static int cpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                            float *logits, tern_error *err) {
+                            const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+    (void)draw;
+    for (int i = 0; id && i < n_seq; i++) id[i] = -1;
     tern_cpu_seq *q = malloc((size_t)n_seq * sizeof *q);
     if (!q) return tern_fail(err, "out of memory");
     size_t V = (size_t)s[0]->m->cfg.vocab;

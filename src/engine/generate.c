@@ -193,7 +193,7 @@ static void gen_drain(tern_session *s) {
     while (tern_session_sample_in_flight(s) > 0 && tern_session_sample_wait(s, &id, &e) == 0) {}
 }
 
-/* ---- generation in steps: the host's logits, the CPU sampler ------------- */
+/* ---- generation in steps (tern_gen) ---------------------------------------- */
 
 enum { GEN_PROMPT, GEN_NEXT, GEN_DONE };
 
@@ -212,8 +212,8 @@ struct tern_gen {
     tern_gen_stats st;
 };
 
-static tern_gen *gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
-                            const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
+tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                          const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
     if (n_prompt == 0) {
         tern_fail(err, "generation needs at least one prompt token");
         return NULL;
@@ -232,11 +232,6 @@ static tern_gen *gen_create(tern_session *s, tern_tokenizer *tok, const int32_t 
         return NULL;
     }
     return g;
-}
-
-tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
-                          const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
-    return gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
 }
 
 int tern_gen_input(const tern_gen *g, const int32_t **tokens) {
@@ -334,11 +329,13 @@ int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra
     for (int i = 0; ret == 0 && i < n_gen; i++) {
         s[i] = g[i]->s;
         if ((n[i] = tern_gen_input(g[i], &tokens[i])) < 1) ret = tern_fail(err, "generation %d is over", i);
-        /* drawn in the step where the rule and the session allow */
-        if ((draw[i].on = g[i]->g.gpu.on)) {
-            draw[i].r = g[i]->g.gpu.r;
-            draw[i].u = next_u(&g[i]->g);
-        }
+    }
+    /* drawn in the step where the rule and the session allow (the random
+     * numbers taken only once every input is known good) */
+    for (int i = 0; ret == 0 && i < n_gen; i++) {
+        if (!(draw[i].on = g[i]->g.gpu.on)) continue;
+        draw[i].r = g[i]->g.gpu.r;
+        draw[i].u = next_u(&g[i]->g);
     }
     for (int i = 0; ret == 0 && i < n_extra; i++) {
         s[n_gen + i] = extra[i];
@@ -414,7 +411,7 @@ int tern_generate(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, s
     memset(stats, 0, sizeof *stats);
     stats->last_token = -1;
     stats->stop_index = -1;
-    tern_gen *g = gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
+    tern_gen *g = tern_gen_create(s, tok, prompt, n_prompt, p, on_text, ctx, err);
     if (!g) return -1;
     int rc = g->g.gpu.on ? gpu_loop(g, err) : step_loop(g, err);
     tern_gen_end(g, rc == 0, stats);

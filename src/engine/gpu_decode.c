@@ -489,8 +489,8 @@ static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, 
  * session's last token drawn on the device (draw[i].on, into id[i]) or its
  * logits copied back. Sessions that cannot share a pass run one after
  * another, drawn on the host. */
-int tern_gpu_forward_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                               const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                          const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
     size_t V = (size_t)s[0]->m->cfg.vocab;
     if (n_seq == 1 || !pass_fits(s, n, n_seq)) {
         for (int i = 0; i < n_seq; i++) {
@@ -532,11 +532,6 @@ int tern_gpu_forward_many_draw(tern_session *const *s, const int32_t *const *tok
     }
     if (gm->serial) ((gpu_model *)gm)->last = s[0];
     return 0;
-}
-
-int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                          float *logits, tern_error *err) {
-    return tern_gpu_forward_many_draw(s, tokens, n, n_seq, NULL, NULL, logits, err);
 }
 
 /* (a vocabulary too large for the sampler's merge at this top-k: the CPU

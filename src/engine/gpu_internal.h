@@ -159,7 +159,7 @@ typedef struct gpu_session {
     int drawn;                    /* a sampled step was launched: d_id holds its draw */
     struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any */
     int32_t *host_ids;            /* routing observer */
-    /* a pass's draws (tern_gpu_forward_many_draw): a sampler workspace of
+    /* a pass's draws (tern_gpu_forward_many): a sampler workspace of
      * draw_ws bytes a row, and LOGIT_ROWS u then ids in page-locked memory */
     void *draw_work;
     size_t draw_ws;
@@ -248,12 +248,10 @@ int tern_gpu_layers(tern_session *s, int T, tern_error *err);
  * tern_forward's (no per-token hidden states). */
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      float *hidden_out, tern_error *err);
-/* Several sessions' tokens in one pass (backend.h's forward_many), and
- * the same with rows drawn in the step (forward_many_draw). */
+/* Several sessions' tokens in one pass, rows drawn on the device
+ * (backend.h's forward_many). */
 int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                          float *logits, tern_error *err);
-int tern_gpu_forward_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                               const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+                          const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
 /* Sampling on the GPU (unless tern_load_params.debug.cpu_sampling):
  * tern_gpu_forward_sample is a decode step and the draw of the next id with
  * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured

@@ -1,4 +1,5 @@
-/* The GPU forward pass over T tokens, layer by layer, in forward.c's order
+/* The GPU forward pass over a gpu_pass (one session's T tokens, or
+ * several sessions' together), layer by layer, in forward.c's order
  * on the ops of src/cuda: the GEMV kernels or cuBLAS for the projections,
  * the prefill attention and the chunked DeltaNet past SUB tokens (the
  * decode forms up to it), the experts grouped by expert or the fused

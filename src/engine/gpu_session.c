@@ -312,7 +312,6 @@ const tern_backend tern_gpu_backend = {
     .reserve = tern_gpu_reserve,
     .forward = tern_gpu_forward,
     .forward_many = tern_gpu_forward_many,
-    .forward_many_draw = tern_gpu_forward_many_draw,
     .mtp_forward = gpu_mtp_forward,
     .sample_ok = tern_gpu_sample_ok,
     .forward_sample = tern_gpu_forward_sample,

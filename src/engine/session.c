@@ -159,8 +159,10 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logi
  * flight, valid tokens, and their rows reserved. */
 static int many_ok(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq, tern_error *err) {
     if (n_seq <= 0) return tern_fail(err, "no sessions to evaluate");
+    if (!s || !tokens || !n) return tern_fail(err, "the sessions, their tokens and their counts are needed");
     for (int i = 0; i < n_seq; i++) {
         if (!s[i]) return tern_fail(err, "session %d is NULL", i);
+        if (!tokens[i]) return tern_fail(err, "session %d: its tokens are NULL", i);
         if (s[i]->m != s[0]->m) return tern_fail(err, "session %d belongs to another model than session 0", i);
         for (int j = 0; j < i; j++)
             if (s[j] == s[i]) return tern_fail(err, "session %d is also session %d", i, j);
@@ -174,24 +176,15 @@ static int many_ok(tern_session *const *s, const int32_t *const *tokens, const i
     return 0;
 }
 
-int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                           float *logits, tern_error *err) {
-    if (many_ok(s, tokens, n, n_seq, err)) return -1;
-    size_t V = (size_t)s[0]->m->cfg.vocab;
-    if (s[0]->be->forward_many) return s[0]->be->forward_many(s, tokens, n, n_seq, logits, err);
-    for (int i = 0; i < n_seq; i++)
-        if (s[i]->be->forward(s[i], tokens[i], n[i], logits ? logits + (size_t)i * V : NULL, 0, NULL, err)) return -1;
-    return 0;
-}
-
 int tern_session_eval_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
                                 const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
-    if (n_seq > 0 && s[0] && s[0]->be->forward_many_draw) {
-        if (many_ok(s, tokens, n, n_seq, err)) return -1;
-        return s[0]->be->forward_many_draw(s, tokens, n, n_seq, draw, id, logits, err);
-    }
-    for (int i = 0; i < n_seq; i++) id[i] = -1;
-    return tern_session_eval_many(s, tokens, n, n_seq, logits, err);
+    if (many_ok(s, tokens, n, n_seq, err)) return -1;
+    return s[0]->be->forward_many(s, tokens, n, n_seq, draw, id, logits, err);
+}
+
+int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                           float *logits, tern_error *err) {
+    return tern_session_eval_many_draw(s, tokens, n, n_seq, NULL, NULL, logits, err);
 }
 
 int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, tern_error *err) {

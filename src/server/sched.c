@@ -536,16 +536,15 @@ static int pre_chunk(srv_sched *s, int *from, int *to) {
 }
 
 /* After a step: the prefilled job's chunk is in (rc 0) or the step failed;
- * its generation begins once the prompt is in. 1: it left. */
-static int pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_error *err) {
+ * its generation begins once the prompt is in, and a failure ends it. */
+static void pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_error *err) {
     active *a = s->act[i];
     if (rc == 0) rc = prefill_advance(s, a, from, to, err);
-    if (rc == 0 && a->r.sl->n_toks < a->j->n_prompt - 1) return 0;
+    if (rc == 0 && a->r.sl->n_toks < a->j->n_prompt - 1) return;
     s->pre = NULL;
-    if (rc == 0 && begin_gen(s, a, err) == 0) return 0;
+    if (rc == 0 && begin_gen(s, a, err) == 0) return;
     end_early(s, a, -1, err);
     retire(s, i);
-    return 1;
 }
 
 /* One step of every running job together (tern_gen_step_many): each
