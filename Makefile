@@ -26,6 +26,12 @@ LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/%.o)
 TEST_OBJ:= $(TEST_SRC:%.c=$(B)/%.o)
 SRV_OBJ := $(SRV_SRC:%.c=$(B)/%.o)
+# The chat page's files (src/server/web/), embedded into the binary as byte
+# arrays generated at build time (never checked in).
+WEB_FILES := $(sort $(wildcard src/server/web/*))
+WEB_OBJ := $(B)/gen/web_assets.o
+CLI_OBJ += $(WEB_OBJ)
+SRV_OBJ += $(WEB_OBJ)
 
 # The CUDA backend (make CUDA=1, make test-cuda): mk/cuda.mk adds its objects
 # and libraries to the ones above when CUDA=1.
@@ -41,6 +47,13 @@ deps:
 
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/gen/web_assets.c: $(WEB_FILES) tools/embed_web.sh
+	@mkdir -p $(dir $@)
+	tools/embed_web.sh $(WEB_FILES) > $@.tmp && mv $@.tmp $@
+
+$(B)/gen/web_assets.o: $(B)/gen/web_assets.c
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
 
 # tern bench prints the commit it was built from: that one object is rebuilt

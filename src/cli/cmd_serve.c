@@ -14,11 +14,14 @@ static void serve_usage(FILE *f) {
             "usage: tern serve [-m DIR] [options]\n"
             "An OpenAI- and Anthropic-compatible HTTP server (docs/SERVER.md): POST /v1/chat/completions,\n"
             "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models,\n"
-            "/health, /metrics. Every `tern run` model, device and sampling option applies (tern --help).\n"
+            "/health, /metrics; a chat page at / (in a browser). Every `tern run` model, device and sampling\n"
+            "option applies (tern --help).\n"
             "server:\n"
             "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N               port (default 8080; 0 picks a free one)\n"
-            "  --api-key KEY          require Authorization: Bearer KEY or x-api-key: KEY (default: none)\n"
+            "  --api-key KEY          require Authorization: Bearer KEY or x-api-key: KEY (default: none;\n"
+            "                         the chat page asks for it)\n"
+            "  --no-webui             no chat page at / (default: served, with its files built into tern)\n"
             "  --model-id NAME        the name responses carry (default: the model directory's name)\n"
             "  --strict-model         refuse requests that name another model (default: any name is served)\n"
             "  --slots N              live sessions kept for conversations that continue (default 4)\n"
@@ -79,7 +82,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 
 int tern_cli_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_connections = 64,
-                    .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .slots = 4, .max_seqs = 16, .queue_limit = 16,
+                    .read_timeout_s = 30, .idle_timeout_s = 60, .heartbeat_s = 5, .webui = 1, .slots = 4, .max_seqs = 16, .queue_limit = 16,
                     .responses_store = 64, .max_tokens = -1, .think = 1, .cache_ram = -1, .cache_vram = -1,
                     .checkpoint_interval = 2048, .cache_disk_size = -1};
     tern_synth_params synth = {.bits = 4};
@@ -98,6 +101,7 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("-h") || IS("--help")) { serve_usage(stdout); cli_usage(stdout); free(rest); return 0; }
         if (IS("--strict-model")) { p.strict_model = 1; continue; }
         if (IS("--no-think")) { p.think = 0; continue; }
+        if (IS("--no-webui")) { p.webui = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
         if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
         int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") || IS("--prefill-chunk") ||

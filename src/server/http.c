@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/web.h"
 #include "util/clock.h"
 
 /* How often a waiting handler looks at its client's socket and its job. */
@@ -114,6 +115,7 @@ static int client_gone(int fd) {
 
 typedef enum route_id {
     R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
+    R_WEB,
 } route_id;
 
 typedef struct route {
@@ -136,6 +138,9 @@ static const route ROUTES[] = {
     {R_COUNT_TOKENS, "POST", "/messages/count_tokens", "count_tokens", 0, SRV_API_ANTHROPIC},
 };
 
+/* The chat page's files (web.c), at their own paths (no "/v1"). */
+static const route WEB_ROUTE = {R_WEB, "GET", "/", "web", 0, SRV_API_OPENAI};
+
 static const char *unversioned(const char *url) { return strncmp(url, "/v1/", 4) ? url : url + 3; }
 #define N_ROUTES (sizeof ROUTES / sizeof *ROUTES)
 
@@ -145,10 +150,15 @@ static int path_matches(const route *rt, const char *url) {
 }
 
 /* The route for url and method; *wrong_method when only the method differs. */
-static const route *find_route(const char *url, const char *method, int *wrong_method) {
+static const route *find_route(const srv_http *h, const char *url, const char *method, int *wrong_method) {
     *wrong_method = 0;
-    url = unversioned(url);
     int head = !strcmp(method, "HEAD");
+    if (h->p.webui && srv_web_is_path(url)) {
+        if (head || !strcmp(method, "GET")) return &WEB_ROUTE;
+        *wrong_method = 1;
+        return NULL;
+    }
+    url = unversioned(url);
     for (size_t i = 0; i < N_ROUTES; i++) {
         if (!path_matches(&ROUTES[i], url)) continue;
         if (!strcmp(method, ROUTES[i].method) || (head && !strcmp(ROUTES[i].method, "GET"))) return &ROUTES[i];
@@ -444,6 +454,7 @@ static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx 
 /* The body complete: parse it and answer the route. */
 static enum MHD_Result dispatch(req *r, struct MHD_Connection *c, const char *url) {
     srv_ctx *ctx = atomic_load(&r->h->ctx);
+    if (r->rt->id == R_WEB) return srv_web_answer(c, url, &r->status);
     if (r->rt->id == R_HEALTH)
         return ctx ? send_json(r, c, 200, json_pack("{s:s}", "status", "ok"))
                    : send_json(r, c, 503, json_pack("{s:s}", "status", "loading"));
@@ -489,7 +500,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r->ct = ci ? ci->socket_context : NULL;
         atomic_fetch_add(&h->in_flight, 1);
         int wrong_method;
-        r->rt = find_route(url, method, &wrong_method);
+        r->rt = find_route(h, url, method, &wrong_method);
         if (!r->rt) {
             r->api = strncmp(unversioned(url), "/messages", 9) == 0 ? SRV_API_ANTHROPIC : SRV_API_OPENAI;
             if (wrong_method) return fail(r, c, 405, NULL, "%s is not allowed here", method);
@@ -499,7 +510,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int bad_header = 0;
         MHD_get_connection_values(c, MHD_HEADER_KIND, header_name_ok, &bad_header);
         if (bad_header) return fail(r, c, 400, NULL, "%s", "a header name holds whitespace");
-        if (r->rt->id != R_HEALTH && !authorized(h, c)) {
+        /* the page holds no data: it loads, then asks for the key the API wants */
+        if (r->rt->id != R_HEALTH && r->rt->id != R_WEB && !authorized(h, c)) {
             srv_err e;
             srv_fail(&e, 401, NULL, "invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)");
             e.code = "invalid_api_key";

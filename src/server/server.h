@@ -19,6 +19,7 @@ typedef struct srv_params {
     double read_timeout_s;       /* a request's headers and body must arrive within this */
     double idle_timeout_s;       /* a keep-alive connection with nothing to do is closed after this */
     double heartbeat_s;          /* SSE keep-alive comment while a stream waits */
+    int webui;                   /* the chat page at / (src/server/web/) */
     /* the model */
     const char *model_dir;       /* a model directory, or NULL with synth */
     const tern_synth_params *synth;   /* an in-memory synthetic model (tokenizer_dir then required) */
