@@ -341,6 +341,19 @@ def test_markdown_and_hostile_output(browser, server):
     assert copied.startswith("def greet(name: str)") and "```" not in copied, copied
     meta = p.el(".msg.assistant .meta").text
     assert meta == "64 tokens · 152.4 tokens/s · prompt 31 (12 cached)", meta
+
+    # without the Debian libraries: the plain renderer, fenced code still a code block, HTML still text
+    p.js("window.marked = undefined; window.hljs = undefined")
+    for title in ("Tell me a fortune", "Show me some HTML"):
+        p.js("[...document.querySelectorAll('#conv-list .open')].find(b => b.textContent.startsWith(arguments[0]))"
+             ".click()", title)
+    time.sleep(0.3)
+    plain = p.js("""const m = document.querySelector('.msg.assistant .body');
+        return {code: (m.querySelector('.codeblock pre code') || {}).textContent, strong: !!m.querySelector('strong'),
+                elements: [...m.querySelectorAll('*')].map(e => e.tagName.toLowerCase()), text: m.textContent}""")
+    assert plain["code"].startswith("def greet(name: str)") and not plain["strong"], plain
+    assert set(plain["elements"]) <= {"p", "div", "span", "button", "pre", "code"}, plain["elements"]
+    assert "<img src=x onerror" in plain["text"] and p.js("return window.__pwned") is None
     assert p.errors() == []
 
 
@@ -395,9 +408,12 @@ def test_layout_and_audit(browser, server):
         p.js("document.activeElement.blur()")
         p.d.save_screenshot(str(SHOTS / "webui-phone.png"))
         p.el("#menu").click()
-        p.until("the list to open", lambda: p.js(
-            "return getComputedStyle(document.getElementById('sidebar')).visibility") == "visible")
-        p.el("#scrim").click()
+        visibility = lambda: p.js("return getComputedStyle(document.getElementById('sidebar')).visibility")
+        p.until("the list to open", lambda: visibility() == "visible")
+        assert p.js("return document.activeElement.id") == "new-chat"
+        from selenium.webdriver.common.keys import Keys
+        p.d.switch_to.active_element.send_keys(Keys.ESCAPE)
+        p.until("the list to close", lambda: visibility() == "hidden")
     finally:
         p.d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     for shot in ("webui-desktop.png", "webui-phone.png"):

@@ -1,23 +1,32 @@
-// The chat page: conversations (store.js), the reply stream (api.js), messages (view.js).
+// The chat page: conversations (store.js, sidebar.js), the reply stream (api.js), messages (view.js),
+// settings (settings.js) and attached files (attach.js).
 import { ApiError, health, modelId, streamChat } from "./api.js";
 import { Store, defaultSettings, titleOf } from "./store.js";
-import { assistantView, userView } from "./view.js";
+import { assistantView, editorView, userView } from "./view.js";
 import { initSidebar } from "./sidebar.js";
+import { initSettings } from "./settings.js";
+import { initAttachments } from "./attach.js";
 
 const $ = (id) => document.getElementById(id);
 const store = new Store();
 const ui = {
   messages: $("messages"), welcome: $("welcome"), input: $("input"), send: $("send"), stop: $("stop"),
-  title: $("title"), composer: $("composer"), file: $("file"), attachments: $("attachments"),
-  status: $("status"), statusText: $("status-text"), settings: $("settings"), settingsToggle: $("settings-toggle"),
+  title: $("title"), composer: $("composer"), status: $("status"), statusText: $("status-text"),
 };
 let conv = null;          // the open conversation (a draft until its first message)
-let running = null;       // {controller, msg, view} while a reply streams
-let pending = [];         // files attached to the next message: {name, text}
+let running = null;       // {controller} while a reply streams
 let healthTimer = null;
 
 store.onError = (msg) => showStatus(msg);
 const sidebar = initSidebar(store, { open: openConversation, fresh: newConversation, removed: onRemoved });
+const settings = initSettings(store, {
+  current: () => conv,
+  saved: (c) => { if (c.id) store.save(); },
+  keyChanged: () => { clearStatus(); loadModel(); },
+});
+const files = initAttachments({
+  input: $("file"), list: $("attachments"), box: ui.composer, focus: () => ui.input.focus(), complain: showStatus,
+});
 
 // ---- status -----------------------------------------------------------------------------------------------
 
@@ -49,7 +58,7 @@ function explain(e) {
   switch (e.status) {
   case 0: waitForServer(); return "The server is gone: nothing answers at this address. Waiting for it to come back…";
   case 401:
-    openSettings(true, true);
+    settings.open(true, true);
     return "The server asks for an API key: enter it under Settings (tern serve --api-key).";
   case 429: return "The server is busy: its queue is full. Try again in a moment.";
   case 503:
@@ -95,16 +104,21 @@ function onRemoved(id) {
   if (conv && conv.id === id) newConversation();
 }
 
-function persist() {
-  if (!conv.id) {
-    const c = store.create();
-    Object.assign(c, conv, { id: c.id });
-    conv = c;
-    store.current = c.id;
+// Saves conversation c, adding it to the list when it is the draft; returns what was saved.
+function persist(c) {
+  if (!c.id) {
+    const saved = store.create();
+    Object.assign(saved, c, { id: saved.id });
+    if (conv === c) {
+      conv = saved;
+      store.current = saved.id;
+    }
+    c = saved;
   }
-  store.touch(conv);
+  store.touch(c);
   store.save();
   sidebar.render(conv.id);
+  return c;
 }
 
 // ---- messages ---------------------------------------------------------------------------------------------
@@ -114,7 +128,7 @@ function show() {
   document.title = conv.messages.length ? titleOf(conv) + " · tern" : "tern";
   const views = conv.messages.map((m, i) => viewOf(m, i));
   ui.messages.replaceChildren(...(views.length ? views : [ui.welcome]));
-  loadSettings();
+  settings.load(conv);
   sidebar.render(conv.id);
   scrollDown(true);
 }
@@ -136,10 +150,10 @@ function compose(text, files) {
   return parts.join("\n\n");
 }
 
-function apiMessages(upto) {
+function apiMessages(c, upto) {
   const out = [];
-  if (conv.settings.system.trim()) out.push({ role: "system", content: conv.settings.system });
-  for (const m of conv.messages.slice(0, upto)) {
+  if (c.settings.system.trim()) out.push({ role: "system", content: c.settings.system });
+  for (const m of c.messages.slice(0, upto)) {
     if (m.role === "user") out.push({ role: "user", content: compose(m.content, m.files || []) });
     else if (m.content || m.reasoning) {
       const a = { role: "assistant", content: m.content || "" };
@@ -150,24 +164,26 @@ function apiMessages(upto) {
   return out;
 }
 
-function requestBody(upto) {
-  const s = conv.settings;
-  const body = { messages: apiMessages(upto), chat_template_kwargs: { enable_thinking: !!s.thinking } };
+function requestBody(c, upto) {
+  const s = c.settings;
+  const body = { messages: apiMessages(c, upto), chat_template_kwargs: { enable_thinking: !!s.thinking } };
   if (s.temperature !== null) body.temperature = s.temperature;
   if (s.top_p !== null) body.top_p = s.top_p;
   if (s.max_tokens !== null) body.max_tokens = s.max_tokens;
   return body;
 }
 
+// Asks for the next reply of the open conversation, streaming it into its view. Opening another
+// conversation stops it; it is saved into the one it belongs to.
 async function generate() {
   const msg = { role: "assistant", content: "", reasoning: "" };
   conv.messages.push(msg);
-  persist();
+  let c = persist(conv);
   show();
   const view = ui.messages.lastElementChild;
   view.update(msg, true);
   const controller = new AbortController();
-  running = { controller, msg, view };
+  running = { controller };
   setBusy(true);
   let first = 0, last = 0, timer = null;
   const paint = () => {
@@ -176,7 +192,7 @@ async function generate() {
     scrollDown(false);
   };
   try {
-    const out = await streamChat(requestBody(conv.messages.length - 1), {
+    const out = await streamChat(requestBody(c, c.messages.length - 1), {
       apiKey: store.apiKey, signal: controller.signal,
       onDelta: (d) => {
         last = performance.now();
@@ -202,7 +218,7 @@ async function generate() {
     clearTimeout(timer);
     running = null;
     setBusy(false);
-    persist();
+    c = persist(c);
     view.update(msg, false);
     scrollDown(false);
   }
@@ -225,16 +241,13 @@ function stop() {
 function setBusy(busy) {
   ui.send.hidden = busy;
   ui.stop.hidden = !busy;
-  if (busy) ui.stop.focus({ preventScroll: true });
-  else if (document.activeElement === ui.stop || document.activeElement === document.body) ui.input.focus();
+  if (!busy && (document.activeElement === ui.stop || document.activeElement === document.body)) ui.input.focus();
 }
 
 function submit() {
   const text = ui.input.value.trim();
-  if (running || (!text && !pending.length)) return;
-  conv.messages.push({ role: "user", content: text, files: pending });
-  pending = [];
-  renderAttachments();
+  if (running || (!text && !files.count)) return;
+  conv.messages.push({ role: "user", content: text, files: files.take() });
   ui.input.value = "";
   autosize();
   generate();
@@ -246,43 +259,20 @@ function regenerate() {
   if (conv.messages.length) generate();
 }
 
-// Edit-and-resend: the message becomes an editor; saving drops what followed it and asks again.
+// Edit-and-resend: the message becomes an editor; sending drops what followed it and asks again.
 function edit(i) {
   if (running) return;
   const m = conv.messages[i];
-  const view = ui.messages.children[i];
-  const form = document.createElement("form");
-  form.className = "editor";
-  const label = document.createElement("label");
-  label.className = "visually-hidden";
-  label.textContent = "Edit the message";
-  const ta = document.createElement("textarea");
-  ta.id = "edit-" + i;
-  label.htmlFor = ta.id;
-  ta.value = m.content;
-  ta.rows = Math.min(12, m.content.split("\n").length + 1);
-  const save = document.createElement("button");
-  save.type = "submit";
-  save.className = "primary small";
-  save.textContent = "Send";
-  const cancel = document.createElement("button");
-  cancel.type = "button";
-  cancel.className = "small";
-  cancel.textContent = "Cancel";
-  cancel.addEventListener("click", show);
-  form.append(label, ta, save, cancel);
-  form.addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    conv.messages = conv.messages.slice(0, i);
-    conv.messages.push(Object.assign({}, m, { content: ta.value.trim() }));
-    generate();
+  const form = editorView(m, "edit-" + i, {
+    onCancel: show,
+    onSend: (text) => {
+      conv.messages = conv.messages.slice(0, i);
+      conv.messages.push(Object.assign({}, m, { content: text }));
+      generate();
+    },
   });
-  ta.addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); form.requestSubmit(); }
-    if (ev.key === "Escape") { ev.stopPropagation(); show(); }
-  });
-  view.replaceChildren(form);
-  ta.focus();
+  ui.messages.children[i].replaceChildren(form);
+  form.querySelector("textarea").focus();
 }
 
 // ---- composer ---------------------------------------------------------------------------------------------
@@ -304,96 +294,8 @@ ui.stop.addEventListener("click", stop);
 document.addEventListener("keydown", (ev) => {
   if (ev.key !== "Escape") return;
   if (running) { ev.preventDefault(); stop(); }
-  else if (!ui.settings.hidden) openSettings(false);
+  else if (settings.isOpen) settings.open(false);
 });
-
-const MAX_FILE = 1 << 20;
-
-async function attach(files) {
-  for (const f of files) {
-    if (f.size > MAX_FILE) { showStatus(f.name + " is larger than 1 MiB: attach a smaller text file."); continue; }
-    const text = await f.text();
-    if (text.includes("\u0000")) { showStatus(f.name + " is not a text file."); continue; }
-    pending.push({ name: f.name, text });
-  }
-  renderAttachments();
-  ui.input.focus();
-}
-
-function renderAttachments() {
-  ui.attachments.replaceChildren(...pending.map((f, i) => {
-    const li = document.createElement("li");
-    li.className = "chip";
-    li.append(document.createTextNode(f.name + " "));
-    const rm = document.createElement("button");
-    rm.type = "button";
-    rm.className = "link";
-    rm.textContent = "×";
-    rm.setAttribute("aria-label", "Remove " + f.name);
-    rm.addEventListener("click", () => { pending.splice(i, 1); renderAttachments(); ui.input.focus(); });
-    li.append(rm);
-    return li;
-  }));
-}
-
-ui.file.addEventListener("change", () => { attach([...ui.file.files]); ui.file.value = ""; });
-ui.composer.addEventListener("dragover", (ev) => ev.preventDefault());
-ui.composer.addEventListener("drop", (ev) => { ev.preventDefault(); attach([...ev.dataTransfer.files]); });
-
-// ---- settings and theme -----------------------------------------------------------------------------------
-
-const FIELDS = [["temperature", "temperature"], ["top-p", "top_p"], ["max-tokens", "max_tokens"]];
-
-function loadSettings() {
-  const s = conv.settings;
-  $("system").value = s.system;
-  for (const [id, key] of FIELDS) $(id).value = s[key] === null ? "" : String(s[key]);
-  $("thinking").checked = !!s.thinking;
-  $("api-key").value = store.apiKey;
-}
-
-function readSetting(id, key) {
-  const input = $(id);
-  const v = input.value.trim() === "" ? null : Number(input.value);
-  const ok = v === null || (Number.isFinite(v) && input.checkValidity());
-  input.setAttribute("aria-invalid", ok ? "false" : "true");
-  if (ok) conv.settings[key] = key === "max_tokens" && v !== null ? Math.round(v) : v;
-}
-
-function settingsChanged() {
-  conv.settings.system = $("system").value;
-  for (const [id, key] of FIELDS) readSetting(id, key);
-  conv.settings.thinking = $("thinking").checked;
-  if (conv.id) store.save();
-}
-
-for (const id of ["system", "temperature", "top-p", "max-tokens", "thinking"]) $(id).addEventListener("change", settingsChanged);
-$("api-key").addEventListener("change", () => {
-  store.apiKey = $("api-key").value.trim();
-  clearStatus();
-  loadModel();
-});
-
-function openSettings(open, focusKey) {
-  ui.settings.hidden = !open;
-  ui.settingsToggle.setAttribute("aria-expanded", String(open));
-  if (open && focusKey) $("api-key").focus();
-}
-
-ui.settingsToggle.addEventListener("click", () => openSettings(ui.settings.hidden));
-ui.settings.addEventListener("submit", (ev) => { ev.preventDefault(); settingsChanged(); openSettings(false); });
-
-const dark = window.matchMedia("(prefers-color-scheme: dark)");
-function theme() { return document.documentElement.dataset.theme || (dark.matches ? "dark" : "light"); }
-function showTheme() { $("theme").setAttribute("aria-pressed", String(theme() === "dark")); }
-$("theme").addEventListener("click", () => {
-  const t = theme() === "dark" ? "light" : "dark";
-  document.documentElement.dataset.theme = t;
-  store.theme = t;
-  showTheme();
-});
-dark.addEventListener("change", showTheme);
-showTheme();
 
 // ---- start ------------------------------------------------------------------------------------------------
 

@@ -31,13 +31,20 @@ export function initSidebar(store, { open, fresh, removed }) {
   const scrim = document.getElementById("scrim");
   let active = "";
 
+  const isOpen = () => document.body.classList.contains("side-open");
   const setOpen = (on) => {
     document.body.classList.toggle("side-open", on);
     menu.setAttribute("aria-expanded", String(on));
     scrim.hidden = !on;
+    if (on) document.getElementById("new-chat").focus();
   };
-  menu.addEventListener("click", () => setOpen(!document.body.classList.contains("side-open")));
+  menu.addEventListener("click", () => setOpen(!isOpen()));
   scrim.addEventListener("click", () => setOpen(false));
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Escape" || !isOpen()) return;
+    setOpen(false);
+    menu.focus();
+  });
   document.getElementById("new-chat").addEventListener("click", () => { setOpen(false); fresh(); });
   search.addEventListener("input", () => render(active));
 

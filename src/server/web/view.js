@@ -59,9 +59,8 @@ export function assistantView(m, { onRegenerate }) {
     if (msg.reasoning !== shown.reasoning) {
       reasoning.hidden = !msg.reasoning;
       rtext.textContent = msg.reasoning || "";
-      if (!touched) reasoning.open = streaming && !msg.content;
     }
-    if (!streaming && !touched) reasoning.open = false;
+    if (!touched) reasoning.open = streaming && !msg.content;   // open while it is all there is
     summary.textContent = streaming && !msg.content && msg.reasoning ? "Reasoning…" : "Reasoning";
     const calls = msg.tool_calls || [];
     if (calls.length !== shown.tools || streaming) {
@@ -105,4 +104,27 @@ function metaText(m) {
   if (m.finish === "length") parts.push("cut at max tokens");
   if (m.stopped) parts.push("stopped");
   return parts.join(" · ");
+}
+
+// A message of yours made editable: onSend(text) resends it, onCancel() puts it back.
+export function editorView(m, id, { onSend, onCancel }) {
+  const form = el("form", "editor");
+  const label = el("label", "visually-hidden", "Edit the message");
+  const ta = el("textarea");
+  ta.id = id;
+  label.htmlFor = id;
+  ta.value = m.content;
+  ta.rows = Math.min(12, m.content.split("\n").length + 1);
+  const send = el("button", "primary small", "Send");
+  send.type = "submit";
+  form.append(label, ta, send, button("Cancel", onCancel));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    onSend(ta.value.trim());
+  });
+  ta.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); form.requestSubmit(); }
+    if (ev.key === "Escape") { ev.stopPropagation(); onCancel(); }
+  });
+  return form;
 }
