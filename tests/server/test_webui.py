@@ -154,9 +154,10 @@ class Page:
         self.el("#input").send_keys(Keys.ENTER)
 
     def reply_state(self):
-        """(text length, streaming) of the last reply, or None."""
+        """(length of its reasoning and answer, streaming) of the last reply, or None."""
         return self.js("const a = [...document.querySelectorAll('.msg.assistant')].pop();"
-                       "return a ? [a.textContent.length, a.classList.contains('streaming')] : null")
+                       "return a ? [a.querySelector('.reasoning-text').textContent.length + "
+                       "a.querySelector('.body').textContent.length, a.classList.contains('streaming')] : null")
 
     def wait_reply_done(self, timeout=60):
         self.until("the reply to end", lambda: (s := self.reply_state()) is not None and not s[1], timeout)
@@ -193,8 +194,8 @@ def test_chat(browser, server, tmp_path):
     while (s := p.reply_state())[1]:
         lengths.append(s[0])
         time.sleep(0.03)
-    grew = sorted(set(lengths))
-    assert len(grew) >= 3 and lengths == sorted(lengths), f"the reply did not stream: lengths {lengths}"
+    # (markdown rendered as it comes need not grow at every step: "**b" shows two characters more than "**b**")
+    assert len(set(lengths)) >= 3 and lengths[-1] > lengths[0], f"the reply did not stream: lengths {lengths}"
     meta = p.el(".msg.assistant .meta").text
     assert "400 tokens" in meta and "tokens/s" in meta and "prompt" in meta and "cached" in meta, meta
     assert "chat prompt" in server.stderr() and "completion 400" in server.stderr(), "max tokens reached the server"
