@@ -174,7 +174,11 @@ int srv_run(const srv_params *p) {
     fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
             ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
             p->api_key ? ", API key required" : "");
-    if (p->webui) fprintf(stderr, "tern serve: chat page on http://%s:%d/\n", p->host, srv_http_port(http));
+    if (p->webui) {
+        int v6 = strchr(p->host, ':') != NULL;
+        fprintf(stderr, "tern serve: chat page on http://%s%s%s:%d/\n", v6 ? "[" : "", p->host, v6 ? "]" : "",
+                srv_http_port(http));
+    }
 
     pthread_mutex_lock(&ss.mu);
     while (ss.count == 0) pthread_cond_wait(&ss.cv, &ss.mu);
