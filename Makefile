@@ -49,9 +49,9 @@ $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@
 
-$(B)/gen/web_assets.c: $(WEB_FILES) tools/embed_web.sh
+$(B)/gen/web_assets.c: $(WEB_FILES) scripts/embed_web.sh
 	@mkdir -p $(dir $@)
-	tools/embed_web.sh $(WEB_FILES) > $@.tmp && mv $@.tmp $@
+	scripts/embed_web.sh $(WEB_FILES) > $@.tmp && mv $@.tmp $@
 
 $(B)/gen/web_assets.o: $(B)/gen/web_assets.c
 	$(CC) $(CFLAGS) $(DEP_CFLAGS) -MMD -MP -c $< -o $@

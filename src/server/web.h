@@ -1,6 +1,6 @@
 /* The chat page tern serve answers at / (docs/SERVER.md, "The chat page"):
  * its files, kept in src/server/web/ and embedded into the binary at build
- * time (tools/embed_web.sh writes the table below), and the Debian packaged
+ * time (scripts/embed_web.sh writes the table below), and the Debian packaged
  * markdown and highlighting libraries under /vendor/, read from their
  * installed paths when present. */
 #ifndef TERN_SERVER_WEB_H
