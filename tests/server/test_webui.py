@@ -186,6 +186,12 @@ def test_chat(browser, server, tmp_path):
     assert p.js("return typeof marked") == ("object" if os.path.exists(VENDOR["/vendor/marked.min.js"]) else "undefined")
     assert p.js("return document.activeElement.id") in ("input", ""), "the message box is ready"
 
+    # Shift+Enter is a new line, not a send
+    from selenium.webdriver.common.keys import Keys
+    p.el("#input").send_keys("one", Keys.SHIFT, Keys.ENTER, Keys.NULL, "two")
+    assert p.js("return document.getElementById('input').value") == "one\ntwo" and p.messages() == []
+    p.el("#input").clear()
+
     # a reply streams: its text grows while it is marked as streaming
     p.setting("#max-tokens", 400)
     p.send("Tell me a fortune")
@@ -203,7 +209,6 @@ def test_chat(browser, server, tmp_path):
     assert p.js("return document.querySelector('.msg.assistant .reasoning').open") is False, "collapsed when done"
 
     # stop: Esc aborts the stream and the server stops generating
-    from selenium.webdriver.common.keys import Keys
     before = server.metric("tern_requests_total", endpoint="chat", status="499")
     p.setting("#max-tokens", 100000)
     p.send("Tell me a long story")
@@ -276,6 +281,23 @@ def test_chat(browser, server, tmp_path):
     assert p.conversations() == ["Tell me a fortune"]
     p.d.refresh()
     p.until("the list", lambda: p.conversations() == ["Tell me a fortune"])
+
+    # a conversation's own system prompt and thinking switch; an out-of-range setting is refused
+    p.el("#new-chat").click()
+    p.setting("#temperature", 5)
+    assert p.el("#temperature").get_attribute("aria-invalid") == "true"
+    p.setting("#temperature", 0.7)
+    assert p.el("#temperature").get_attribute("aria-invalid") == "false"
+    p.setting("#system", " ".join(f"rule{i}" for i in range(60)))
+    p.el("#settings-toggle").click()
+    p.el("#thinking").click()
+    p.el("#settings-toggle").click()
+    p.send("Hi")
+    p.wait_reply_done()
+    assert prompt_tokens(p) >= 60, "the system prompt did not reach the prompt"
+    assert p.el(".msg.assistant .reasoning").get_attribute("hidden") is not None, "thinking was off"
+    saved = p.js("return JSON.parse(localStorage.getItem('tern.conversations'))[0].settings")
+    assert saved["temperature"] == 0.7 and saved["thinking"] is False and saved["system"].startswith("rule0"), saved
     assert p.errors() == []
 
 
@@ -287,11 +309,12 @@ ANSWER = ("Here is a small function:\n\n```python\ndef greet(name: str) -> str:\
           "- works with any string\n- needs no imports\n")
 
 
-def conversation(cid, updated, user, answer, reasoning):
+def conversation(cid, updated, user, answer, reasoning, tool_calls=()):
     return {"id": cid, "title": "", "created": updated, "updated": updated,
             "settings": {"system": "", "temperature": None, "top_p": None, "max_tokens": None, "thinking": True},
             "messages": [{"role": "user", "content": user, "files": []},
                          {"role": "assistant", "reasoning": reasoning, "content": answer, "finish": "stop", "tps": 152.4,
+                          "tool_calls": list(tool_calls),
                           "usage": {"prompt_tokens": 31, "completion_tokens": 64,
                                     "prompt_tokens_details": {"cached_tokens": 12}}}]}
 
@@ -301,7 +324,8 @@ STORED = [
     conversation("demo", 3, "Write a Python function that greets someone.", ANSWER,
                  "A one-line function is enough; show how to call it."),
     conversation("hostile", 2, "Show me some HTML <img src=x onerror=\"window.__pwned=7\">", ANSWER + HOSTILE,
-                 "Some reasoning. <script>window.__pwned=6</script>"),
+                 "Some reasoning. <script>window.__pwned=6</script>",
+                 [{"name": "get_weather", "arguments": '{"city": "Paris <script>window.__pwned=8</script>"}'}]),
     conversation("fortune", 1, "Tell me a fortune", "You will be hungry again in one hour.", "A short fortune."),
 ]
 
@@ -329,6 +353,8 @@ def test_markdown_and_hostile_output(browser, server):
     assert found["scripts"] == 0 and found["imgs"] == 0 and found["handlers"] == [], found
     assert not any(h.lower().startswith("javascript:") for h in found["hrefs"]), found["hrefs"]
     assert "<script>window.__pwned=1</script>" in found["text"], "raw HTML is shown as text"
+    call = p.el(".msg.assistant .toolcall")
+    assert p.el(".toolcall summary").text == "Tool call: get_weather" and '"city": "Paris <script>' in call.text
     code = p.el(".codeblock pre code")
     assert "def greet(name: str) -> str:" in code.text
     assert p.el(".codeblock .codebar").text.startswith("python")
