@@ -9,7 +9,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iinclude -Isrc
-DEPS    := jansson libpcre2-8 libutf8proc libcrypto libmicrohttpd
+DEPS    := jansson libpcre2-8 libutf8proc libcrypto libmicrohttpd libcurl
 DEP_CFLAGS = $(shell pkg-config --cflags $(DEPS) 2>/dev/null)
 DEP_LIBS   = $(shell pkg-config --libs $(DEPS) 2>/dev/null) -lm -pthread
 TEST_LIBS  = $(shell pkg-config --libs criterion 2>/dev/null)

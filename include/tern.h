@@ -549,6 +549,9 @@ typedef struct tern_pack_params {
 /* Packs p->src into p->dst with the install semantics of docs/FORMAT.md
  * (DST.partial, lock, fsyncs, atomic rename). Same inputs, same bytes. */
 int tern_pack(const tern_pack_params *p, tern_error *err);
+/* Checks p's options (bits, group) as tern_pack would, touching no file:
+ * a caller that must first produce the source (tern pull) fails early. */
+int tern_pack_check(const tern_pack_params *p, tern_error *err);
 
 /* Rehashes every file of a packed directory against its manifest, checks
  * the layout, and on success writes the receipt verified-install.json.

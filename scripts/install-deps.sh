@@ -4,7 +4,7 @@
 set -euo pipefail
 # clang and libclang-rt-dev (libFuzzer, only recommended by clang) for make fuzz.
 pkgs=(build-essential pkg-config libjansson-dev libcriterion-dev libpcre2-dev
-      libutf8proc-dev libssl-dev libmicrohttpd-dev clang libclang-rt-dev)
+      libutf8proc-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

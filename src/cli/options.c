@@ -21,6 +21,7 @@ void cli_usage(FILE *f) {
         "  info                                            architecture, tensors, parameter counts\n"
         "  tokenize  TEXT | --decode IDS                   text -> ids, or ids -> text\n"
         "  perplexity -f FILE [--ctx N]                    perplexity of a text in windows of N tokens\n"
+        "  pull      REPO[@REV] [DST] [options]            download a Hugging Face model and pack it (--help)\n"
         "  pack      SRC DST [options]                     convert to tern's packed format (tern pack --help)\n"
         "  verify    DIR                                   rehash a packed model against its manifest\n"
         "  synth     DST [options]                         write a random-weight model at an exact shape (--help)\n"
