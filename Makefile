@@ -33,7 +33,7 @@ SRV_OBJ := $(SRV_SRC:%.c=$(B)/%.o)
 -include mk/cuda.mk
 -include mk/fuzz.mk
 
-.PHONY: all deps test run asan check clean mutation-check bench test-server soak FORCE
+.PHONY: all deps test run asan check clean mutation-check bench test-server test-pull soak FORCE
 all: $(B)/tern
 
 deps:
@@ -84,6 +84,7 @@ test: deps
 	$(MAKE) asan
 	ASAN_OPTIONS=detect_leaks=1 TERN_BIN=build-asan/tern build-asan/tern-tests --jobs 2
 	$(MAKE) test-server
+	$(MAKE) test-pull
 	python3 tools/mutation_check.py
 
 # tern serve end to end (tests/server, Python): the official SDKs and the real
@@ -94,6 +95,12 @@ test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
 	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py
+
+# tern pull against a local mock of the Hugging Face hub (tests/pull), with
+# the plain and the ASan build.
+test-pull: $(B)/tern
+	TERN_BIN=$(B)/tern tests/server/run.sh tests/pull
+	TERN_BIN=build-asan/tern tests/server/run.sh tests/pull
 
 # The server under load for SOAK_SECONDS (default 600): 32 streaming clients,
 # disconnects, slow readers and malformed requests; memory and descriptors must

@@ -170,6 +170,8 @@ static int plan(pull_job *j, hub_listing *l, tern_error *err) {
     if (rc != 0) return -1;
     memcpy(j->commit, l->commit, sizeof j->commit);
     if (pull_select(j, l, err) != 0) return -1;
+    /* created only for a listing that passed, never for a refused one */
+    if ((j->root = tern_open_dir(AT_FDCWD, j->dir, 1, j->dir, err)) < 0) return -1;
     int first = 0;
     if (!strcmp(j->files[0].name, "model.safetensors.index.json")) {
         int all = j->n_files;
@@ -191,8 +193,8 @@ static int download(pull_job *j, const pull_opts *o, tern_error *err) {
     for (int i = 0; i < j->n_files; i++) total += j->files[i].meta.size;
     if (check_space(j, !o->no_pack, held, err) != 0) return -1;
     if (!o->quiet)
-        fprintf(stderr, "tern pull: %s@%s is commit %s: %d files, %.1f MB (%.1f MB already here)\n", j->repo,
-                j->revision, j->commit, j->n_files, total / 1e6, held / 1e6);
+        fprintf(stderr, "tern pull: %s@%s is commit %s: %d files, %.1f MB (%.1f MB to fetch)\n", j->repo,
+                j->revision, j->commit, j->n_files, total / 1e6, (total - (held < total ? held : total)) / 1e6);
     j->bar = o->quiet || !isatty(STDERR_FILENO) ? NULL : tern_progress_create(stderr, "download", total);
     tern_progress_start_at(j->bar, held);
     j->done_bytes = held;
@@ -256,8 +258,9 @@ int tern_cli_pull(int argc, char **argv) {
         goto out;
     }
     const char *endpoint = getenv("HF_ENDPOINT");
-    if (!(j.h = hub_create(endpoint && *endpoint ? endpoint : DEFAULT_ENDPOINT, getenv("HF_TOKEN"), o.retries, &err)) ||
-        (j.root = tern_open_dir(AT_FDCWD, dir, 1, dir, &err)) < 0 || download(&j, &o, &err) != 0) {
+    if (!(j.h = hub_create(endpoint && *endpoint ? endpoint : DEFAULT_ENDPOINT, getenv("HF_TOKEN"), o.retries,
+                           o.quiet ? NULL : stderr, &err)) ||
+        download(&j, &o, &err) != 0) {
         fprintf(stderr, "tern pull: %s\n", err.msg);
         goto out;
     }

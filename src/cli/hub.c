@@ -25,6 +25,7 @@ struct hub {
     char *endpoint;
     char *auth;                  /* the Authorization header line, or NULL */
     int retries;
+    FILE *notes;
     atomic_int cancelled;
 };
 
@@ -49,7 +50,7 @@ struct hub_conn {
     tern_error *sink_err;
     int file_req;                /* a file's request (a 404 is the file's), not the listing */
     char *buf;
-    size_t len, max;
+    size_t len, cap, max;
 };
 
 int hub_repo_ok(const char *repo) {
@@ -64,7 +65,7 @@ int hub_repo_ok(const char *repo) {
     return slashes <= 1 && repo[0] != '.' && !strstr(repo, "/.");
 }
 
-hub *hub_create(const char *endpoint, const char *token, int retries, tern_error *err) {
+hub *hub_create(const char *endpoint, const char *token, int retries, FILE *notes, tern_error *err) {
     if (strncmp(endpoint, "http://", 7) != 0 && strncmp(endpoint, "https://", 8) != 0) {
         tern_fail(err, "the hub endpoint must be an http:// or https:// URL, got '%s'", endpoint);
         return NULL;
@@ -84,6 +85,7 @@ hub *hub_create(const char *endpoint, const char *token, int retries, tern_error
     size_t n = strlen(h->endpoint);
     while (n > 0 && h->endpoint[n - 1] == '/') h->endpoint[--n] = '\0';
     h->retries = retries;
+    h->notes = notes;
     return h;
 }
 
@@ -188,9 +190,14 @@ static size_t on_body(char *data, size_t size, size_t count, void *ud) {
         if (success) { c->too_big = 1; return 0; }
         len = room;   /* an error page: its start is enough */
     }
-    char *grown = realloc(c->buf, c->len + len + 1);
-    if (!grown) return 0;
-    c->buf = grown;
+    if (c->len + len + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 4096;
+        while (cap < c->len + len + 1) cap *= 2;
+        char *grown = realloc(c->buf, cap);
+        if (!grown) return 0;
+        c->buf = grown;
+        c->cap = cap;
+    }
     memcpy(c->buf + c->len, data, len);
     c->len += len;
     c->buf[c->len] = '\0';
@@ -233,6 +240,7 @@ hub_conn *hub_conn_create(hub *h, tern_error *err) {
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L << 10);   /* fewer, larger writes of the shards */
     return c;
 }
 
@@ -315,12 +323,13 @@ static outcome classify(hub_conn *c, CURLcode rc, const char *what, tern_error *
     }
 }
 
-/* Sleeps before attempt n (1, 2, 4 ... s, or the server's Retry-After),
- * waking early when the pull is cancelled. */
-static int backoff(hub_conn *c, int n) {
+/* Sleeps before retry n (1, 2, 4 ... s, or the server's Retry-After),
+ * waking early when the pull is cancelled. why: the failure, told. */
+static int backoff(hub_conn *c, int n, const tern_error *why) {
     long cap = c->r.retry_after > 0 ? RETRY_AFTER_CAP_S : BACKOFF_CAP_S;
     long s = c->r.retry_after > 0 ? c->r.retry_after : 1L << (n < 5 ? n : 5);
     if (s > cap) s = cap;
+    if (c->h->notes) fprintf(c->h->notes, "tern pull: %s; retrying in %ld s\n", why->msg, s);
     for (long t = 0; t < s * 10; t++) {
         if (atomic_load(&c->h->cancelled)) return -1;
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
@@ -338,7 +347,7 @@ static int request(hub_conn *c, const char *url, int head, int follow, const cha
             tern_err_prefix(err, "network failure after %d attempts", attempt + 1);
             return -1;
         }
-        if (backoff(c, attempt) != 0) return tern_fail(err, "%s: cancelled", what);
+        if (backoff(c, attempt, err) != 0) return tern_fail(err, "%s: cancelled", what);
     }
 }
 
@@ -520,7 +529,7 @@ int hub_get(hub_conn *c, const char *repo, const char *commit, const char *file,
             tern_err_prefix(err, "network failure after %d attempts", fails);
             break;
         }
-        if (backoff(c, fails > 0 ? fails - 1 : 0) != 0) { tern_fail(err, "%s: cancelled", what); break; }
+        if (backoff(c, fails > 0 ? fails - 1 : 0, err) != 0) { tern_fail(err, "%s: cancelled", what); break; }
     }
     c->sink = NULL;
     c->sink_err = NULL;

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tern.h"
 
@@ -16,8 +17,9 @@ typedef struct hub_conn hub_conn;
 
 /* endpoint: e.g. https://huggingface.co (no trailing slash needed); token:
  * sent as "Authorization: Bearer" (NULL: none); retries: attempts after
- * the first one that made no progress (transient failures only). */
-hub *hub_create(const char *endpoint, const char *token, int retries, tern_error *err);
+ * the first one that made no progress (transient failures only); notes:
+ * where each retry is told (NULL: nowhere). */
+hub *hub_create(const char *endpoint, const char *token, int retries, FILE *notes, tern_error *err);
 void hub_destroy(hub *h);
 /* Makes every transfer in progress, and every later one, fail at once
  * (another file failed; the pull is over). Safe from any thread. */
