@@ -171,7 +171,7 @@ static int plan(pull_job *j, hub_listing *l, tern_error *err) {
     memcpy(j->commit, l->commit, sizeof j->commit);
     if (pull_select(j, l, err) != 0) return -1;
     /* created only for a listing that passed, never for a refused one */
-    if ((j->root = tern_open_dir(AT_FDCWD, j->dir, 1, j->dir, err)) < 0) return -1;
+    if ((j->root = tern_open_dir(AT_FDCWD, j->dir, 1, j->dir, err)) < 0 || pull_lock(j, err) != 0) return -1;
     int first = 0;
     if (!strcmp(j->files[0].name, "model.safetensors.index.json")) {
         int all = j->n_files;
@@ -249,7 +249,8 @@ int tern_cli_pull(int argc, char **argv) {
     tern_pack_params pp;
     struct stat st;
     tern_error err;
-    pull_job j = {.repo = o.repo, .revision = o.revision, .dir = dir, .root = -1, .jobs = o.jobs};
+    pull_job j = {.repo = o.repo, .revision = o.revision, .dir = dir, .root = -1, .lock = -1,
+                  .jobs = o.jobs};
     pthread_mutex_init(&j.mu, NULL);
     if (!o.no_pack && (rc = pack_params(&o, dir, dst, &pp)) != 0) goto out;
     rc = 1;
@@ -266,7 +267,10 @@ int tern_cli_pull(int argc, char **argv) {
     }
     rc = o.no_pack ? 0 : pack(&j, &o, &pp);
 out:
-    if (j.root >= 0) close(j.root);
+    if (j.root >= 0) {
+        pull_unlock(&j);
+        close(j.root);
+    }
     hub_destroy(j.h);
     pull_files_free(&j);
     pthread_mutex_destroy(&j.mu);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "util/err.h"
@@ -219,7 +220,11 @@ hub_conn *hub_conn_create(hub *h, tern_error *err) {
         return NULL;
     }
     c->h = h;
-    if (h->auth) c->hdrs = curl_slist_append(NULL, h->auth);
+    if (h->auth && !(c->hdrs = curl_slist_append(NULL, h->auth))) {
+        hub_conn_destroy(c);
+        tern_fail(err, "out of memory");
+        return NULL;
+    }
     CURL *e = c->curl;
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "tern/1 (libcurl)");

@@ -14,6 +14,8 @@
  * SHA-256. */
 #define PULL_RECEIPT "tern-pull.json"
 #define PULL_PARTIAL_SUFFIX ".incomplete"
+/* held (flock) by the pull using the download directory */
+#define PULL_LOCK ".tern-pull.lock"
 
 typedef struct pull_file {
     char *name;                  /* relative path, checked by pull_name_ok */
@@ -27,6 +29,7 @@ typedef struct pull_job {
     char commit[41];
     const char *dir;             /* the download directory */
     int root;                    /* its fd */
+    int lock;                    /* PULL_LOCK's fd, flocked */
     int jobs;                    /* files at once */
     pull_file *files;
     int n_files;
@@ -69,8 +72,12 @@ int pull_fetch_all(pull_job *j, int from, tern_error *err);
 
 /* Writes PULL_RECEIPT into the directory fd (atomically). */
 int pull_write_receipt(const pull_job *j, int dfd, const char *label, tern_error *err);
-/* Removes the files of the pull, its receipt and then the directories it
- * made, if empty. 0, or -1 if something else was left. */
+/* Takes PULL_LOCK in the download directory: one pull at a time. */
+int pull_lock(pull_job *j, tern_error *err);
+/* Removes the lock file (still held) and closes it. */
+void pull_unlock(pull_job *j);
+/* Removes the files of the pull, its receipt, the lock and then the
+ * directories it made, if empty. 0, or -1 if something else was left. */
 int pull_remove_download(pull_job *j);
 
 #endif

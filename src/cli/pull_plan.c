@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -196,7 +197,25 @@ int pull_write_receipt(const pull_job *j, int dfd, const char *label, tern_error
     return rc;
 }
 
-/* ---- removing the download ---------------------------------------------- */
+/* ---- the lock and removing the download --------------------------------- */
+
+int pull_lock(pull_job *j, tern_error *err) {
+    j->lock = openat(j->root, PULL_LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (j->lock < 0) return tern_fail(err, "%s/%s: cannot open: %s", j->dir, PULL_LOCK, strerror(errno));
+    if (flock(j->lock, LOCK_EX | LOCK_NB) == 0) return 0;
+    int busy = errno == EWOULDBLOCK;
+    close(j->lock);
+    j->lock = -1;
+    return tern_fail(err, "%s: %s", j->dir, busy ? "another tern pull is using it" : "cannot lock");
+}
+
+void pull_unlock(pull_job *j) {
+    if (j->lock < 0) return;
+    unlinkat(j->root, PULL_LOCK, 0);
+    close(j->lock);
+    j->lock = -1;
+}
+
 
 static int by_depth(const void *a, const void *b) {
     const char *x = *(char *const *)a, *y = *(char *const *)b;
@@ -236,6 +255,7 @@ int pull_remove_download(pull_job *j) {
         close(pfd);
     }
     unlinkat(j->root, PULL_RECEIPT, 0);
+    pull_unlock(j);
     char **dirs;
     int n = dirs_of(j, &dirs);
     for (int i = 0; i < n; i++) {

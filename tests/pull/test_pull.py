@@ -5,6 +5,7 @@ pull must leave alone (an extra safetensors file, a vision processor config, a R
 must be byte for byte the `tern pack` of the same files on disk; a pull that was cut off (a dropped connection, a
 killed process) must resume with a Range request and end the same.
 """
+import fcntl
 import hashlib
 import json
 import os
@@ -310,6 +311,15 @@ def test_bad_pack_option_fails_before_downloading(hub, tmp_path):
     p = run_tern("pull", REPO_ID, tmp_path / "m", "--bits", "5", hub=hub, check_rc=2)
     assert "--bits must be 4 or 8" in p.stderr
     assert not hub.requests()
+
+
+def test_one_pull_at_a_time(hub, tmp_path):
+    (tmp_path / "m.hf").mkdir()
+    with open(tmp_path / "m.hf" / ".tern-pull.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = run_tern("pull", REPO_ID, tmp_path / "m", hub=hub)
+    one_line_error(p, "another tern pull is using it")
+    assert not hub.requests("GET", "/cdn/")
 
 
 def test_existing_destination_is_refused(hub, tmp_path):
