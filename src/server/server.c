@@ -133,6 +133,10 @@ int srv_run(const srv_params *p) {
     ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
     ctx.strict_model = p->strict_model;
     ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
+    if (tern_model_check_context(ctx.m, ctx.n_ctx, &err) != 0) {
+        fprintf(stderr, "tern serve: --ctx: %s\n", err.msg);
+        goto done;
+    }
     ctx.think = p->think;
     ctx.preserve_thinking = p->preserve_thinking;
     ctx.sampling = p->sampling;
