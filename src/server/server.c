@@ -175,8 +175,11 @@ int srv_run(const srv_params *p) {
     if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
         snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
                  (double)sp.cache_disk_bytes / (1 << 20));
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
-            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
+    char rope[192];
+    tern_model_rope_describe(ctx.m, rope, sizeof rope);
+    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, prefix cache "
+                    "%s%s\n",
+            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, rope, p->slots, p->queue_limit, cache,
             p->api_key ? ", API key required" : "");
 
     pthread_mutex_lock(&ss.mu);
