@@ -9,7 +9,7 @@ CC      ?= cc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iinclude -Isrc
-DEPS    := jansson libpcre2-8 libutf8proc libcrypto libmicrohttpd
+DEPS    := jansson libpcre2-8 libutf8proc libcrypto libmicrohttpd libcurl
 DEP_CFLAGS = $(shell pkg-config --cflags $(DEPS) 2>/dev/null)
 DEP_LIBS   = $(shell pkg-config --libs $(DEPS) 2>/dev/null) -lm -pthread
 TEST_LIBS  = $(shell pkg-config --libs criterion 2>/dev/null)
@@ -39,7 +39,7 @@ SRV_OBJ += $(WEB_OBJ)
 -include mk/cuda.mk
 -include mk/fuzz.mk
 
-.PHONY: all deps test run asan check clean mutation-check bench test-server soak FORCE
+.PHONY: all deps test run asan check clean mutation-check bench test-server test-pull soak FORCE
 all: $(B)/tern
 
 deps:
@@ -97,6 +97,7 @@ test: deps
 	$(MAKE) asan
 	ASAN_OPTIONS=detect_leaks=1 TERN_BIN=build-asan/tern build-asan/tern-tests --jobs 2
 	$(MAKE) test-server
+	$(MAKE) test-pull
 	python3 tools/mutation_check.py
 
 # tern serve end to end (tests/server, Python): the official SDKs and the real
@@ -110,6 +111,12 @@ test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
 	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py $(WEBUI_HTTP_TESTS)
+
+# tern pull against a local mock of the Hugging Face hub (tests/pull), with
+# the plain and the ASan build.
+test-pull: $(B)/tern
+	TERN_BIN=$(B)/tern tests/server/run.sh tests/pull
+	TERN_BIN=build-asan/tern tests/server/run.sh tests/pull
 
 # The server under load for SOAK_SECONDS (default 600): 32 streaming clients,
 # disconnects, slow readers and malformed requests; memory and descriptors must

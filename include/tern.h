@@ -42,6 +42,11 @@ enum tern_expert_policy_kind { TERN_POLICY_LFU = 0, TERN_POLICY_LRU = 1 };
  * host RAM (read by the kernels over the bus), or the packed model's
  * files, read with O_DIRECT when a step needs them. */
 enum tern_expert_home_kind { TERN_HOME_RAM = 0, TERN_HOME_DISK = 1 };
+/* RoPE scaling: TERN_ROPE_AS_CONFIG keeps what config.json's rope_parameters
+ * say; TERN_ROPE_NONE is plain RoPE; TERN_ROPE_YARN is YaRN (transformers'
+ * rope_type "yarn"), which stretches the positions a model was trained on
+ * (its native context) by a factor. */
+enum tern_rope_scaling { TERN_ROPE_AS_CONFIG = 0, TERN_ROPE_NONE = 1, TERN_ROPE_YARN = 2 };
 
 typedef struct tern_load_params {
     int n_threads;           /* threads for the large matrix products; 0 = all cores */
@@ -67,6 +72,17 @@ typedef struct tern_load_params {
      * there is one: those kernels must not share the GPU with another
      * session's), and a session's GPU work waits for the previous one's. */
     int serial_sessions;
+    /* Context beyond the native one (max_position_embeddings, or a YaRN
+     * config's original_max_position_embeddings). rope_scaling: enum
+     * tern_rope_scaling. With TERN_ROPE_YARN the factor is rope_factor, or
+     * when that is 0, rope_context / native (when both are 0, a YaRN
+     * config's own factor); over a YaRN config the other YaRN fields stay
+     * as it gives them. The model's context (tern_model_max_context) is
+     * then native x factor. rope_factor alone changes a YaRN config's
+     * factor. */
+    int rope_scaling;
+    double rope_factor;
+    int rope_context;
     /* Debugging aids of the GPU engine; all zero (the default) is the
      * production path. None changes the results beyond rounding. */
     struct {
@@ -100,7 +116,15 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params,
 void tern_model_free(tern_model *m);
 
 int tern_model_vocab_size(const tern_model *m);   /* rows of the lm_head */
-int tern_model_max_context(const tern_model *m);  /* max_position_embeddings */
+/* The positions a session may hold: max_position_embeddings, or with YaRN
+ * the native context times its factor (when that is more). */
+int tern_model_max_context(const tern_model *m);
+/* 0 if a session of ctx positions fits the model's context; otherwise -1
+ * with a line that says how far it reaches and how to go further. */
+int tern_model_check_context(const tern_model *m, int ctx, tern_error *err);
+/* The RoPE in use, one line: "default" or "yarn factor F over N positions
+ * ...". */
+void tern_model_rope_describe(const tern_model *m, char *buf, size_t n);
 int tern_model_has_mtp(const tern_model *m);
 int tern_model_n_threads(const tern_model *m);
 /* Bytes one decode step reads at context ctx with a kv_bits KV cache
@@ -114,11 +138,13 @@ void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, in
 /* 1 if id ends generation (generation_config.json's eos_token_id list). */
 int tern_model_is_eos(const tern_model *m, int32_t id);
 
-/* Prints what `tern info` shows for a model directory: architecture, tensor
- * inventory, parameter counts (total and active per token) and bytes per token
- * in the stored dtype. Works from config.json alone when no tensors exist (and
- * says so). */
-int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern_error *err);
+/* Prints what `tern info` shows for a model directory: architecture, RoPE
+ * and context (with params' rope settings), tensor inventory, parameter
+ * counts (total and active per token) and bytes per token in the stored
+ * dtype, and with params' expert_budget what it holds. Works from
+ * config.json alone when no tensors exist (and says so). params may be
+ * NULL. */
+int tern_model_describe(const char *dir, const tern_load_params *params, FILE *out, tern_error *err);
 
 /* Expert streaming statistics since load (all zero for resident experts). */
 typedef struct tern_stream_stats {
@@ -141,7 +167,7 @@ enum tern_gdn_mode {
 };
 
 typedef struct tern_session_params {
-    int max_context;         /* 0 = the model's max_position_embeddings */
+    int max_context;         /* 0 = tern_model_max_context; more is an error */
     int gdn_mode;            /* enum tern_gdn_mode */
     int kv_bits;             /* KV cache: 0 or 32 = fp32 (the reference); 16 = f16; 8, 4 = affine groups */
 } tern_session_params;
@@ -549,6 +575,9 @@ typedef struct tern_pack_params {
 /* Packs p->src into p->dst with the install semantics of docs/FORMAT.md
  * (DST.partial, lock, fsyncs, atomic rename). Same inputs, same bytes. */
 int tern_pack(const tern_pack_params *p, tern_error *err);
+/* Checks p's options (bits, group) as tern_pack would, touching no file:
+ * a caller that must first produce the source (tern pull) fails early. */
+int tern_pack_check(const tern_pack_params *p, tern_error *err);
 
 /* Rehashes every file of a packed directory against its manifest, checks
  * the layout, and on success writes the receipt verified-install.json.

@@ -7,7 +7,7 @@ set -euo pipefail
 # page (tern serve reads them from /usr/share/javascript); chromium and
 # chromium-driver: the page's browser test.
 pkgs=(build-essential pkg-config libjansson-dev libcriterion-dev libpcre2-dev
-      libutf8proc-dev libssl-dev libmicrohttpd-dev clang libclang-rt-dev
+      libutf8proc-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev clang libclang-rt-dev
       libjs-marked libjs-highlight.js chromium chromium-driver)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -128,6 +128,29 @@ Test(cli, bad_input_is_one_line_and_nonzero) {
     expect_fail("tokenize", 2, "give TEXT or --decode IDS");
 }
 
+/* YaRN from the command line: tern info shows the scaling and the context
+ * it gives, tern run generates with it. */
+Test(cli, rope_scaling_yarn) {
+    char cmd[512];
+    int rc;
+    snprintf(cmd, sizeof cmd, "%s info --rope-scaling yarn --ctx 1048576 2>&1", tern_bin());
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "rope scaling: yarn, factor 4 over 262144 native positions, beta_fast 32, beta_slow 1, "
+                          "attention factor 1.13863; context 1048576 positions"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s info 2>&1", tern_bin());
+    out = run_sh(cmd, &rc);
+    cr_expect(strstr(out, "rope scaling: none; context 262144 positions"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run -p 'And God said,' -n 8 --seed 1 -t 2 --rope-scaling yarn --ctx 1048576 2>&1",
+             tern_bin());
+    out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "generated 8 tokens"), "%s", out);
+    free(out);
+}
+
 Test(cli, tokenize_round_trip) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s tokenize --decode \"$(%s tokenize 'In the beginning, God')\"", tern_bin(),

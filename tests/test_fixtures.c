@@ -491,6 +491,7 @@ FIXTURE_TESTS(tiny)
 FIXTURE_TESTS(qwen35)
 FIXTURE_TESTS(odd)
 FIXTURE_TESTS(tern_tiny)
+FIXTURE_TESTS(yarn)   /* YaRN rope scaling; test_yarn.c has its own checks */
 
 /* The trained tern-tiny's MTP head on held-out text: how often its draft
  * (argmax of the draft logits for token t+2 from the hidden state at t and

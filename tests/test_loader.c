@@ -178,7 +178,7 @@ Test(loader, describe_full_config_without_tensors) {
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     tern_error err;
-    cr_assert_eq(tern_model_describe(fixture_dir("qwen36-config"), 0, out, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_model_describe(fixture_dir("qwen36-config"), NULL, out, &err), 0, "%s", err.msg);
     fclose(out);
     cr_assert(strstr(buf, "34.66 B"), "%s", buf);
     cr_assert(strstr(buf, "34,660,610,688"), "%s", buf);
@@ -195,7 +195,7 @@ Test(loader, describe_counts_match_tensors) {
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     tern_error err;
-    cr_assert_eq(tern_model_describe(fixture_dir("tiny"), 0, out, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_model_describe(fixture_dir("tiny"), NULL, out, &err), 0, "%s", err.msg);
     fclose(out);
     const char *total = strstr(buf, "total");
     const char *stored = strstr(buf, "stored text tensors");

@@ -274,7 +274,8 @@ Test(packed, info_gives_the_gpu_plan) {
     char *buf = NULL, want[96];
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
-    cr_assert_eq(tern_model_describe(dst, budget, out, &err), 0, "%s", err.msg);
+    tern_load_params lp = {.expert_budget = budget};
+    cr_assert_eq(tern_model_describe(dst, &lp, out, &err), 0, "%s", err.msg);
     fclose(out);
     snprintf(want, sizeof want, ": %d slots per layer", cpu_slots);
     cr_assert(strstr(buf, want), "%s", buf);

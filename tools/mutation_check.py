@@ -44,6 +44,12 @@ MUTATIONS = {
     "shared_expert_sigmoid_gate": [
         ("src/engine/forward.c", "float s = tern_sigmoid(tern_dot(xn + (size_t)t * H, gw, H));", "float s = 1.0f;"),
     ],
+    "yarn_attention_factor": [  # YaRN's cos/sin scale dropped
+        ("src/cpu/attention.c", "float c = cosf(ang) * scale, s = sinf(ang) * scale;", "float c = cosf(ang), s = sinf(ang);"),
+    ],
+    "yarn_ramp_direction": [  # the fast dims interpolated and the slow ones extrapolated
+        ("src/model/rope.c", "double e = 1.0 - ramp;", "double e = ramp;"),
+    ],
     "gdn_qk_l2norm": [
         ("src/cpu/gdn.c", "            tern_l2norm(qh, dk);\n", ""),
         ("src/cpu/gdn.c", "            tern_l2norm(k + (size_t)t * kd + (size_t)h * dk, dk);\n", ""),
@@ -61,6 +67,7 @@ def check(name, edits):
         for part in ("Makefile", "include", "src", "tests", "scripts"):
             src = ROOT / part
             (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp / part)
+        (tmp / "models").symlink_to(ROOT / "models")   # tern-tiny and its reference outputs, read only
         for rel, old, new in edits:
             p = tmp / rel
             text = p.read_text()

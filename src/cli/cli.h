@@ -21,6 +21,8 @@ typedef struct cli_opts {
     int n_predict;               /* -n; -1 = until EOS */
     int threads;
     int ctx;                     /* --ctx; 0 = model maximum */
+    int rope_scaling;            /* --rope-scaling: enum tern_rope_scaling */
+    double rope_factor;          /* --rope-factor; 0 = --ctx over the native context */
     int kv_bits;                 /* --kv-bits */
     int json, stats, ignore_eos, think, reference;
     int hide_reasoning;          /* run, chat: the reasoning is not printed (--json keeps it) */
@@ -45,9 +47,12 @@ const char *cli_model_dir(const cli_opts *o);
 void cli_usage(FILE *f);
 int32_t *cli_parse_ids(const char *s, size_t *n);
 
+/* The load parameters the options give (threads, experts, device, RoPE
+ * scaling). */
+tern_load_params cli_load_params(const cli_opts *o);
 tern_model *cli_load_model(const cli_opts *o);
 /* The context a command runs with: --ctx, else dflt, else (0) the model's
- * max_position_embeddings. More than the model's positions is refused with
+ * (tern_model_max_context). More than the model reaches is refused with
  * one line on stderr (-1). */
 int cli_context(const cli_opts *o, const tern_model *m, int dflt);
 /* The whole of a text file (malloc'd, NUL-terminated), read with a cap so

@@ -42,6 +42,8 @@ typedef struct {
     const char *phase_trace;
     int top_k;                    /* decode sampling: 0 = the full vocabulary */
     float top_p;
+    int rope_scaling;             /* enum tern_rope_scaling */
+    double rope_factor;           /* 0: the longest context a test needs over the native one */
     char command[4096];
 } bench_opts;
 
@@ -72,6 +74,8 @@ static void bench_usage(FILE *f) {
             "  --force              measure even when other processes keep the CPU or the GPU busy\n"
             "  --reference          the plain fp32 reference kernels only (the checked baseline)\n"
             "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when possible)\n"
+            "  --rope-scaling none|yarn, --rope-factor F   RoPE scaling (tern --help): contexts past the native\n"
+            "                       one (YaRN's factor by default: the longest test's context over it)\n"
             "  --bandwidth GB/S     the memory bandwidth of the floor column instead of measuring the host's\n"
             "                       (for a GPU: its measured HBM read rate, e.g. 4430 on an H200)\n"
             "GPU debugging aids (tern_load_params.debug; not for official numbers):\n"
@@ -152,6 +156,20 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--io-threads")) { rc = cli_parse_u64("bench", a, v, 64, &n); o->io_threads = (int)n; }
         else if (!strcmp(a, "--kv-bits")) { rc = cli_parse_u64("bench", a, v, 32, &n); o->kv_bits = (int)n; }
         else if (!strcmp(a, "--top-k")) { rc = cli_parse_u64("bench", a, v, 1 << 20, &n); o->top_k = (int)n; }
+        else if (!strcmp(a, "--rope-scaling")) {
+            if (!v || (strcmp(v, "none") && strcmp(v, "yarn"))) {
+                fprintf(stderr, "tern bench: --rope-scaling must be none or yarn\n");
+                return 2;
+            }
+            o->rope_scaling = !strcmp(v, "yarn") ? TERN_ROPE_YARN : TERN_ROPE_NONE;
+        } else if (!strcmp(a, "--rope-factor")) {
+            char *end;
+            o->rope_factor = v ? strtod(v, &end) : 0;
+            if (!v || *end || !(o->rope_factor >= 1 && o->rope_factor <= (1 << 20))) {
+                fprintf(stderr, "tern bench: --rope-factor needs a number in [1, 1048576]\n");
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--top-p")) {
             char *end;
             o->top_p = v ? strtof(v, &end) : 0;
@@ -426,7 +444,9 @@ static int32_t random_token(bench *b) {
 }
 
 static tern_session *new_session(bench *b, int max_ctx, tern_error *err) {
-    tern_session_params sp = {.max_context = max_ctx + 8, .kv_bits = b->o->kv_bits};
+    int most = tern_model_max_context(b->m);
+    tern_session_params sp = {.max_context = max_ctx + 8 > most && max_ctx <= most ? most : max_ctx + 8,
+                              .kv_bits = b->o->kv_bits};
     return tern_session_create(b->m, &sp, err);
 }
 
@@ -629,10 +649,21 @@ static json_t *results_json(const result *rs, int n) {
 
 /* ---- the command -------------------------------------------------------- */
 
+/* The most positions a test's session holds. */
+static int longest_context(const bench_opts *o) {
+    int most = 0;
+    for (int i = 0; i < o->n_prompt; i++) most = o->depth + o->prompt[i] > most ? o->depth + o->prompt[i] : most;
+    for (int c = 0; c < o->n_ctx; c++)
+        for (int g = 0; g < o->n_gen; g++) most = o->ctx[c] + o->gen[g] > most ? o->ctx[c] + o->gen[g] : most;
+    return most;
+}
+
 static tern_model *open_model(const bench_opts *o, tern_error *err) {
     tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->budget, .expert_policy = o->policy,
                            .expert_home = o->home,
-                           .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device};
+                           .io_threads = o->io_threads, .reference_kernels = o->reference, .device = o->device,
+                           .rope_scaling = o->rope_scaling, .rope_factor = o->rope_factor,
+                           .rope_context = longest_context(o)};
     lp.debug.no_graphs = o->no_graphs;
     lp.debug.cpu_sampling = o->cpu_sampling;
     lp.debug.kernel_stats = o->kernel_stats;
@@ -698,9 +729,11 @@ static void print_header(const bench *b, const run_info *ri) {
     printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
            ri->date, ri->cpu, ri->ncpu, ram_gib(), un.sysname, un.release, strcmp(dev, "cpu") ? dev : "no GPU used",
            o->command);
-    printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; experts %s",
+    char rope[192];
+    tern_model_rope_describe(b->m, rope, sizeof rope);
+    printf("model: %s, loaded in %.1f s; %d threads, %s kernels, KV cache %d-bit; rope scaling %s; experts %s",
            o->model ? o->model : o->synth_shape, ri->load_s, threads, o->reference ? "reference" : "SIMD", o->kv_bits,
-           ss.streaming ? "streamed" : "resident");
+           rope, ss.streaming ? "streamed" : "resident");
     if (ss.streaming)
         printf(" (%d slots per layer, %s%s)", ss.slots_per_layer, o->policy == TERN_POLICY_LRU ? "LRU" : "LFU",
                o->home == TERN_HOME_DISK ? ", the others on disk" : "");

@@ -9,7 +9,8 @@
 
 int cmd_info(const cli_opts *o) {
     tern_error err;
-    if (tern_model_describe(cli_model_dir(o), o->expert_budget, stdout, &err) != 0) {
+    tern_load_params lp = cli_load_params(o);
+    if (tern_model_describe(cli_model_dir(o), &lp, stdout, &err) != 0) {
         fprintf(stderr, "tern: %s\n", err.msg);
         return 1;
     }

@@ -66,7 +66,13 @@ static int *bits_field(tern_pack_params *p, const char *a) {
     return NULL;
 }
 
-static int parse_pack(int argc, char **argv, tern_pack_params *p) {
+int tern_cli_pack_option(const char *flag) {
+    tern_pack_params p;
+    if (bits_field(&p, flag)) return 2;
+    return !strcmp(flag, "--resume") || !strcmp(flag, "-q") || !strcmp(flag, "--quiet");
+}
+
+int tern_cli_pack_parse(int argc, char **argv, tern_pack_params *p) {
     int quiet = 0, n_pos = 0;
     const char *pos[2] = {NULL, NULL};
     memset(p, 0, sizeof *p);
@@ -130,7 +136,7 @@ void tern_cli_pack_flags(char *msg, size_t cap) {
 
 int tern_cli_pack(int argc, char **argv) {
     tern_pack_params p;
-    int rc = parse_pack(argc, argv, &p);
+    int rc = tern_cli_pack_parse(argc, argv, &p);
     if (rc == 1) return 0;   /* --help */
     if (rc != 0) return rc;
     tern_error err;

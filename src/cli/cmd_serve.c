@@ -178,9 +178,8 @@ int tern_cli_serve(int argc, char **argv) {
     } else {
         p.model_dir = cli_model_dir(&o);
     }
-    p.load = (tern_load_params){.n_threads = o.threads, .expert_budget = o.expert_budget,
-                                .expert_policy = o.expert_policy, .expert_home = o.expert_home, .reference_kernels = o.reference,
-                                .device = o.device, .serial_sessions = 1};   /* one scheduler thread */
+    p.load = cli_load_params(&o);
+    p.load.serial_sessions = 1;   /* one scheduler thread */
     p.session = (tern_session_params){.max_context = o.ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o.kv_bits};
     tern_gen_params gp;
     cli_opts go = o;

@@ -12,12 +12,13 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    /* pack and verify parse their own options */
+    /* these parse their own options */
     if (!strcmp(cmd, "pack")) return tern_cli_pack(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return tern_cli_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return tern_cli_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return tern_cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return tern_cli_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pull")) return tern_cli_pull(argc - 1, argv + 1);
     static const struct {
         const char *name;
         int (*fn)(const cli_opts *);

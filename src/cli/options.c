@@ -21,6 +21,7 @@ void cli_usage(FILE *f) {
         "  info                                            architecture, tensors, parameter counts\n"
         "  tokenize  TEXT | --decode IDS                   text -> ids, or ids -> text\n"
         "  perplexity -f FILE [--ctx N]                    perplexity of a text in windows of N tokens\n"
+        "  pull      REPO[@REV] [DST] [options]            download a Hugging Face model and pack it (--help)\n"
         "  pack      SRC DST [options]                     convert to tern's packed format (tern pack --help)\n"
         "  verify    DIR                                   rehash a packed model against its manifest\n"
         "  synth     DST [options]                         write a random-weight model at an exact shape (--help)\n"
@@ -31,6 +32,9 @@ void cli_usage(FILE *f) {
         "  -m, --model DIR          model directory (default: $TERN_MODEL, else models/tern-tiny)\n"
         "  -t, --threads N          threads for the matrix products (default: all cores)\n"
         "  --ctx N                  context length (default: the model's maximum)\n"
+        "  --rope-scaling none|yarn RoPE scaling (default: as config.json says); yarn reaches past the native\n"
+        "                           context (262,144 for Qwen3.6), e.g. --rope-scaling yarn --ctx 1048576\n"
+        "  --rope-factor F          YaRN's factor (default: --ctx over the native context)\n"
         "  --kv-bits 32|16|8|4      KV cache precision (default 16; 32 = fp32 reference)\n"
         "  --expert-budget SIZE     RAM for routed experts of a packed model, e.g. 8G (default: all)\n"
         "  --expert-policy lfu|lru  slot-cache eviction (default lfu)\n"
@@ -99,6 +103,15 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
         }
         o->kv_bits = (int)n;
     } else if (IS("--ctx")) { if (parse_long(a, v, 1, INT_MAX, &n)) return -1; o->ctx = (int)n; }
+    else if (IS("--rope-scaling")) {
+        if (!strcmp(v, "none")) o->rope_scaling = TERN_ROPE_NONE;
+        else if (!strcmp(v, "yarn")) o->rope_scaling = TERN_ROPE_YARN;
+        else { fprintf(stderr, "tern: --rope-scaling must be none or yarn, got '%s'\n", v); return -1; }
+    } else if (IS("--rope-factor")) {
+        float f;
+        if (parse_float(a, v, 1, 1 << 20, &f)) return -1;
+        o->rope_factor = f;
+    }
     else if (IS("--top-k")) { if (parse_long(a, v, 0, INT_MAX, &n)) return -1; o->top_k = (int)n; }
     else if (IS("--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->seed = n; }
     else if (IS("--temp")) return parse_float(a, v, 0, 100, &o->temp) ? -1 : 1;
@@ -187,10 +200,15 @@ const char *cli_model_dir(const cli_opts *o) {
     return "models/tern-tiny";
 }
 
+tern_load_params cli_load_params(const cli_opts *o) {
+    return (tern_load_params){.n_threads = o->threads, .expert_budget = o->expert_budget,
+                              .expert_policy = o->expert_policy, .expert_home = o->expert_home,
+                              .reference_kernels = o->reference, .device = o->device,
+                              .rope_scaling = o->rope_scaling, .rope_factor = o->rope_factor, .rope_context = o->ctx};
+}
+
 tern_model *cli_load_model(const cli_opts *o) {
-    tern_load_params lp = {.n_threads = o->threads, .expert_budget = o->expert_budget,
-                          .expert_policy = o->expert_policy, .expert_home = o->expert_home, .reference_kernels = o->reference,
-                          .device = o->device};
+    tern_load_params lp = cli_load_params(o);
     tern_error err;
     const char *dir = cli_model_dir(o);
     tern_model *m = tern_model_load(dir, &lp, &err);
@@ -199,9 +217,10 @@ tern_model *cli_load_model(const cli_opts *o) {
 }
 
 int cli_context(const cli_opts *o, const tern_model *m, int dflt) {
-    int most = tern_model_max_context(m), ctx = o->ctx ? o->ctx : dflt ? dflt : most;
-    if (ctx > most) {
-        fprintf(stderr, "tern: --ctx %d is more than the model's %d positions (max_position_embeddings)\n", ctx, most);
+    int ctx = o->ctx ? o->ctx : dflt ? dflt : tern_model_max_context(m);
+    tern_error err;
+    if (tern_model_check_context(m, ctx, &err) != 0) {
+        fprintf(stderr, "tern: --ctx: %s\n", err.msg);
         return -1;
     }
     return ctx;

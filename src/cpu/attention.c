@@ -5,12 +5,13 @@
 
 #include "cpu/ops.h"
 
-void tern_rope(float *x, int rope_dim, const float *inv_freq, int pos) {
+void tern_rope(float *x, int rope_dim, const float *inv_freq, float scale, int pos) {
     int half = rope_dim / 2;
     for (int d = 0; d < half; d++) {
-        /* the angle is formed in fp32, as the reference forms it */
+        /* the angle is formed in fp32, as the reference forms it, and cos
+         * and sin are scaled before use, as transformers scales them */
         float ang = (float)pos * inv_freq[d];
-        float c = cosf(ang), s = sinf(ang);
+        float c = cosf(ang) * scale, s = sinf(ang) * scale;
         float a = x[d], b = x[d + half];
         x[d] = a * c - b * s;
         x[d + half] = b * c + a * s;

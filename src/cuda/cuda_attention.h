@@ -20,10 +20,12 @@ extern "C" {
  *   L, bit for bit what tern_kv_quantize_row writes for the same floats) at
  *   rows pos0 + t.
  * RoPE: rotate-half on the first rope_dim dims, angle pos * inv_freq[i]
- * (rope_dim / 2 device floats). */
+ * (rope_dim / 2 device floats), cos and sin times rope_scale (YaRN's
+ * attention factor; 1 for plain RoPE). */
 typedef struct tern_cuda_attn_dims {
     int n_heads, n_kv, head_dim, rope_dim;
     float eps;
+    float rope_scale;
 } tern_cuda_attn_dims;
 int tern_cuda_attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg, float *k, const float *v,
                         const float *q_norm, const float *k_norm, const float *inv_freq, int T, int pos0,

@@ -153,12 +153,12 @@ __global__ void __launch_bounds__(ATTP_THREADS)
         int h0 = (blockIdx.y - 1) * ATTP_QH, h1 = min(h0 + ATTP_QH, d.n_heads);
         for (int i = h0 + warp; i < h1; i += nw)
             norm_rope(qg + ((size_t)t * d.n_heads + i) * 2 * hd, qg + ((size_t)t * d.n_heads + i) * 2 * hd, q_norm,
-                      inv_freq, hd, d.rope_dim, pos, d.eps, mine);
+                      inv_freq, hd, d.rope_dim, d.rope_scale, pos, d.eps, mine);
         return;
     }
     for (int i = warp; i < d.n_kv; i += nw)
         norm_rope(k + ((size_t)t * d.n_kv + i) * hd, k + ((size_t)t * d.n_kv + i) * hd, k_norm, inv_freq, hd,
-                  d.rope_dim, pos, d.eps, mine);
+                  d.rope_dim, d.rope_scale, pos, d.eps, mine);
     __syncthreads();
     size_t row = (size_t)L.row_len;
     quantize_row(L, k + t * row, kcache + (size_t)pos * L.row_bytes);
@@ -171,6 +171,7 @@ static int attn_prep(const tern_cuda_attn_dims *d, const tern_kvq *L, float *qg,
     if (T < 1 || pos0 < 0 || d->rope_dim % 2 || d->rope_dim > d->head_dim || L->head_dim != d->head_dim ||
         L->n_heads != d->n_kv || d->head_dim > TERN_KV_MAX_HEAD_DIM)
         return tern_fail(err, "attn_prep: dims do not match the KV layout");
+    if (!(d->rope_scale > 0)) return tern_fail(err, "attn_prep: rope_scale %g is not positive", d->rope_scale);
     size_t smem = (size_t)(ATTP_THREADS / 32) * d->head_dim * sizeof(float);
     dim3 grid(T, 1 + (d->n_heads + ATTP_QH - 1) / ATTP_QH);
     cudaError_t e = launch_pdl(attn_prep_kernel, grid, dim3(ATTP_THREADS), smem, s, *d, kv_of(L), qg, k, v, q_norm,

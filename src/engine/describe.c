@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/manifest.h"
 #include "model/packed.h"
+#include "model/rope.h"
 #include "model/tensors.h"
 #include "util/err.h"
 
@@ -221,9 +222,10 @@ static int describe_packed(const char *dir, const tern_config *c, uint64_t budge
     return 0;
 }
 
-int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern_error *err) {
+int tern_model_describe(const char *dir, const tern_load_params *params, FILE *out, tern_error *err) {
     tern_config c;
-    if (tern_config_load(&c, dir, err) != 0) return -1;
+    if (tern_config_load(&c, dir, err) != 0 || tern_rope_apply(&c, params, err) != 0) return -1;
+    uint64_t expert_budget = params ? params->expert_budget : 0;
     tern_tensor_set ts;
     if (tern_tensors_open(&ts, dir, 1, err) != 0) return -1;
 
@@ -239,6 +241,9 @@ int tern_model_describe(const char *dir, uint64_t expert_budget, FILE *out, tern
     fprintf(out, "  moe: %d experts, top %d, expert intermediate %d, shared intermediate %d\n", c.n_experts,
             c.top_k, c.expert_inter, c.shared_inter);
     fprintf(out, "  mtp layers: %d, max positions %d\n", c.mtp_layers, c.max_pos);
+    char rope[192];
+    tern_rope_describe(&c, rope, sizeof rope);
+    fprintf(out, "  rope scaling: %s; context %d positions\n", rope, tern_cfg_max_context(&c));
 
     if (tern_is_packed_dir(dir)) {
         param_parts p = count_params(&c);

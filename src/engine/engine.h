@@ -23,7 +23,8 @@ struct tern_model {
     tern_tensor_set ts;
     tern_weights w;
     tern_pool *pool;
-    float *inv_freq;          /* [rope_dim / 2] RoPE frequencies */
+    float *inv_freq;          /* [rope_dim / 2] RoPE frequencies (model/rope.h) */
+    float rope_scale;         /* cos and sin times this: YaRN's attention factor, else 1 */
     int fast;                 /* SIMD kernels for decode-sized products */
     int isa;                  /* tern_isa chosen at load */
     /* packed models */
@@ -42,9 +43,10 @@ struct tern_model {
 };
 
 /* A model with its thread pool and kernel choice, nothing loaded yet, and
- * the step after the weights are bound (RoPE tables). model.c. */
+ * the step after the weights are bound (params' RoPE scaling, the RoPE
+ * tables). model.c. */
 tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err);
-int tern_model_finish(tern_model *m, tern_error *err);
+int tern_model_finish(tern_model *m, const tern_load_params *params, tern_error *err);
 /* An expert budget on the GPU: params' budget and policy checked and kept
  * in m. model.c. */
 int tern_gpu_budget_set(tern_model *m, const tern_load_params *p, tern_error *err);

@@ -27,7 +27,8 @@ static float *dalloc(size_t n, int *ok, tern_error *err) {
 }
 
 tern_cuda_attn_dims tern_gpu_attn_dims(const tern_config *c) {
-    return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps};
+    return (tern_cuda_attn_dims){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->norm_eps,
+                                 (float)c->rope.attn_factor};
 }
 
 /* Activations and op outputs for pieces of up to g->piece tokens. */

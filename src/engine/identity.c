@@ -43,6 +43,14 @@ static int compute(const tern_model *m, char hex[65], tern_error *err) {
     put_str(&h, tern_model_device(m));
     put_str(&h, m->fast ? tern_isa_name((tern_isa)m->isa) : "reference");
     put_file_in(&h, m->dir, "config.json");
+    /* a load's RoPE scaling changes every K row as much as config.json does */
+    const tern_rope_cfg *y = &m->cfg.rope;
+    if (y->type != TERN_ROPE_NONE || y->config_type != TERN_ROPE_NONE) {
+        char rope[256];
+        snprintf(rope, sizeof rope, "rope %d %d %.17g %.17g %.17g %.17g %d", y->type, y->native, y->factor,
+                 y->beta_fast, y->beta_slow, y->attn_factor, y->truncate);
+        put_str(&h, rope);
+    }
     if (m->packed) {
         char *json = tern_manifest_dumps(&m->man, err);
         if (!json) {

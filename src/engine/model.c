@@ -14,16 +14,9 @@
 #include "cpu/qmatvec.h"
 #include "model/packed.h"
 #include "model/packed_check.h"
+#include "model/rope.h"
 #include "util/err.h"
 #include "util/file.h"
-
-static float *rope_frequencies(const tern_config *c) {
-    int half = c->rope_dim / 2;
-    float *f = malloc((size_t)half * sizeof(float));
-    if (!f) return NULL;
-    for (int i = 0; i < half; i++) f[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / c->rope_dim));
-    return f;
-}
 
 /* Expert files of a packed model: one per decoder layer, then the MTP
  * layer's. Layer l of the model streams from file l. */
@@ -151,9 +144,12 @@ tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err) {
     return m;
 }
 
-int tern_model_finish(tern_model *m, tern_error *err) {
-    m->inv_freq = rope_frequencies(&m->cfg);
-    return m->inv_freq ? 0 : tern_fail(err, "out of memory");
+int tern_model_finish(tern_model *m, const tern_load_params *params, tern_error *err) {
+    if (tern_rope_apply(&m->cfg, params, err) != 0) return -1;
+    if (!(m->inv_freq = malloc((size_t)(m->cfg.rope_dim / 2) * sizeof(float)))) return tern_fail(err, "out of memory");
+    tern_rope_inv_freq(&m->cfg, m->inv_freq);
+    m->rope_scale = (float)m->cfg.rope.attn_factor;
+    return 0;
 }
 
 /* "auto", "cpu", "cuda" or "cuda:N" */
@@ -194,7 +190,7 @@ tern_model *tern_model_load(const char *dir, const tern_load_params *params, ter
         else
             rc = tern_tensors_open(&m->ts, dir, 0, err) || tern_weights_bind(&m->w, &m->cfg, &m->ts, err) ? -1 : 0;
     }
-    if (rc == 0) rc = tern_model_finish(m, err);
+    if (rc == 0) rc = tern_model_finish(m, params, err);
     if (rc == 0) rc = tern_model_place(m, params, err);
     if (rc != 0) {
         tern_model_free(m);
@@ -223,7 +219,11 @@ void tern_model_free(tern_model *m) {
 }
 
 int tern_model_vocab_size(const tern_model *m) { return m->cfg.vocab; }
-int tern_model_max_context(const tern_model *m) { return m->cfg.max_pos; }
+int tern_model_max_context(const tern_model *m) { return tern_cfg_max_context(&m->cfg); }
+int tern_model_check_context(const tern_model *m, int ctx, tern_error *err) {
+    return tern_cfg_check_context(&m->cfg, ctx, err);
+}
+void tern_model_rope_describe(const tern_model *m, char *buf, size_t n) { tern_rope_describe(&m->cfg, buf, n); }
 int tern_model_has_mtp(const tern_model *m) { return m->w.has_mtp; }
 int tern_model_n_threads(const tern_model *m) { return tern_pool_size(m->pool); }
 

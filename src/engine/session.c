@@ -33,12 +33,13 @@ int tern_model_batches(const tern_model *m) { return backend_of(m)->server_batch
 
 tern_session *tern_session_create(tern_model *m, const tern_session_params *p, tern_error *err) {
     const tern_config *c = &m->cfg;
+    if (p && p->max_context > 0 && tern_model_check_context(m, p->max_context, err) != 0) return NULL;
     tern_session *s = calloc(1, sizeof *s);
     if (!s) { tern_fail(err, "out of memory"); return NULL; }
     s->m = m;
     s->be = backend_of(m);
     s->gdn_mode = p ? p->gdn_mode : TERN_GDN_CHUNKED;
-    s->max_ctx = p && p->max_context > 0 ? p->max_context : c->max_pos;
+    s->max_ctx = p && p->max_context > 0 ? p->max_context : tern_model_max_context(m);
     if (s->gdn_mode != TERN_GDN_CHUNKED && s->gdn_mode != TERN_GDN_RECURRENT) {
         tern_fail(err, "unknown gdn_mode %d", s->gdn_mode);
         free(s);

@@ -46,7 +46,7 @@ tern_model *tern_model_synth(const tern_synth_params *sp, const tern_load_params
         tern_model_free(m);
         return NULL;
     }
-    if (tern_model_finish(m, err) != 0 || tern_model_place(m, lp, err) != 0) {
+    if (tern_model_finish(m, lp, err) != 0 || tern_model_place(m, lp, err) != 0) {
         tern_model_free(m);
         return NULL;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/rope.h"
 #include "util/err.h"
 #include "util/file.h"
 
@@ -70,13 +71,77 @@ static int read_layer_types(reader *r, tern_config *c) {
     return 0;
 }
 
+/* A number of rp that may be absent or null (absent: *given 0). */
+static int yarn_num(reader *r, json_t *rp, const char *key, double *out, int *given) {
+    json_t *v = json_object_get(rp, key);
+    *given = v && !json_is_null(v);
+    if (!*given) return 0;
+    if (!json_is_number(v)) return tern_fail(r->err, "%s: rope_parameters.%s must be a number", r->path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* transformers' reading: beta_fast / beta_slow default (also when 0) to
+ * 32 / 1; the native context is the text config's
+ * original_max_position_embeddings, else rope_parameters', else
+ * max_position_embeddings; a null factor is max_position_embeddings over
+ * it; the attention factor, when not given, comes from factor and mscale
+ * (model/rope.c). */
+static int read_yarn(reader *r, json_t *rp, tern_config *c) {
+    tern_rope_cfg *y = &c->rope;
+    double native = c->max_pos;
+    int given;
+    json_t *top = json_object_get(r->text, "original_max_position_embeddings");
+    if (top && !json_is_number(top))
+        return tern_fail(r->err, "%s: original_max_position_embeddings must be a number", r->path);
+    if (top) native = json_number_value(top);
+    else if (yarn_num(r, rp, "original_max_position_embeddings", &native, &given) != 0) return -1;
+    if (!(native >= 1 && native <= (1 << 30)) || native != floor(native))
+        return tern_fail(r->err, "%s: original_max_position_embeddings must be a positive integer", r->path);
+    y->native = (int)native;
+    if (!json_object_get(rp, "factor"))
+        return tern_fail(r->err, "%s: rope_parameters of rope_type 'yarn' needs 'factor'", r->path);
+    if (yarn_num(r, rp, "factor", &y->factor, &given) != 0) return -1;
+    if (!given) y->factor = (double)c->max_pos / y->native;
+    if (!(y->factor >= 1 && y->factor <= (1 << 20)))
+        return tern_fail(r->err, "%s: rope_parameters.factor must be in [1, 2^20], got %g", r->path, y->factor);
+    if (yarn_num(r, rp, "beta_fast", &y->beta_fast, &given) != 0) return -1;
+    if (!given || y->beta_fast == 0) y->beta_fast = 32;
+    if (yarn_num(r, rp, "beta_slow", &y->beta_slow, &given) != 0) return -1;
+    if (!given || y->beta_slow == 0) y->beta_slow = 1;
+    if (!(y->beta_fast > 0 && y->beta_slow > 0))
+        return tern_fail(r->err, "%s: rope_parameters.beta_fast and beta_slow must be positive", r->path);
+    if (yarn_num(r, rp, "attention_factor", &y->attn_factor, &y->attn_given) != 0) return -1;
+    if (y->attn_given && !(y->attn_factor > 0 && y->attn_factor < 1e6))
+        return tern_fail(r->err, "%s: rope_parameters.attention_factor must be a positive number", r->path);
+    if (yarn_num(r, rp, "mscale", &y->mscale, &given) != 0 ||
+        yarn_num(r, rp, "mscale_all_dim", &y->mscale_all_dim, &given) != 0)
+        return -1;
+    json_t *tr = json_object_get(rp, "truncate");
+    if (tr && !json_is_boolean(tr) && !json_is_null(tr))
+        return tern_fail(r->err, "%s: rope_parameters.truncate must be true or false", r->path);
+    y->truncate = !tr || json_is_true(tr);   /* (null reads as false, as in Python) */
+    return 0;
+}
+
 static int read_rope(reader *r, tern_config *c) {
     json_t *rp = field(r, "rope_parameters");
     if (!rp) rp = field(r, "rope_scaling");
     if (rp && !json_is_object(rp)) return tern_fail(r->err, "%s: rope_parameters is not an object", r->path);
-    const char *type = rp ? json_string_value(json_object_get(rp, "rope_type")) : NULL;
-    if (type && strcmp(type, "default") != 0)
-        return tern_fail(r->err, "%s: rope_type '%s' is not supported (only 'default')", r->path, type);
+    json_t *tv = rp ? json_object_get(rp, "rope_type") : NULL;
+    if (!tv && rp) tv = json_object_get(rp, "type");   /* the older spelling */
+    if (tv && !json_is_string(tv)) return tern_fail(r->err, "%s: rope_parameters.rope_type is not a string", r->path);
+    const char *type = tv ? json_string_value(tv) : "default";
+    c->rope.type = TERN_ROPE_NONE;
+    c->rope.attn_factor = 1;
+    if (strcmp(type, "yarn") == 0) {
+        c->rope.type = TERN_ROPE_YARN;
+        if (read_yarn(r, rp, c) != 0) return -1;
+    } else if (strcmp(type, "default") != 0) {
+        return tern_fail(r->err, "%s: rope_type '%s' is not supported (tern runs 'default' and 'yarn')", r->path,
+                         type);
+    }
+    c->rope.config_type = c->rope.type;
     double theta, partial;
     if (opt_num(r, r->text, "rope_theta", 10000.0, &theta) != 0) return -1;
     if (opt_num(r, rp, "rope_theta", theta, &theta) != 0) return -1;
@@ -89,7 +154,7 @@ static int read_rope(reader *r, tern_config *c) {
     if (c->rope_dim % 2 != 0 || c->rope_dim == 0)
         return tern_fail(r->err, "%s: rotary dimension %d (head_dim x partial_rotary_factor) must be even and > 0",
                          r->path, c->rope_dim);
-    return 0;
+    return tern_rope_finish(c, r->path, r->err);
 }
 
 static int eos_id(const tern_config *c, json_t *v, const char *path, size_t i, tern_error *err) {

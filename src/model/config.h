@@ -10,6 +10,20 @@
 
 enum tern_layer_kind { TERN_LAYER_GDN = 0, TERN_LAYER_ATTN = 1 };
 
+/* RoPE scaling, as transformers' _compute_yarn_parameters reads
+ * rope_parameters (modeling_rope_utils.py). */
+typedef struct tern_rope_cfg {
+    int type;                     /* TERN_ROPE_NONE or TERN_ROPE_YARN (enum tern_rope_scaling) */
+    int config_type;              /* what config.json itself says */
+    int native;                   /* the trained context: original_max_position_embeddings */
+    double factor;                /* how far YaRN stretches it */
+    double beta_fast, beta_slow;  /* rotations bounding the blend's ramp (32, 1) */
+    double attn_factor;           /* cos and sin are scaled by it: 1 without YaRN */
+    int attn_given;               /* attention_factor set in config.json, else from factor and mscale */
+    double mscale, mscale_all_dim;/* 0: absent */
+    int truncate;                 /* the ramp's ends rounded outwards to whole dims (default) */
+} tern_rope_cfg;
+
 #define TERN_MAX_LAYERS 256
 #define TERN_MAX_EOS 8
 
@@ -27,6 +41,7 @@ typedef struct tern_config {
     int n_heads, n_kv_heads, head_dim;
     int rope_dim;                 /* rotated dims per head = head_dim * partial_rotary_factor */
     double rope_theta;
+    tern_rope_cfg rope;           /* the scaling (model/rope.h) */
 
     /* Gated DeltaNet */
     int gdn_k_heads, gdn_v_heads, gdn_k_dim, gdn_v_dim, gdn_conv_kernel;

@@ -668,6 +668,11 @@ static int pack_run(const tern_pack_params *p, const tern_synth_params *sp, tern
 
 int tern_pack(const tern_pack_params *p, tern_error *err) { return pack_run(p, NULL, err); }
 
+int tern_pack_check(const tern_pack_params *p, tern_error *err) {
+    pk_job j = {.prm = p, .err = err};
+    return job_options(&j);
+}
+
 int tern_synth(const tern_synth_params *p, tern_error *err) {
     if (p->bits && p->bits != 4 && p->bits != 8) return tern_fail(err, "bits must be 4 or 8 (got %d)", p->bits);
     if (p->expert_bits && p->expert_bits != 4 && p->expert_bits != 8)

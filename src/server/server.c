@@ -133,6 +133,10 @@ int srv_run(const srv_params *p) {
     ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
     ctx.strict_model = p->strict_model;
     ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
+    if (tern_model_check_context(ctx.m, ctx.n_ctx, &err) != 0) {
+        fprintf(stderr, "tern serve: --ctx: %s\n", err.msg);
+        goto done;
+    }
     ctx.think = p->think;
     ctx.preserve_thinking = p->preserve_thinking;
     ctx.sampling = p->sampling;
@@ -171,8 +175,11 @@ int srv_run(const srv_params *p) {
     if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
         snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
                  (double)sp.cache_disk_bytes / (1 << 20));
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d, %d slots, queue %d, prefix cache %s%s\n",
-            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, p->slots, p->queue_limit, cache,
+    char rope[192];
+    tern_model_rope_describe(ctx.m, rope, sizeof rope);
+    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, prefix cache "
+                    "%s%s\n",
+            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, rope, p->slots, p->queue_limit, cache,
             p->api_key ? ", API key required" : "");
     if (p->webui) {
         int v6 = strchr(p->host, ':') != NULL;

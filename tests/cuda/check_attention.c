@@ -109,7 +109,7 @@ static void att_ref64(const tern_kvq *L, int nh, int hd, int T, int pos0, const 
  * power of two) */
 /* plan: the device-position form's planned context (0: 2 n + 100) */
 static void att_case_plan(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int timed, int plan) {
-    tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f};
+    tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f, 1.0f};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
     int n = pos0 + T, G = nh / nkv;
@@ -292,7 +292,7 @@ static void run_attp(void *arg, int rep) {
 }
 
 static void attp_case(checker *ck, int nh, int nkv, int hd, int bits, int T, int pos0, int every, int timed) {
-    tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f};
+    tern_cuda_attn_dims d = {nh, nkv, hd, 0, 1e-6f, 1.0f};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
     int n = pos0 + T;

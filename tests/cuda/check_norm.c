@@ -17,6 +17,7 @@
 #include "cpu/attention.h"
 #include "cpu/kvquant.h"
 #include "cpu/ops.h"
+#include "model/rope.h"
 
 typedef struct {
     float *y, *x;
@@ -98,9 +99,18 @@ static void run_prep(void *arg, int rep) {
         die_err("attn_prep", &err);
 }
 
-static float *rope_freqs(int rope_dim, double theta) {
+/* The model's RoPE table at theta 1e7 (model/rope.c): plain, or with
+ * yarn > 0 YaRN of that factor over a native 262,144 positions (the real
+ * model's), its attention factor into *scale. */
+static float *rope_freqs(int rope_dim, double yarn, float *scale) {
+    tern_config c = {.rope_dim = rope_dim, .rope_theta = 1e7, .max_pos = 262144};
+    c.rope = (tern_rope_cfg){.type = yarn > 0 ? TERN_ROPE_YARN : TERN_ROPE_NONE, .native = 262144, .factor = yarn,
+                             .beta_fast = 32, .beta_slow = 1, .truncate = 1};
+    tern_error err;
+    if (tern_rope_finish(&c, "check", &err)) die_err("rope", &err);
     float *f = xmalloc((size_t)(rope_dim / 2) * sizeof(float));
-    for (int i = 0; i < rope_dim / 2; i++) f[i] = (float)(1.0 / pow(theta, (double)(2 * i) / rope_dim));
+    tern_rope_inv_freq(&c, f);
+    *scale = (float)c.rope.attn_factor;
     return f;
 }
 
@@ -117,13 +127,16 @@ static long row_mismatch(const tern_kvq *L, const uint8_t *rows, const float *x,
     return bad;
 }
 
-static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, int T, int pos0, int timed, int at) {
-    tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f};
+static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, int T, int pos0, int timed, int at,
+                      double yarn) {
+    float scale;
+    float *inv = rope_freqs(rope, yarn, &scale);
+    tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f, scale};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
     size_t nq = (size_t)T * nh * 2 * hd, nk = (size_t)T * nkv * hd;
     float *qg = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4), *qn = xmalloc((size_t)hd * 4),
-          *kn = xmalloc((size_t)hd * 4), *inv = rope_freqs(rope, 1e7);
+          *kn = xmalloc((size_t)hd * 4);
     rnd_floats(ck, qg, nq, 1.0f);
     rnd_floats(ck, k, nk, 1.0f);
     rnd_floats(ck, v, nk, 1.0f);
@@ -153,16 +166,18 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
         for (int h = 0; h < nh; h++) {
             float *q = qg + ((size_t)t * nh + h) * 2 * hd;
             tern_rmsnorm_1p(q, q, qn, hd, 1e-6f);
-            tern_rope(q, rope, inv, pos0 + t);
+            tern_rope(q, rope, inv, scale, pos0 + t);
         }
         for (int g = 0; g < nkv; g++) {
             float *kh = k + ((size_t)t * nkv + g) * hd;
             tern_rmsnorm_1p(kh, kh, kn, hd, 1e-6f);
-            tern_rope(kh, rope, inv, pos0 + t);
+            tern_rope(kh, rope, inv, scale, pos0 + t);
         }
     }
     char shape[96];
-    snprintf(shape, sizeof shape, "%dq/%dkv x %d rope %d T=%d pos %d%s kv%d", nh, nkv, hd, rope, T, pos0,
+    char yn[32] = "";
+    if (yarn > 0) snprintf(yn, sizeof yn, " yarn x%g", yarn);
+    snprintf(shape, sizeof shape, "%dq/%dkv x %d rope %d%s T=%d pos %d%s kv%d", nh, nkv, hd, rope, yn, T, pos0,
              at ? " (device)" : "", bits);
     report(ck, "attn_prep q", shape, gq, qg, nq, 1e-5);
     report(ck, "attn_prep k", shape, gk, k, nk, 1e-5);
@@ -186,13 +201,15 @@ static void prep_case(checker *ck, int nh, int nkv, int hd, int rope, int bits, 
  * merged in a cluster; 4,096: the combine kernel). */
 static void prep_chain_case(checker *ck, int pos0, int plan) {
     const int nh = 16, nkv = 2, hd = 256, rope = 64, bits = 16;
-    tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f};
+    float scale;
+    float *inv = rope_freqs(rope, 0, &scale);
+    tern_cuda_attn_dims d = {nh, nkv, hd, rope, 1e-6f, scale};
     tern_kvq L;
     if (tern_kvq_init(&L, nkv, hd, bits)) { fprintf(stderr, "bad kv layout\n"); exit(2); }
     size_t nq = (size_t)nh * 2 * hd, nk = (size_t)nkv * hd, no = (size_t)nh * hd;
     size_t cache = (size_t)(pos0 + 1) * L.row_bytes;
     float *qg = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nk * 4), *qn = xmalloc((size_t)hd * 4),
-          *kn = xmalloc((size_t)hd * 4), *inv = rope_freqs(rope, 1e7);
+          *kn = xmalloc((size_t)hd * 4);
     uint8_t *K = xmalloc(cache), *V = xmalloc(cache);
     rnd_kv_rows(ck, &L, K, V, pos0);
     memset(K + (size_t)pos0 * L.row_bytes, 0x7b, L.row_bytes);   /* f16 0x7b7b: ~6.2e4 */
@@ -239,10 +256,14 @@ void check_attn_prep(checker *ck) {
     prep_chain_case(ck, 639, 1024);
     prep_chain_case(ck, 64, 1024);
     prep_chain_case(ck, 3000, 4096);
-    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1, 0);
-    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 0, 1);
-    prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0, 0);
-    prep_case(ck, 16, 2, 256, 64, 4, 4, 70000, 0, 1);
-    prep_case(ck, 8, 1, 32, 8, 8, 3, 5, 0, 0);
-    prep_case(ck, 8, 1, 32, 8, 4, 2, 0, 0, 0);
+    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 1, 0, 0);
+    prep_case(ck, 16, 2, 256, 64, 16, 1, 1000, 0, 1, 0);
+    prep_case(ck, 16, 2, 256, 64, 8, 1, 200000, 0, 0, 0);
+    prep_case(ck, 16, 2, 256, 64, 4, 4, 70000, 0, 1, 0);
+    prep_case(ck, 8, 1, 32, 8, 8, 3, 5, 0, 0, 0);
+    prep_case(ck, 8, 1, 32, 8, 4, 2, 0, 0, 0, 0);
+    /* YaRN to 512 K and 1 M positions (the real model's scalings) */
+    prep_case(ck, 16, 2, 256, 64, 16, 3, 524000, 0, 0, 2.0);
+    prep_case(ck, 16, 2, 256, 64, 16, 1, 1048575, 0, 1, 4.0);
+    prep_case(ck, 16, 2, 256, 64, 8, 2, 300000, 0, 0, 4.0);
 }

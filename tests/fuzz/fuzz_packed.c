@@ -96,7 +96,7 @@ static void run_model(int streaming, int reference) {
         FUZZ_CHECK(err.msg[0], "load failed without a message");
         return;
     }
-    tern_model_describe(work, 0, devnull, &err);
+    tern_model_describe(work, NULL, devnull, &err);
     tern_session_params sp = {.max_context = 16};
     tern_session *s = tern_session_create(m, &sp, &err);
     if (s) {

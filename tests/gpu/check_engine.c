@@ -161,14 +161,15 @@ static void two_sessions(const char *name, const char *dir, int kv_bits) {
     tern_model_free(gpu);
 }
 
-static void compare(const char *name, const char *dir, int kv_bits) {
+/* A prefill of P tokens (at most 600), then n = 6 decode steps. */
+static void compare_len(const char *name, const char *dir, int kv_bits, int P) {
     tern_model *cpu = load(dir, NULL), *gpu = load(dir, "cuda");
-    int V = tern_model_vocab_size(cpu), P = 600, n = 6;
+    int V = tern_model_vocab_size(cpu), n = 6;
     int32_t ids[606];
     for (int i = 0; i < P + n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
     float *a = run(gpu, kv_bits, ids, P, n), *b = run(cpu, kv_bits, ids, P, n);
     char what[128];
-    snprintf(what, sizeof what, "%s kv%d prefill 600", name, kv_bits);
+    snprintf(what, sizeof what, "%s kv%d prefill %d", name, kv_bits, P);
     report_prefill(what, a, b, P, V);
     snprintf(what, sizeof what, "%s kv%d decode 6 steps after it", name, kv_bits);
     report(what, rel(a + (size_t)P * V, b + (size_t)P * V, (size_t)n * V), TOL);
@@ -178,6 +179,8 @@ static void compare(const char *name, const char *dir, int kv_bits) {
     tern_model_free(cpu);
     tern_model_free(gpu);
 }
+
+static void compare(const char *name, const char *dir, int kv_bits) { compare_len(name, dir, kv_bits, 600); }
 
 /* Token by token only (the decode path) at a given KV precision. */
 static void compare_decode(const char *name, const char *dir, int kv_bits) {
@@ -716,6 +719,12 @@ int main(void) {
         free(d8);
         free(d4);
     }
+    /* YaRN from config.json (rope_type yarn, factor 4 over 64 native
+     * positions): 200 positions, the most past the native ones its context
+     * of 256 leaves room for */
+    char *y8 = pack("tests/fixtures/yarn", tmp, "yarn", 8);
+    compare_len("yarn q8", y8, 16, 200);
+    free(y8);
     char *t8 = pack("models/tern-tiny", tmp, "tern-tiny", 8), *t4 = pack("models/tern-tiny", tmp, "tern-tiny", 4);
     compare("tern-tiny q8", t8, 16);
     /* more pieces' boundaries: the 600-token prefill in six pieces of 100 */

@@ -336,6 +336,23 @@ def test_prompt_over_context_400(start_server):
     assert u["prompt_tokens"] + u["completion_tokens"] <= 256
 
 
+def test_context_past_the_model_refused_at_start():
+    """More context than the model's positions stops the server at start, with a line that says how to reach it."""
+    from helpers import Server
+    with pytest.raises(RuntimeError) as e:
+        Server(["--ctx", "2000000000"])
+    assert "tern serve: --ctx: a context of 2000000000 exceeds the model's 262144 positions" in str(e.value)
+    assert "--rope-scaling yarn" in str(e.value)
+
+
+def test_yarn_context(start_server):
+    """--rope-scaling yarn --ctx 1048576: tern-tiny past its native 262,144 positions, said at start."""
+    s = start_server("--rope-scaling", "yarn", "--ctx", "1048576")
+    assert "context 1048576 (rope scaling yarn, factor 4 over 262144 native positions" in s.stderr(), s.stderr()
+    r = s.post("/v1/chat/completions", chat_body("Hello", max_tokens=4))
+    assert r.status == 200, r
+
+
 # ---- routes and models -------------------------------------------------------------------------------------------
 
 

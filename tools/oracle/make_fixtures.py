@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference-fixture generator ("oracle") for tern.
 
-Builds three tiny random checkpoints of the Qwen3.5/3.6 MoE text model (HF model_type `qwen3_5_moe`),
+Builds four tiny random checkpoints of the Qwen3.5/3.6 MoE text model (HF model_type `qwen3_5_moe`),
 writes them in the exact Hugging Face on-disk layouts the engine must read, loads the written files back
 into a fresh fp32 transformers model plus an MTP head written here, and records golden outputs
 (logits, per-layer hidden states, cached greedy decoding, MTP draft logits) in
@@ -176,6 +176,89 @@ ODD_TEXT = OrderedDict(
     ]
 )
 
+# YaRN: rotary dims 8 (4 frequencies) at theta 100 over a native context of 64 positions put the correction range's
+# ends at dims 0 and 3, so the four inverse frequencies are extrapolated, blended 2:1, 1:2 and interpolated; factor 4
+# gives 256 positions, and the 130-token prompt reaches 66 past the native ones. beta_fast, beta_slow and the
+# attention factor are left to their defaults (32, 1, 0.1 ln(factor) + 1), as a real config leaves them.
+YARN_SPECIAL = dict(endoftext=250, im_start=251, im_end=252)
+
+YARN_TEXT = OrderedDict(
+    [
+        ("model_type", "qwen3_5_moe_text"),
+        ("architectures", ["Qwen3_5MoeForCausalLM"]),
+        ("attention_bias", False),
+        ("attention_dropout", 0.0),
+        ("attn_output_gate", True),
+        ("bos_token_id", YARN_SPECIAL["endoftext"]),
+        ("dtype", "bfloat16"),
+        ("eos_token_id", [YARN_SPECIAL["im_end"], YARN_SPECIAL["endoftext"]]),
+        ("head_dim", 32),
+        ("hidden_act", "silu"),
+        ("hidden_size", 32),
+        ("initializer_range", 0.02),
+        ("layer_types", [L, A]),
+        ("linear_conv_kernel_dim", 4),
+        ("linear_key_head_dim", 16),
+        ("linear_num_key_heads", 2),
+        ("linear_num_value_heads", 4),
+        ("linear_value_head_dim", 16),
+        ("mamba_ssm_dtype", "float32"),
+        ("max_position_embeddings", 64),
+        ("moe_intermediate_size", 32),
+        ("mtp_num_hidden_layers", 1),
+        ("mtp_use_dedicated_embeddings", False),
+        ("num_attention_heads", 4),
+        ("num_experts", 4),
+        ("num_experts_per_tok", 2),
+        ("num_hidden_layers", 2),
+        ("num_key_value_heads", 1),
+        ("output_router_logits", False),
+        ("pad_token_id", None),
+        ("partial_rotary_factor", 0.25),
+        ("rms_norm_eps", 1e-06),
+        (
+            "rope_parameters",
+            OrderedDict(
+                [
+                    ("factor", 4.0),
+                    ("mrope_interleaved", True),
+                    ("mrope_section", [2, 1, 1]),
+                    ("original_max_position_embeddings", 64),
+                    ("partial_rotary_factor", 0.25),
+                    ("rope_theta", 100),
+                    ("rope_type", "yarn"),
+                ]
+            ),
+        ),
+        ("router_aux_loss_coef", 0.001),
+        ("shared_expert_intermediate_size", 32),
+        ("tie_word_embeddings", False),
+        ("use_cache", True),
+        ("vocab_size", 256),
+    ]
+)
+
+# Variants of the YaRN parameters, each with the inverse frequencies and attention scaling transformers computes for
+# it, written to yarn/rope_cases.json for the engine's config reader: (name, rope_parameters, other text-config
+# fields). Together they take every branch of _compute_yarn_parameters and of the key standardisation before it.
+YARN_ROPE = OrderedDict((k, v) for k, v in YARN_TEXT["rope_parameters"].items()
+                        if k not in ("mrope_interleaved", "mrope_section"))
+ROPE_CASES = [
+    ("fixture", YARN_ROPE, {}),
+    ("qwen36_1m", dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=262144, rope_theta=10000000,
+                       partial_rotary_factor=0.25), dict(head_dim=256, max_position_embeddings=262144)),
+    ("qwen36_512k", dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=262144, rope_theta=10000000,
+                         partial_rotary_factor=0.25), dict(head_dim=256, max_position_embeddings=262144)),
+    ("betas_and_attention_factor", dict(YARN_ROPE, beta_fast=16, beta_slow=2, attention_factor=1.5), {}),
+    ("mscale", dict(YARN_ROPE, mscale=0.707, mscale_all_dim=1.3), {}),
+    ("not_truncated", dict(YARN_ROPE, truncate=False), {}),
+    ("null_factor", dict(YARN_ROPE, factor=None, original_max_position_embeddings=16), {}),
+    ("top_level_original", OrderedDict((k, v) for k, v in YARN_ROPE.items() if k != "original_max_position_embeddings"),
+     dict(original_max_position_embeddings=16)),
+    ("older_type_key", OrderedDict(("type" if k == "rope_type" else k, v) for k, v in YARN_ROPE.items()), {}),
+    ("zero_width_ramp", dict(YARN_ROPE, beta_fast=32, beta_slow=16), {}),
+]
+
 TINY_VISION = OrderedDict(
     [
         ("deepstack_visual_indexes", []),
@@ -274,6 +357,34 @@ FIXTURES = OrderedDict(
                         ("temperature", 0.7),
                         ("top_k", 5),
                         ("top_p", 0.8),
+                    ]
+                ),
+            ),
+        ),
+        (
+            "yarn",
+            dict(
+                seed=5164,
+                text=YARN_TEXT,
+                nested=False,
+                prefix="model.",
+                main_experts="fused",
+                mtp_experts="fused",
+                dtype=torch.bfloat16,
+                f32_suffixes=(),
+                shards=1,
+                visual=False,
+                special=YARN_SPECIAL,
+                rope_cases=ROPE_CASES,
+                generation=OrderedDict(
+                    [
+                        ("bos_token_id", YARN_SPECIAL["endoftext"]),
+                        ("do_sample", True),
+                        ("eos_token_id", [YARN_SPECIAL["im_end"], YARN_SPECIAL["endoftext"]]),
+                        ("pad_token_id", YARN_SPECIAL["endoftext"]),
+                        ("temperature", 1.0),
+                        ("top_k", 20),
+                        ("top_p", 0.95),
                     ]
                 ),
             ),
@@ -698,8 +809,9 @@ def load_text_config(outdir, spec):
         if key in want:
             assert getattr(cfg, key) == want[key], (key, getattr(cfg, key), want[key])
     rp = cfg.rope_parameters
-    for key in ("rope_theta", "partial_rotary_factor", "mrope_section"):
-        assert rp[key] == want["rope_parameters"][key], (key, rp[key])
+    for key in ("rope_type", "rope_theta", "partial_rotary_factor", "mrope_section", "factor",
+                "original_max_position_embeddings"):
+        assert rp.get(key) == want["rope_parameters"].get(key), (key, rp.get(key))
     assert cfg.tie_word_embeddings is False
     return cfg
 
@@ -871,12 +983,29 @@ def spec_rms1p(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
 
 
+def spec_yarn(inv, rot, rp):
+    """YaRN (Peng et al. 2023, "NTK-by-parts" + attention temperature) from the paper's formulas, in float64: the
+    fast dims (more than beta_fast turns over the native context) keep their frequency, the slow ones (fewer than
+    beta_slow turns) are divided by the factor, a linear ramp between; cos and sin are scaled by 0.1 ln(factor) + 1."""
+    base, factor, native = rp["rope_theta"], rp["factor"], rp["original_max_position_embeddings"]
+    dim_of = lambda turns: rot * math.log(native / (turns * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731
+    lo, hi = max(math.floor(dim_of(rp.get("beta_fast", 32))), 0), min(math.ceil(dim_of(rp.get("beta_slow", 1))), rot - 1)
+    ramp = ((torch.arange(rot // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp), 0.1 * math.log(factor) + 1
+
+
 def spec_rope_tables(cfg, n):
     rp = cfg.rope_parameters
     rot = int(cfg.head_dim * rp["partial_rotary_factor"])
-    inv = 1.0 / (rp["rope_theta"] ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    scale = 1.0
+    if rp["rope_type"] == "yarn":
+        inv = 1.0 / (rp["rope_theta"] ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+        inv, scale = spec_yarn(inv, rot, rp)
+        inv = inv.float()
+    else:
+        inv = 1.0 / (rp["rope_theta"] ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None]
-    return rot, ang.cos(), ang.sin()
+    return rot, ang.cos() * scale, ang.sin() * scale
 
 
 def spec_attention(w, p, x, cfg):
@@ -998,6 +1127,21 @@ def spec_check(main_sd, mtp_sd, cfg, ref):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def rope_cases(spec):
+    """transformers' inverse frequencies and attention scaling for each of spec's rope_cases, with the complete text
+    config each was computed from."""
+    out = []
+    for name, rope, extra in spec["rope_cases"]:
+        text = copy.deepcopy(spec["text"])
+        text.update(copy.deepcopy(extra))
+        text["rope_parameters"] = copy.deepcopy(OrderedDict(rope))
+        cfg = text_config_from_fields(text)
+        rot = hf_qwen.Qwen3_5MoeTextRotaryEmbedding(cfg)
+        out.append(OrderedDict([("name", name), ("config", text), ("inv_freq", rot.inv_freq.tolist()),
+                                ("attention_factor", float(rot.attention_scaling))]))
+    return out
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -1011,7 +1155,7 @@ def make_fixture(name, spec, outroot, full_logits):
     os.makedirs(outdir, exist_ok=True)
     for fn in os.listdir(outdir):  # remove what an earlier run wrote (e.g. when the shard count changed)
         if fn.endswith(".safetensors") or fn in ("config.json", "generation_config.json",
-                                                 "model.safetensors.index.json"):
+                                                 "model.safetensors.index.json", "rope_cases.json"):
             os.remove(os.path.join(outdir, fn))
 
     # Step 1: random model in fp32.
@@ -1043,6 +1187,8 @@ def make_fixture(name, spec, outroot, full_logits):
     assert worst < SPEC_RTOL, info["spec_check"]
     assert info["hf_loader_rel_err"] < 1e-6, info["hf_loader_rel_err"]
     ref = OrderedDict((k, v.contiguous()) for k, v in ref.items())
+    if "rope_cases" in spec:
+        write_json(os.path.join(outdir, "rope_cases.json"), rope_cases(spec))
     save_file(ref, os.path.join(outdir, "reference.safetensors"),
               # a single metadata key: safetensors writes a multi-key metadata map in hash order (not reproducible)
               metadata={"tern_oracle": f"format=1;fixture={name};full_logits={str(full_logits).lower()}"})
