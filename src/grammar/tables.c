@@ -1,0 +1,442 @@
+/* Per-position token tables and their cache (tables.h). */
+#include "grammar/tables.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/pda.h"
+#include "util/err.h"
+
+/* Positions that reach more rules than this are walked but not cached. */
+#define SIG_MAX (64 << 10)
+
+typedef struct vec {
+    uint32_t *v;
+    size_t n, cap;
+    int oom;
+} vec;
+
+static void vpush(vec *a, uint32_t x) {
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 256;
+        uint32_t *p = realloc(a->v, cap * sizeof *p);
+        if (!p) { a->oom = 1; return; }
+        a->v = p;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+}
+
+static void table_free(gt_table *t) {
+    if (!t) return;
+    free(t->acc);
+    free(t->bits);
+    free(t->grow);
+    gt_suffixes *x[2] = {&t->unc, &t->unc_acc};
+    for (int i = 0; i < 2; i++) {
+        free(x[i]->s);
+        free(x[i]->sfx);
+        free(x[i]->tok);
+    }
+    free(t);
+}
+
+/* ---- the walk ------------------------------------------------------------ */
+
+typedef struct walk {
+    const tern_grammar_vocab *v;
+    const gr_grammar *g;
+    pda *sim;
+    pda_state *lv;
+    uint32_t *pops, *npop;
+    uint8_t *alive, *popf;
+    vec acc, unc, unc_acc;       /* (id, g) and (id, suffix start) pairs */
+} walk;
+
+static int walk_position(walk *w, uint32_t p) {
+    const tern_grammar_vocab *v = w->v;
+    const gr_class *follow = &w->g->follow[w->g->rule_of[p]];
+    uint32_t f0 = pda_frame_get(w->sim, p, PDA_SENTINEL);
+    if (f0 == PDA_UNSET) return -1;
+    w->lv[0].n = 0;
+    w->lv[0].flags = 0;
+    if (w->lv[0].cap < 1) {
+        w->lv[0].ids = malloc(8 * sizeof(uint32_t));
+        if (!w->lv[0].ids) return -1;
+        w->lv[0].cap = 8;
+    }
+    w->lv[0].ids[0] = f0;
+    w->lv[0].n = 1;
+    w->alive[0] = 1;
+    w->popf[0] = 0;
+    w->npop[0] = 0;
+    w->acc.n = w->unc.n = w->unc_acc.n = 0;
+    for (uint32_t i = 0; i < v->n_nodes;) {
+        uint32_t d = v->t_depth[i];
+        unsigned b = v->t_byte[i];
+        uint32_t np = w->npop[d - 1];
+        if (w->popf[d - 1] && gr_class_has(follow, b)) w->pops[np++] = d - 1;
+        w->npop[d] = np;
+        if (w->alive[d - 1]) {
+            if (pda_advance(w->sim, w->lv[d - 1].ids, w->lv[d - 1].n, b, &w->lv[d])) return -1;
+            w->alive[d] = w->lv[d].n > 0;
+            w->popf[d] = (w->lv[d].flags & PDA_POPPED) != 0;
+        } else {
+            w->alive[d] = w->popf[d] = 0;
+        }
+        if (!w->alive[d] && !w->popf[d] && np == 0) {
+            i = v->t_skip[i];
+            continue;
+        }
+        for (int32_t t = v->t_tok[i]; t >= 0; t = v->tok_next[t]) {
+            int acc = w->alive[d] || w->popf[d];
+            if (acc) {
+                vpush(&w->acc, (uint32_t)t);
+                vpush(&w->acc, pda_state_min(w->sim, &w->lv[d]));
+            }
+            vec *u = acc ? &w->unc_acc : &w->unc;
+            for (uint32_t k = 0; k < np; k++) vpush(u, (uint32_t)t), vpush(u, w->pops[k]);
+        }
+        i++;
+    }
+    return w->acc.oom || w->unc.oom || w->unc_acc.oom ? -1 : 0;
+}
+
+/* ---- building a table from the walk -------------------------------------- */
+
+static int by_g_desc(const void *a, const void *b) {
+    const uint32_t *x = a, *y = b;
+    return x[1] != y[1] ? (x[1] > y[1] ? -1 : 1) : (x[0] < y[0] ? -1 : x[0] > y[0]);
+}
+
+typedef struct sfx_item {
+    const uint8_t *b;
+    uint32_t len, id;
+} sfx_item;
+
+static int by_suffix(const void *a, const void *b) {
+    const sfx_item *x = a, *y = b;
+    int c = memcmp(x->b, y->b, x->len < y->len ? x->len : y->len);
+    if (c) return c;
+    return x->len != y->len ? (x->len < y->len ? -1 : 1) : (x->id < y->id ? -1 : x->id > y->id);
+}
+
+static int build_acc(gt_table *t, const walk *w) {
+    size_t n = w->acc.n / 2;
+    t->n_acc = (uint32_t)n;
+    t->gmin = 0xFFFFFFFFu;
+    t->gmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t g = w->acc.v[2 * i + 1];
+        if (g < t->gmin) t->gmin = g;
+        if (g > t->gmax) t->gmax = g;
+    }
+    if (!n) t->gmin = 0;
+    if (n < GT_LIST_MAX) {
+        t->acc = malloc((n + 1) * sizeof *t->acc);
+        if (!t->acc) return -1;
+        for (size_t i = 0; i < n; i++) t->acc[i] = w->acc.v[2 * i];
+        t->bytes += n * 4;
+    } else {
+        t->bits = calloc((size_t)w->v->words, sizeof *t->bits);
+        if (!t->bits) return -1;
+        for (size_t i = 0; i < n; i++) t->bits[w->acc.v[2 * i] >> 5] |= 1u << (w->acc.v[2 * i] & 31);
+        t->bytes += (size_t)w->v->words * 4;
+    }
+    size_t ng = 0;
+    for (size_t i = 0; i < n; i++) ng += w->acc.v[2 * i + 1] > t->gmin;
+    t->grow = malloc((ng + 1) * 2 * sizeof *t->grow);
+    if (!t->grow) return -1;
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (w->acc.v[2 * i + 1] > t->gmin) t->grow[2 * k] = w->acc.v[2 * i], t->grow[2 * k + 1] = w->acc.v[2 * i + 1], k++;
+    qsort(t->grow, ng, 2 * sizeof *t->grow, by_g_desc);
+    t->n_grow = (uint32_t)ng;
+    t->bytes += ng * 8;
+    return 0;
+}
+
+static int build_suffixes(gt_suffixes *x, size_t *bytes, const vec *pairs, const tern_grammar_vocab *v) {
+    size_t n = pairs->n / 2, total = 0;
+    if (!n) return 0;
+    sfx_item *it = malloc(n * sizeof *it);
+    if (!it) return -1;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = pairs->v[2 * i], k = pairs->v[2 * i + 1];
+        it[i] = (sfx_item){(const uint8_t *)v->bytes[id] + k, v->len[id] - k, id};
+    }
+    qsort(it, n, sizeof *it, by_suffix);
+    size_t groups = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!i || it[i].len != it[i - 1].len || memcmp(it[i].b, it[i - 1].b, it[i].len)) groups++, total += it[i].len;
+    x->s = malloc(groups * GT_UNC_FIELDS * sizeof *x->s);
+    x->sfx = malloc(total + 1);
+    x->tok = malloc(n * sizeof *x->tok);
+    if (!x->s || !x->sfx || !x->tok) { free(it); return -1; }
+    size_t gi = 0, off = 0;
+    for (size_t i = 0; i < n; i++) {
+        int same = i && it[i].len == it[i - 1].len && !memcmp(it[i].b, it[i - 1].b, it[i].len);
+        if (!same) {
+            uint32_t *u = x->s + gi * GT_UNC_FIELDS;
+            uint32_t lcp = 0;
+            if (gi) {
+                const uint32_t *prev = u - GT_UNC_FIELDS;
+                uint32_t m = prev[1] < it[i].len ? prev[1] : it[i].len;
+                while (lcp < m && x->sfx[prev[0] + lcp] == it[i].b[lcp]) lcp++;
+            }
+            memcpy(x->sfx + off, it[i].b, it[i].len);
+            u[0] = (uint32_t)off;
+            u[1] = it[i].len;
+            u[2] = lcp;
+            u[3] = (uint32_t)i;
+            u[4] = 0;
+            off += it[i].len;
+            gi++;
+        }
+        x->s[(gi - 1) * GT_UNC_FIELDS + 4]++;
+        x->tok[i] = it[i].id;
+    }
+    x->n = (uint32_t)groups;
+    *bytes += groups * GT_UNC_FIELDS * 4 + total + n * 4;
+    free(it);
+    return 0;
+}
+
+static gt_table *table_of_walk(const walk *w) {
+    gt_table *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->bytes = sizeof *t;
+    if (build_acc(t, w) || build_suffixes(&t->unc, &t->bytes, &w->unc, w->v) ||
+        build_suffixes(&t->unc_acc, &t->bytes, &w->unc_acc, w->v)) {
+        table_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* ---- signatures: what a position's table depends on ------------------------ */
+
+typedef struct sig {
+    uint8_t *b;
+    size_t n, cap;
+    int too_big;
+} sig;
+
+static void sig_add(sig *s, const void *p, size_t n) {
+    if (s->too_big) return;
+    if (s->n + n > SIG_MAX) { s->too_big = 1; return; }
+    if (s->n + n > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        while (cap < s->n + n) cap *= 2;
+        uint8_t *q = realloc(s->b, cap);
+        if (!q) { s->too_big = 1; return; }
+        s->b = q;
+        s->cap = cap;
+    }
+    memcpy(s->b + s->n, p, n);
+    s->n += n;
+}
+
+static void sig_elems(sig *s, const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, uint32_t *nq) {
+    for (;; p++) {
+        uint32_t e = g->elems[p], out[9];
+        if (GR_KIND(e) == GR_END) {
+            uint8_t end = 'E';
+            sig_add(s, &end, 1);
+            return;
+        }
+        if (GR_KIND(e) == GR_CLASS) {
+            out[0] = 'C';
+            memcpy(out + 1, &g->classes[GR_ARG(e)], 32);
+            sig_add(s, out, 36);
+        } else {
+            uint32_t r = GR_ARG(e);
+            if (local[r] < 0) local[r] = (int32_t)*nq, queue[(*nq)++] = r;
+            out[0] = 'R';
+            out[1] = (uint32_t)local[r];
+            sig_add(s, out, 8);
+        }
+    }
+}
+
+/* The bytes a position's walk depends on: its rule's follow set, the rest
+ * of its alternative, and every rule reachable from there. */
+static int signature(const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, sig *s) {
+    uint32_t nq = 0;
+    s->n = 0;
+    s->too_big = 0;
+    uint32_t r0 = g->rule_of[p];
+    sig_add(s, &g->follow[r0], sizeof g->follow[r0]);
+    sig_add(s, &g->follow_end[r0], 1);
+    sig_elems(s, g, p, local, queue, &nq);
+    for (uint32_t k = 0; k < nq && !s->too_big; k++) {
+        uint32_t r = queue[k], n = g->rule_alt[r + 1] - g->rule_alt[r];
+        sig_add(s, &n, 4);
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_elems(s, g, g->alt_pos[a], local, queue, &nq);
+    }
+    for (uint32_t k = 0; k < nq; k++) local[queue[k]] = -1;
+    return s->too_big ? -1 : 0;
+}
+
+static uint64_t fnv(const uint8_t *b, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* ---- the cache ------------------------------------------------------------- */
+
+struct gv_entry {
+    uint64_t h;
+    uint8_t *key;
+    size_t klen;
+    gt_table *t;
+    int refs;
+    unsigned long long used;
+};
+
+static gt_table *cache_get(tern_grammar_vocab *v, const sig *s, uint64_t h) {
+    gt_table *t = NULL;
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < v->n_cache; i++) {
+        gv_entry *e = &v->cache[i];
+        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) {
+            e->refs++;
+            e->used = ++v->clock;
+            t = e->t;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+    return t;
+}
+
+static void cache_evict(tern_grammar_vocab *v) {
+    while (v->cache_bytes > v->cache_budget) {
+        int victim = -1;
+        for (int i = 0; i < v->n_cache; i++)
+            if (!v->cache[i].refs && (victim < 0 || v->cache[i].used < v->cache[victim].used)) victim = i;
+        if (victim < 0) return;
+        v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
+        table_free(v->cache[victim].t);
+        free(v->cache[victim].key);
+        v->cache[victim] = v->cache[--v->n_cache];
+    }
+}
+
+/* Takes t into the cache (with one reference) unless another thread put
+ * the same one there first: then that one is returned and t freed. */
+static gt_table *cache_put(tern_grammar_vocab *v, const sig *s, uint64_t h, gt_table *t) {
+    uint8_t *key = malloc(s->n);
+    if (!key) return t;
+    memcpy(key, s->b, s->n);
+    gt_table *found = NULL;
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < v->n_cache && !found; i++) {
+        gv_entry *e = &v->cache[i];
+        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) e->refs++, found = e->t;
+    }
+    if (!found && v->n_cache == v->cap_cache) {
+        int cap = v->cap_cache ? v->cap_cache * 2 : 64;
+        gv_entry *c = realloc(v->cache, (size_t)cap * sizeof *c);
+        if (c) v->cache = c, v->cap_cache = cap;
+    }
+    if (!found && v->n_cache < v->cap_cache) {
+        t->cached = 1;
+        v->cache[v->n_cache++] = (gv_entry){h, key, s->n, t, 1, ++v->clock};
+        v->cache_bytes += t->bytes + s->n;
+        key = NULL;
+        cache_evict(v);
+    }
+    pthread_mutex_unlock(&v->mu);
+    free(key);
+    if (found) table_free(t);
+    return found ? found : t;
+}
+
+void gt_release(tern_grammar_vocab *v, gt_table **tabs, int n) {
+    if (!tabs) return;
+    pthread_mutex_lock(&v->mu);
+    for (int p = 0; p < n; p++) {
+        gt_table *t = tabs[p];
+        if (!t) continue;
+        if (!t->cached) { table_free(t); continue; }
+        for (int i = 0; i < v->n_cache; i++)
+            if (v->cache[i].t == t) { v->cache[i].refs--; break; }
+    }
+    cache_evict(v);
+    pthread_mutex_unlock(&v->mu);
+    free(tabs);
+}
+
+void gt_cache_clear(tern_grammar_vocab *v) {
+    for (int i = 0; i < v->n_cache; i++) {
+        table_free(v->cache[i].t);
+        free(v->cache[i].key);
+    }
+    free(v->cache);
+    v->cache = NULL;
+    v->n_cache = v->cap_cache = 0;
+    v->cache_bytes = 0;
+}
+
+/* ---- compiling a grammar --------------------------------------------------- */
+
+static void walk_free(walk *w, uint32_t depth) {
+    for (uint32_t d = 0; d <= depth && w->lv; d++) pda_state_free(&w->lv[d]);
+    free(w->lv);
+    free(w->pops);
+    free(w->npop);
+    free(w->alive);
+    free(w->popf);
+    free(w->acc.v);
+    free(w->unc.v);
+    free(w->unc_acc.v);
+    if (w->sim) pda_free(w->sim);
+}
+
+int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern_error *err) {
+    uint32_t D = v->max_depth + 1;
+    pda sim;
+    memset(&sim, 0, sizeof sim);
+    walk w = {.v = v, .g = g};
+    gt_table **tabs = calloc((size_t)g->n_elems + 1, sizeof *tabs);
+    int32_t *local = malloc(((size_t)g->n_rules + 1) * sizeof *local);
+    uint32_t *queue = malloc(((size_t)g->n_rules + 1) * sizeof *queue);
+    sig s = {0};
+    int rc = -1;
+    w.lv = calloc(D + 1, sizeof *w.lv);
+    w.pops = malloc((D + 1) * sizeof *w.pops);
+    w.npop = malloc((D + 1) * sizeof *w.npop);
+    w.alive = malloc(D + 1);
+    w.popf = malloc(D + 1);
+    if (!tabs || !local || !queue || !w.lv || !w.pops || !w.npop || !w.alive || !w.popf ||
+        pda_init(&sim, g, 1u << 22)) {
+        pda_free(&sim);
+        goto done;
+    }
+    w.sim = &sim;
+    for (int r = 0; r < g->n_rules; r++) local[r] = -1;
+    for (int p = 0; p < g->n_elems; p++) {
+        if (GR_KIND(g->elems[p]) != GR_CLASS) continue;
+        int keyed = signature(g, (uint32_t)p, local, queue, &s) == 0;
+        uint64_t h = keyed ? fnv(s.b, s.n) : 0;
+        if (keyed && (tabs[p] = cache_get(v, &s, h))) continue;
+        if (walk_position(&w, (uint32_t)p)) goto done;
+        gt_table *t = table_of_walk(&w);
+        if (!t) goto done;
+        tabs[p] = keyed ? cache_put(v, &s, h, t) : t;
+    }
+    rc = 0;
+done:
+    walk_free(&w, D);
+    free(local);
+    free(queue);
+    free(s.b);
+    if (rc) {
+        gt_release(v, tabs, g->n_elems);
+        *out = NULL;
+        return tern_fail(err, "out of memory compiling the grammar against the vocabulary");
+    }
+    *out = tabs;
+    return 0;
+}
