@@ -395,6 +395,8 @@ typedef struct tern_grammar_spec {
 typedef struct tern_grammar tern_grammar;
 tern_grammar *tern_grammar_create(const tern_grammar_spec *spec, tern_grammar_vocab *v, tern_error *err);
 void tern_grammar_destroy(tern_grammar *g);
+/* The vocabulary it was compiled against, or NULL. */
+const tern_grammar_vocab *tern_grammar_vocabulary(const tern_grammar *g);
 
 /* One generation's progress through a grammar (one thread at a time). */
 typedef struct tern_matcher tern_matcher;

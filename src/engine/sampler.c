@@ -124,6 +124,7 @@ struct tern_sampler {
     int32_t *cand;    /* kept ids, most likely first */
     double *weight;   /* exp(logit - max) of each kept id */
     int n_cand;
+    const uint32_t *mask;   /* a grammar's allowed ids, or NULL */
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -216,10 +217,15 @@ static void penalise(tern_sampler *s, const int32_t *history, int n_history) {
     }
 }
 
+void tern_sampler_set_mask(tern_sampler *s, const uint32_t *mask) { s->mask = mask; }
+
 static void prepare(tern_sampler *s, const float *logits, const int32_t *history,
                     int n_history) {
     for (int i = 0; i < s->n_valid; i++)
         s->work[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    if (s->mask)
+        for (int i = 0; i < s->n_valid; i++)
+            if (!((s->mask[i >> 5] >> (i & 31)) & 1)) s->work[i] = -INFINITY;
     penalise(s, history, n_history);
     if (is_greedy(s)) return;
     float inv_t = 1.0f / s->p.temperature;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "grammar/compiled.h"
+#include "grammar/costs.h"
 #include "grammar/schema.h"
 #include "util/err.h"
 
@@ -84,7 +85,12 @@ tern_grammar *tern_grammar_create(const tern_grammar_spec *spec, tern_grammar_vo
     }
     G->v = v;
     int root = build(G->g, spec, err);
-    if (root < 0 || gr_finish(G->g, root, err) || (v && gt_compile(v, G->g, &G->tab, err))) {
+    int rc = root < 0 ? -1 : gr_finish(G->g, root, err);
+    if (rc == 0 && v) {
+        gr_token_costs(G->g, v);
+        rc = gt_compile(v, G->g, &G->tab, err);
+    }
+    if (rc) {
         tern_grammar_destroy(G);
         return NULL;
     }
@@ -97,3 +103,5 @@ void tern_grammar_destroy(tern_grammar *G) {
     gr_destroy(G->g);
     free(G);
 }
+
+const tern_grammar_vocab *tern_grammar_vocabulary(const tern_grammar *G) { return G ? G->v : NULL; }

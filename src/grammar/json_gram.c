@@ -53,7 +53,7 @@ int jg_lead(jg_rules *j) {
     if (j->lead >= 0) return j->lead;
     gr_seq s = {0};
     gr_seq_class(&s, class_of(j->g, " \n"));
-    j->lead = gr_repeat(j->g, &s, 0, 4);
+    j->lead = gr_repeat(j->g, &s, 0, 2);
     gr_seq_free(&s);
     return j->lead;
 }

@@ -30,7 +30,7 @@ typedef struct jg_rules {
 
 void jg_init(jg_rules *j, gr_grammar *g);
 int jg_ws(jg_rules *j);
-/* Up to 4 spaces or newlines: after "</think>", before a whole answer. */
+/* Up to 2 spaces or newlines: after "</think>", before a whole answer. */
 int jg_lead(jg_rules *j);
 int jg_string(jg_rules *j, int xml);
 int jg_integer(jg_rules *j);
