@@ -375,6 +375,20 @@ Test(grammar, tool_calls_take_what_the_template_writes) {
     tern_grammar_destroy(g);
 }
 
+/* JSON strings inside a parameter never hold "</parameter>", which would
+ * end the value for the output parser; "<\/parameter>" says the same. */
+Test(grammar, tool_call_json_strings_keep_out_the_value_end) {
+    tern_grammar *g = tool_grammar("get_weather", 0);
+    const char *head = "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n<parameter=days>\n1\n"
+                       "</parameter>\n<parameter=tags>\n[\"";
+    char text[512];
+    snprintf(text, sizeof text, "%sa</b><\\/parameter>\"]", head);
+    EXPECT(g, text, PREFIX);
+    snprintf(text, sizeof text, "%sa</parameter>", head);
+    EXPECT(g, text, BAD);
+    tern_grammar_destroy(g);
+}
+
 Test(grammar, tool_choice_by_name_and_single_call) {
     tern_grammar *g = tool_grammar("noop", 0);
     EXPECT(g, "<tool_call>\n<function=noop>\n</function>\n</tool_call>", WHOLE);
