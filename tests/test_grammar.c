@@ -74,6 +74,15 @@ Test(grammar, all_optional_and_empty_objects) {
     tern_grammar_destroy(g);
 }
 
+Test(grammar, required_names_outside_properties) {
+    tern_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\","
+                             "\"b\"],\"additionalProperties\":{\"type\":\"boolean\"}}");
+    EXPECT(g, "{\"a\":\"x\",\"b\":true}", WHOLE);
+    EXPECT(g, "{\"a\":\"x\",\"b\":1}", BAD);
+    EXPECT(g, "{\"a\":\"x\"}", BAD);
+    tern_grammar_destroy(g);
+}
+
 Test(grammar, maps_of_additional_properties) {
     tern_grammar *g = schema("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}");
     EXPECT(g, "{}", WHOLE);
@@ -250,6 +259,7 @@ Test(grammar, refused_keywords_are_named) {
     refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "maxItems");
     refused("{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "items");
     refused("false", "false");
+    refused("{\"type\":\"object\",\"required\":[\"x\"],\"additionalProperties\":false}", "'x'");
     refused("{\"type\":\"string\",\"enum\":[1,2]}", "enum");
     refused("{\"type\": ", "not valid JSON");
 }

@@ -230,3 +230,40 @@ Test(grammar_mask, a_budget_below_the_shortest_answer_is_ignored) {
     tern_grammar_destroy(g);
     vocab_close(&f);
 }
+
+/* tests/server/test_structured.py samples each schema with the max_tokens
+ * of tests/fixtures/schema_budgets.json: the grammar must be able to end
+ * (its end-of-sequence token included) within it, reasoning first or not. */
+Test(grammar_mask, schema_budgets_leave_room_to_end) {
+    vocab_fixture f;
+    vocab_open(&f, "models/tern-tiny");
+    json_error_t je;
+    json_t *budgets = json_load_file("tests/fixtures/schema_budgets.json", 0, &je);
+    cr_assert(json_is_object(budgets), "%s", je.text);
+    DIR *d = opendir("tests/fixtures/schemas");
+    cr_assert(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".json")) continue;
+        json_t *b = json_object_get(budgets, e->d_name);
+        cr_assert(json_is_integer(b), "%s has no budget", e->d_name);
+        char path[512];
+        snprintf(path, sizeof path, "tests/fixtures/schemas/%s", e->d_name);
+        char *schema = read_file(path);
+        for (int think = 0; think < 2; think++) {
+            tern_error err;
+            tern_grammar *g = tern_grammar_create(&(tern_grammar_spec){.json_schema = schema, .after_think = think},
+                                                  f.v, &err);
+            cr_assert(g, "%s: %s", e->d_name, err.msg);
+            tern_matcher *m = tern_matcher_create(g, &err);
+            cr_expect(tern_matcher_min_bytes(m) + 1 <= json_integer_value(b), "%s: %d tokens end it, the budget is %d",
+                      e->d_name, tern_matcher_min_bytes(m) + 1, (int)json_integer_value(b));
+            tern_matcher_destroy(m);
+            tern_grammar_destroy(g);
+        }
+        free(schema);
+    }
+    closedir(d);
+    json_decref(budgets);
+    vocab_close(&f);
+}

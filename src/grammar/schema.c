@@ -206,7 +206,13 @@ static int object_rule(sc_ctx *c, json_t *s, const char *path) {
     size_t i;
     json_array_foreach(req, i, v) {
         if (!json_is_string(v)) { free(m); return fail(c, path, "\"%s\" must be a list of names", "required"); }
-        if (!json_object_get(props, json_string_value(v))) m[k++] = (member){json_string_value(v), json_true(), 1};
+        if (json_object_get(props, json_string_value(v))) continue;
+        if (json_is_false(addl)) {
+            free(m);
+            return fail(c, path, "\"required\" names '%s', which is not in properties, and additionalProperties is "
+                        "false: no object can match", json_string_value(v));
+        }
+        m[k++] = (member){json_string_value(v), json_is_object(addl) ? addl : json_true(), 1};
     }
     int body = k ? members_rule(c, m, k, path) : json_is_false(addl) ? -2 : map_rule(c, addl, path);
     free(m);
