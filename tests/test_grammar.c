@@ -469,3 +469,24 @@ Test(grammar, answer_or_tool_calls) {
     EXPECT(g, "\"7\"", BAD);
     tern_grammar_destroy(g);
 }
+
+/* Grammars that would make the automaton recurse without end are refused
+ * or stopped, never a crash: a chain of rules each starting the next,
+ * and stacks nested past the limit. */
+Test(grammar, limits_of_depth) {
+    size_t cap = 64 << 10, n = 0;
+    char *text = malloc(cap);
+    for (int i = 0; i < 2000; i++) n += (size_t)snprintf(text + n, cap - n, "r%d ::= r%d\n", i, i + 1);
+    snprintf(text + n, cap - n, "r2000 ::= \"x\"\nroot ::= r0\n");
+    tern_error err;
+    cr_expect_null(tern_grammar_create(&(tern_grammar_spec){.gbnf = text}, NULL, &err));
+    cr_expect(strstr(err.msg, "deep"), "%s", err.msg);
+    free(text);
+    tern_grammar *g = compile(&(tern_grammar_spec){.gbnf = "root ::= \"(\" root? \")\""});
+    tern_matcher *m = tern_matcher_create(g, &err);
+    int refused = 0;
+    for (int i = 0; i < 10000 && !refused; i++) refused = tern_matcher_accept_bytes(m, "(", 1) != 0;
+    cr_expect(refused, "nesting without a limit");
+    tern_matcher_destroy(m);
+    tern_grammar_destroy(g);
+}

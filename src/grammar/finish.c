@@ -69,28 +69,79 @@ static void min_lengths(gr_grammar *g) {
     }
 }
 
-/* Rules reachable from the root (mark[r] = 1). */
-static void reach(const gr_grammar *g, int r, uint8_t *mark) {
-    if (mark[r]) return;
-    mark[r] = 1;
-    for (uint32_t p = g->alt_pos[g->rule_alt[r]]; p < g->alt_pos[g->rule_alt[r + 1]]; p++)
-        if (GR_KIND(g->elems[p]) == GR_REF) reach(g, (int)GR_ARG(g->elems[p]), mark);
-}
-
-/* Depth-first search over "B can start A" edges: a rule met again while
- * on the path is left-recursive. */
-static int left_cycle(const gr_grammar *g, int r, uint8_t *color, int *culprit) {
-    if (color[r] == 1) { *culprit = r; return 1; }
-    if (color[r] == 2) return 0;
-    color[r] = 1;
-    for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-        for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) == GR_REF; p++) {
-            int b = (int)GR_ARG(g->elems[p]);
-            if (left_cycle(g, b, color, culprit)) return 1;
-            if (g->rule_min[b] != 0) break;
+/* Rules reachable from the root (mark[r] = 1), with an explicit stack. */
+static int reach(const gr_grammar *g, int root, uint8_t *mark) {
+    int *stack = malloc(((size_t)g->n_rules + 1) * sizeof *stack), n = 0;
+    if (!stack) return -1;
+    mark[root] = 1;
+    stack[n++] = root;
+    while (n) {
+        int r = stack[--n];
+        for (uint32_t p = g->alt_pos[g->rule_alt[r]]; p < g->alt_pos[g->rule_alt[r + 1]]; p++) {
+            uint32_t e = g->elems[p];
+            if (GR_KIND(e) == GR_REF && !mark[GR_ARG(e)]) mark[GR_ARG(e)] = 1, stack[n++] = (int)GR_ARG(e);
         }
     }
-    color[r] = 2;
+    free(stack);
+    return 0;
+}
+
+/* The rules that can start rule r without a byte read: those referenced
+ * before the first element that cannot be empty, in each alternative.
+ * Calls f(ud, b) for each (with repeats). */
+static void left_edges(const gr_grammar *g, int r, void (*f)(void *, int), void *ud) {
+    for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+        for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) == GR_REF; p++) {
+            int b = (int)GR_ARG(g->elems[p]);
+            f(ud, b);
+            if (g->rule_min[b] != 0) break;
+        }
+}
+
+typedef struct dfs {
+    int *stack, n;               /* rules on the path */
+    uint8_t *color;              /* 0 new, 1 on the path, 2 done */
+    uint32_t *depth;             /* done: the longest chain of left edges from the rule */
+    int *next;                   /* scratch: the children of the rule being expanded */
+    int n_next, culprit;
+} dfs;
+
+static void collect(void *ud, int b) {
+    dfs *d = ud;
+    d->next[d->n_next++] = b;
+}
+
+/* Depth-first over left edges with an explicit stack: a rule met again
+ * on the path is left-recursive; otherwise the longest chain from each
+ * rule (the automaton expands such chains without reading a byte, so
+ * their length bounds its recursion). */
+static int left_walk(const gr_grammar *g, int root, dfs *d, uint32_t *longest) {
+    d->n = 0;
+    d->stack[d->n++] = root;
+    while (d->n) {
+        int r = d->stack[d->n - 1];
+        if (d->color[r] == 0) {
+            d->color[r] = 1;
+            d->n_next = 0;
+            left_edges(g, r, collect, d);
+            for (int i = 0; i < d->n_next; i++) {
+                int b = d->next[i];
+                if (d->color[b] == 1) { d->culprit = b; return 1; }
+                if (d->color[b] == 0) d->stack[d->n++] = b;
+            }
+            continue;
+        }
+        d->n--;
+        if (d->color[r] == 2) continue;
+        uint32_t best = 0;
+        d->n_next = 0;
+        left_edges(g, r, collect, d);
+        for (int i = 0; i < d->n_next; i++)
+            if (d->depth[d->next[i]] + 1 > best) best = d->depth[d->next[i]] + 1;
+        d->depth[r] = best;
+        d->color[r] = 2;
+        if (best > *longest) *longest = best;
+    }
     return 0;
 }
 
@@ -147,22 +198,37 @@ int gr_finish(gr_grammar *g, int root, tern_error *err) {
     g->root = root;
     for (int r = 0; r < g->n_rules; r++)
         if (!g->rules[r].defined) return tern_fail(err, "grammar: rule '%.80s' is used but not defined", g->rules[r].name);
-    if (g->n_rules > (1 << 28) || g->n_classes > (1 << 28)) return tern_fail(err, "grammar: too many rules");
+    size_t n_elems = 0;
+    for (int r = 0; r < g->n_rules; r++)
+        for (int a = 0; a < g->rules[r].n_alts; a++) n_elems += (size_t)g->rules[r].alts[a].n + 1;
+    if (n_elems > GR_MAX_ELEMS || g->n_rules > GR_MAX_ELEMS)
+        return tern_fail(err, "grammar: larger than %d elements", GR_MAX_ELEMS);
     if (flatten(g)) return tern_fail(err, "out of memory building the grammar");
     min_lengths(g);
-    uint8_t *mark = calloc((size_t)g->n_rules, 1);
-    if (!mark) return tern_fail(err, "out of memory building the grammar");
-    reach(g, root, mark);
-    int rc = 0, culprit = -1;
+    uint8_t *mark = calloc((size_t)g->n_rules + 1, 1);
+    size_t total = 0;
+    for (int a = 0; a < (int)g->rule_alt[g->n_rules]; a++) total += g->alt_pos[a + 1] - g->alt_pos[a];
+    dfs d = {.stack = malloc(((size_t)total + 1) * sizeof(int)), .color = calloc((size_t)g->n_rules + 1, 1),
+             .depth = calloc((size_t)g->n_rules + 1, sizeof(uint32_t)),
+             .next = malloc(((size_t)total + 1) * sizeof(int))};
+    int rc = !mark || !d.stack || !d.color || !d.depth || !d.next || reach(g, root, mark)
+                 ? tern_fail(err, "out of memory building the grammar") : 0;
     for (int r = 0; r < g->n_rules && rc == 0; r++)
         if (mark[r] && g->rule_min[r] >= INF_LEN)
             rc = tern_fail(err, "grammar: rule '%.80s' can never finish (it always recurses)", g->rules[r].name);
-    memset(mark, 0, (size_t)g->n_rules);
+    uint32_t longest = 0;
     for (int r = 0; r < g->n_rules && rc == 0; r++)
-        if (left_cycle(g, r, mark, &culprit))
+        if (!d.color[r] && left_walk(g, r, &d, &longest))
             rc = tern_fail(err, "grammar: rule '%.80s' is left-recursive (it can reach itself without reading a "
-                           "byte, e.g. a repetition of something that may be empty)", g->rules[culprit].name);
+                           "byte, e.g. a repetition of something that may be empty)", g->rules[d.culprit].name);
+    if (rc == 0 && longest > GR_MAX_CHAIN)
+        rc = tern_fail(err, "grammar: rules refer to one another more than %d deep before a byte is read",
+                       GR_MAX_CHAIN);
     free(mark);
+    free(d.stack);
+    free(d.color);
+    free(d.depth);
+    free(d.next);
     if (rc == 0 && follow_sets(g)) rc = tern_fail(err, "out of memory building the grammar");
     return rc;
 }

@@ -93,6 +93,12 @@ int gr_plus(gr_grammar *g, const gr_seq *s);
 int gr_opt(gr_grammar *g, const gr_seq *s);
 int gr_repeat(gr_grammar *g, const gr_seq *s, int min, int max);
 
+/* The largest grammar (elements, counting each alternative's end), and
+ * the longest chain of rules that begin with one another: the automaton
+ * expands such a chain recursively without reading a byte. */
+#define GR_MAX_ELEMS (1 << 20)
+#define GR_MAX_CHAIN 1024
+
 /* Checks and flattens (root: the start rule). Errors name the rule. */
 int gr_finish(gr_grammar *g, int root, tern_error *err);
 

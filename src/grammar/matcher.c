@@ -292,7 +292,9 @@ int tern_matcher_fill_mask(tern_matcher *m, uint32_t *mask, int budget, tern_err
     }
     uint32_t need;
     int cut;
-    if (compute(m, mask, B, &need, &cut)) return tern_fail(err, "grammar: the automaton outgrew its memory");
+    if (compute(m, mask, B, &need, &cut))
+        return tern_fail(err, "grammar: the automaton outgrew its limits (memory, or nesting deeper than %d)",
+                         PDA_MAX_DEPTH);
     if (!cut) memo_put(m, h, mask, need);
     return 0;
 }

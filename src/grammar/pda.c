@@ -68,10 +68,12 @@ uint32_t pda_frame_get(pda *p, uint32_t pos, uint32_t parent) {
         p->f = f;
         p->cap = cap;
     }
+    int bottom = parent == PDA_ROOT || parent == PDA_SENTINEL;
+    uint32_t depth = bottom ? 1 : p->f[parent].depth + 1;
+    if (depth > PDA_MAX_DEPTH) { p->oom = 1; return PDA_UNSET; }
     uint32_t id = p->n++;
-    uint32_t below = parent == PDA_ROOT || parent == PDA_SENTINEL ? 0 : p->f[parent].dmin;
-    uint32_t d = p->g->rem_min[pos] + below;
-    p->f[id] = (pda_frame){pos, parent, PDA_UNSET, PDA_UNSET, d > INF_LEN ? INF_LEN : d};
+    uint32_t d = p->g->rem_min[pos] + (bottom ? 0 : p->f[parent].dmin);
+    p->f[id] = (pda_frame){pos, parent, PDA_UNSET, PDA_UNSET, d > INF_LEN ? INF_LEN : d, depth};
     p->ht[h] = id;
     if (p->n * 2 > p->ht_cap && rehash(p)) { p->oom = 1; return PDA_UNSET; }
     return id;

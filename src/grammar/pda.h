@@ -35,8 +35,13 @@ typedef struct pda_frame {
     uint32_t pos, parent;
     uint32_t next;               /* frame (pos + 1, parent), or PDA_UNSET */
     uint32_t clo;                /* its closure's offset in the pool, PDA_UNSET, or PDA_BUSY */
-    uint32_t dmin;               /* fewest bytes that finish this frame and those below it */
+    uint32_t dmin;               /* fewest tokens (or bytes) that finish this frame and those below it */
+    uint32_t depth;              /* frames in its stack */
 } pda_frame;
+
+/* Stacks deeper than this are refused (the closure recursion follows
+ * them; nested JSON takes a few frames a level). */
+#define PDA_MAX_DEPTH 4096
 
 typedef struct pda {
     const gr_grammar *g;

@@ -4,11 +4,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/dfa.h"
 #include "grammar/pda.h"
 #include "util/err.h"
 
 /* Positions that reach more rules than this are walked but not cached. */
 #define SIG_MAX (64 << 10)
+/* Automaton states a walk may intern (each keeps 1 KiB of transitions),
+ * and those kept from one position's walk to the next. */
+#define DFA_MAX (1u << 16)
+#define DFA_KEEP 8192
 
 typedef struct vec {
     uint32_t *v;
@@ -47,7 +52,8 @@ typedef struct walk {
     const tern_grammar_vocab *v;
     const gr_grammar *g;
     pda *sim;
-    pda_state *lv;
+    dfa *dfa;
+    int32_t *lv;                 /* the state at each depth */
     uint32_t *pops, *npop;
     uint8_t *alive, *popf;
     vec acc, unc, unc_acc;       /* (id, g) and (id, suffix start) pairs */
@@ -56,17 +62,17 @@ typedef struct walk {
 static int walk_position(walk *w, uint32_t p) {
     const tern_grammar_vocab *v = w->v;
     const gr_class *follow = &w->g->follow[w->g->rule_of[p]];
+    /* the states carried from position to position stay bounded */
+    if (w->dfa->n > DFA_KEEP) {
+        pda *sim = w->dfa->p;
+        uint32_t max = w->dfa->max_states;
+        dfa_free(w->dfa);
+        if (dfa_init(w->dfa, sim, max)) return -1;
+    }
     uint32_t f0 = pda_frame_get(w->sim, p, PDA_SENTINEL);
     if (f0 == PDA_UNSET) return -1;
-    w->lv[0].n = 0;
-    w->lv[0].flags = 0;
-    if (w->lv[0].cap < 1) {
-        w->lv[0].ids = malloc(8 * sizeof(uint32_t));
-        if (!w->lv[0].ids) return -1;
-        w->lv[0].cap = 8;
-    }
-    w->lv[0].ids[0] = f0;
-    w->lv[0].n = 1;
+    pda_state start = {0, 1, 1, &f0};
+    if ((w->lv[0] = dfa_intern(w->dfa, &start)) < 0) return -1;
     w->alive[0] = 1;
     w->popf[0] = 0;
     w->npop[0] = 0;
@@ -78,9 +84,10 @@ static int walk_position(walk *w, uint32_t p) {
         if (w->popf[d - 1] && gr_class_has(follow, b)) w->pops[np++] = d - 1;
         w->npop[d] = np;
         if (w->alive[d - 1]) {
-            if (pda_advance(w->sim, w->lv[d - 1].ids, w->lv[d - 1].n, b, &w->lv[d])) return -1;
-            w->alive[d] = w->lv[d].n > 0;
-            w->popf[d] = (w->lv[d].flags & PDA_POPPED) != 0;
+            if ((w->lv[d] = dfa_step(w->dfa, w->lv[d - 1], b)) < 0) return -1;
+            const dfa_state *x = &w->dfa->s[w->lv[d]];
+            w->alive[d] = x->n > 0;
+            w->popf[d] = (x->flags & PDA_POPPED) != 0;
         } else {
             w->alive[d] = w->popf[d] = 0;
         }
@@ -92,7 +99,7 @@ static int walk_position(walk *w, uint32_t p) {
             int acc = w->alive[d] || w->popf[d];
             if (acc) {
                 vpush(&w->acc, (uint32_t)t);
-                vpush(&w->acc, pda_state_min(w->sim, &w->lv[d]));
+                vpush(&w->acc, w->dfa->s[w->lv[d]].min);
             }
             vec *u = acc ? &w->unc_acc : &w->unc;
             for (uint32_t k = 0; k < np; k++) vpush(u, (uint32_t)t), vpush(u, w->pops[k]);
@@ -381,8 +388,7 @@ void gt_cache_clear(tern_grammar_vocab *v) {
 
 /* ---- compiling a grammar --------------------------------------------------- */
 
-static void walk_free(walk *w, uint32_t depth) {
-    for (uint32_t d = 0; d <= depth && w->lv; d++) pda_state_free(&w->lv[d]);
+static void walk_free(walk *w) {
     free(w->lv);
     free(w->pops);
     free(w->npop);
@@ -391,30 +397,35 @@ static void walk_free(walk *w, uint32_t depth) {
     free(w->acc.v);
     free(w->unc.v);
     free(w->unc_acc.v);
+    if (w->dfa) dfa_free(w->dfa);
     if (w->sim) pda_free(w->sim);
 }
 
 int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern_error *err) {
     uint32_t D = v->max_depth + 1;
     pda sim;
+    dfa states;
     memset(&sim, 0, sizeof sim);
+    memset(&states, 0, sizeof states);
     walk w = {.v = v, .g = g};
     gt_table **tabs = calloc((size_t)g->n_elems + 1, sizeof *tabs);
     int32_t *local = malloc(((size_t)g->n_rules + 1) * sizeof *local);
     uint32_t *queue = malloc(((size_t)g->n_rules + 1) * sizeof *queue);
     sig s = {0};
     int rc = -1;
-    w.lv = calloc(D + 1, sizeof *w.lv);
+    w.lv = malloc((D + 1) * sizeof *w.lv);
     w.pops = malloc((D + 1) * sizeof *w.pops);
     w.npop = malloc((D + 1) * sizeof *w.npop);
     w.alive = malloc(D + 1);
     w.popf = malloc(D + 1);
     if (!tabs || !local || !queue || !w.lv || !w.pops || !w.npop || !w.alive || !w.popf ||
-        pda_init(&sim, g, 1u << 22)) {
+        pda_init(&sim, g, 1u << 22) || dfa_init(&states, &sim, DFA_MAX)) {
         pda_free(&sim);
+        dfa_free(&states);
         goto done;
     }
     w.sim = &sim;
+    w.dfa = &states;
     for (int r = 0; r < g->n_rules; r++) local[r] = -1;
     for (int p = 0; p < g->n_elems; p++) {
         if (GR_KIND(g->elems[p]) != GR_CLASS) continue;
@@ -428,14 +439,15 @@ int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern
     }
     rc = 0;
 done:
-    walk_free(&w, D);
+    walk_free(&w);
     free(local);
     free(queue);
     free(s.b);
     if (rc) {
         gt_release(v, tabs, g->n_elems);
         *out = NULL;
-        return tern_fail(err, "out of memory compiling the grammar against the vocabulary");
+        return tern_fail(err, "the grammar's automaton outgrew its limits (memory, or stacks nested more than %d "
+                         "deep) while compiling it against the vocabulary", PDA_MAX_DEPTH);
     }
     *out = tabs;
     return 0;
