@@ -33,7 +33,7 @@ static uint32_t hash_of(uint32_t flags, const uint32_t *ids, uint32_t n) {
 
 static int same(const dfa *d, uint32_t id, const pda_state *s) {
     const dfa_state *x = &d->s[id];
-    return x->flags == s->flags && x->n == s->n && !memcmp(d->pool + x->off, s->ids, s->n * sizeof *s->ids);
+    return x->flags == s->flags && x->n == s->n && (!s->n || !memcmp(d->pool + x->off, s->ids, s->n * sizeof *s->ids));
 }
 
 static int rehash(dfa *d) {
@@ -75,7 +75,7 @@ int32_t dfa_intern(dfa *d, const pda_state *s) {
         d->pcap = cap;
     }
     uint32_t id = d->n++;
-    memcpy(d->pool + d->pn, s->ids, s->n * sizeof *s->ids);
+    if (s->n) memcpy(d->pool + d->pn, s->ids, s->n * sizeof *s->ids);
     d->s[id] = (dfa_state){(uint32_t)d->pn, s->n, s->flags, pda_state_min(d->p, s)};
     d->pn += s->n;
     for (int b = 0; b < 256; b++) d->next[(size_t)id * 256 + b] = DFA_UNKNOWN;

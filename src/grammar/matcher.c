@@ -228,7 +228,7 @@ static memo_ent *memo_find(tern_matcher *m, uint64_t h) {
     for (int i = 0; i < MEMO_N; i++) {
         memo_ent *e = &m->memo[i];
         if (e->mask && e->h == h && e->n == m->cur.n && e->flags == m->cur.flags &&
-            !memcmp(e->ids, m->cur.ids, m->cur.n * sizeof *e->ids))
+            (!m->cur.n || !memcmp(e->ids, m->cur.ids, m->cur.n * sizeof *e->ids)))
             return e;
     }
     return NULL;
@@ -246,7 +246,7 @@ static void memo_put(tern_matcher *m, uint64_t h, const uint32_t *mask, uint32_t
         e->ids = ids;
         e->cap = m->cur.n;
     }
-    memcpy(e->ids, m->cur.ids, m->cur.n * sizeof *e->ids);
+    if (m->cur.n) memcpy(e->ids, m->cur.ids, m->cur.n * sizeof *e->ids);
     e->n = m->cur.n;
     e->flags = m->cur.flags;
     e->h = h;

@@ -135,7 +135,7 @@ static uint32_t store(pda *p, size_t start, uint32_t flags) {
     uint32_t o = (uint32_t)p->pool_n;
     p->pool[o] = flags;
     p->pool[o + 1] = n;
-    memcpy(p->pool + o + 2, p->scratch + start, n * sizeof(uint32_t));
+    if (n) memcpy(p->pool + o + 2, p->scratch + start, n * sizeof(uint32_t));
     p->pool_n += n + 2;
     return o;
 }
@@ -197,7 +197,7 @@ static int state_reserve(pda_state *s, uint32_t n) {
 
 int pda_state_copy(pda_state *dst, const pda_state *src) {
     if (state_reserve(dst, src->n)) return -1;
-    memcpy(dst->ids, src->ids, src->n * sizeof *src->ids);
+    if (src->n) memcpy(dst->ids, src->ids, src->n * sizeof *src->ids);
     dst->n = src->n;
     dst->flags = src->flags;
     return 0;
@@ -207,7 +207,7 @@ static int state_add(pda *p, pda_state *out, uint32_t o) {
     if (o == PDA_UNSET) return -1;
     uint32_t n = p->pool[o + 1];
     if (state_reserve(out, out->n + n)) return -1;
-    memcpy(out->ids + out->n, p->pool + o + 2, n * sizeof(uint32_t));
+    if (n) memcpy(out->ids + out->n, p->pool + o + 2, n * sizeof(uint32_t));
     out->n += n;
     out->flags |= p->pool[o];
     return 0;
