@@ -367,6 +367,8 @@ CHAT_400 = [
     ("tool_choice", "maxLength", {"tool_choice": "required", "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 9}}}}}]}),
     ("ignore_eos", "ignore_eos", {"ignore_eos": True, "response_format": {"type": "json_object"}}),
+    ("tools", "pattern", {"response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": "x"}}}}}]}),
 ]
 
 
