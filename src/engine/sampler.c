@@ -223,9 +223,13 @@ static void prepare(tern_sampler *s, const float *logits, const int32_t *history
                     int n_history) {
     for (int i = 0; i < s->n_valid; i++)
         s->work[i] = isnan(logits[i]) ? -INFINITY : logits[i];
-    if (s->mask)
-        for (int i = 0; i < s->n_valid; i++)
-            if (!((s->mask[i >> 5] >> (i & 31)) & 1)) s->work[i] = -INFINITY;
+    for (int w = 0; s->mask && w * 32 < s->n_valid; w++) {
+        uint32_t bits = s->mask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        int end = w * 32 + 32 < s->n_valid ? w * 32 + 32 : s->n_valid;
+        for (int i = w * 32; i < end; i++)
+            if (!((bits >> (i & 31)) & 1)) s->work[i] = -INFINITY;
+    }
     penalise(s, history, n_history);
     if (is_greedy(s)) return;
     float inv_t = 1.0f / s->p.temperature;
