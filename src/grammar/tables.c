@@ -8,8 +8,6 @@
 #include "grammar/pda.h"
 #include "util/err.h"
 
-/* Positions that reach more rules than this are walked but not cached. */
-#define SIG_MAX (64 << 10)
 /* Automaton states a walk may intern (each keeps 1 KiB of transitions),
  * and those kept from one position's walk to the next. */
 #define DFA_MAX (1u << 16)
@@ -32,7 +30,7 @@ static void vpush(vec *a, uint32_t x) {
     a->v[a->n++] = x;
 }
 
-static void table_free(gt_table *t) {
+void gt_table_free(gt_table *t) {
     if (!t) return;
     free(t->acc);
     free(t->bits);
@@ -214,176 +212,10 @@ static gt_table *table_of_walk(const walk *w) {
     t->bytes = sizeof *t;
     if (build_acc(t, w) || build_suffixes(&t->unc, &t->bytes, &w->unc, w->v) ||
         build_suffixes(&t->unc_acc, &t->bytes, &w->unc_acc, w->v)) {
-        table_free(t);
+        gt_table_free(t);
         return NULL;
     }
     return t;
-}
-
-/* ---- signatures: what a position's table depends on ------------------------ */
-
-typedef struct sig {
-    uint8_t *b;
-    size_t n, cap;
-    int too_big;
-} sig;
-
-static void sig_add(sig *s, const void *p, size_t n) {
-    if (s->too_big) return;
-    if (s->n + n > SIG_MAX) { s->too_big = 1; return; }
-    if (s->n + n > s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 1024;
-        while (cap < s->n + n) cap *= 2;
-        uint8_t *q = realloc(s->b, cap);
-        if (!q) { s->too_big = 1; return; }
-        s->b = q;
-        s->cap = cap;
-    }
-    memcpy(s->b + s->n, p, n);
-    s->n += n;
-}
-
-static void sig_elems(sig *s, const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, uint32_t *nq) {
-    for (;; p++) {
-        uint32_t e = g->elems[p], out[9];
-        if (GR_KIND(e) == GR_END) {
-            uint8_t end = 'E';
-            sig_add(s, &end, 1);
-            return;
-        }
-        if (GR_KIND(e) == GR_CLASS) {
-            out[0] = 'C';
-            memcpy(out + 1, &g->classes[GR_ARG(e)], 32);
-            sig_add(s, out, 36);
-        } else {
-            uint32_t r = GR_ARG(e);
-            if (local[r] < 0) local[r] = (int32_t)*nq, queue[(*nq)++] = r;
-            out[0] = 'R';
-            out[1] = (uint32_t)local[r];
-            sig_add(s, out, 8);
-        }
-    }
-}
-
-/* The bytes a position's walk depends on: its rule's follow set, the rest
- * of its alternative, and every rule reachable from there. */
-static int signature(const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, sig *s) {
-    uint32_t nq = 0;
-    s->n = 0;
-    s->too_big = 0;
-    uint32_t r0 = g->rule_of[p];
-    sig_add(s, &g->follow[r0], sizeof g->follow[r0]);
-    sig_add(s, &g->follow_end[r0], 1);
-    sig_elems(s, g, p, local, queue, &nq);
-    for (uint32_t k = 0; k < nq && !s->too_big; k++) {
-        uint32_t r = queue[k], n = g->rule_alt[r + 1] - g->rule_alt[r];
-        sig_add(s, &n, 4);
-        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_elems(s, g, g->alt_pos[a], local, queue, &nq);
-    }
-    for (uint32_t k = 0; k < nq; k++) local[queue[k]] = -1;
-    return s->too_big ? -1 : 0;
-}
-
-static uint64_t fnv(const uint8_t *b, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* ---- the cache ------------------------------------------------------------- */
-
-struct gv_entry {
-    uint64_t h;
-    uint8_t *key;
-    size_t klen;
-    gt_table *t;
-    int refs;
-    unsigned long long used;
-};
-
-static gt_table *cache_get(tern_grammar_vocab *v, const sig *s, uint64_t h) {
-    gt_table *t = NULL;
-    pthread_mutex_lock(&v->mu);
-    for (int i = 0; i < v->n_cache; i++) {
-        gv_entry *e = &v->cache[i];
-        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) {
-            e->refs++;
-            e->used = ++v->clock;
-            t = e->t;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&v->mu);
-    return t;
-}
-
-static void cache_evict(tern_grammar_vocab *v) {
-    while (v->cache_bytes > v->cache_budget) {
-        int victim = -1;
-        for (int i = 0; i < v->n_cache; i++)
-            if (!v->cache[i].refs && (victim < 0 || v->cache[i].used < v->cache[victim].used)) victim = i;
-        if (victim < 0) return;
-        v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
-        table_free(v->cache[victim].t);
-        free(v->cache[victim].key);
-        v->cache[victim] = v->cache[--v->n_cache];
-    }
-}
-
-/* Takes t into the cache (with one reference) unless another thread put
- * the same one there first: then that one is returned and t freed. */
-static gt_table *cache_put(tern_grammar_vocab *v, const sig *s, uint64_t h, gt_table *t) {
-    uint8_t *key = malloc(s->n);
-    if (!key) return t;
-    memcpy(key, s->b, s->n);
-    gt_table *found = NULL;
-    pthread_mutex_lock(&v->mu);
-    for (int i = 0; i < v->n_cache && !found; i++) {
-        gv_entry *e = &v->cache[i];
-        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) e->refs++, found = e->t;
-    }
-    if (!found && v->n_cache == v->cap_cache) {
-        int cap = v->cap_cache ? v->cap_cache * 2 : 64;
-        gv_entry *c = realloc(v->cache, (size_t)cap * sizeof *c);
-        if (c) v->cache = c, v->cap_cache = cap;
-    }
-    if (!found && v->n_cache < v->cap_cache) {
-        t->cached = 1;
-        v->cache[v->n_cache++] = (gv_entry){h, key, s->n, t, 1, ++v->clock};
-        v->cache_bytes += t->bytes + s->n;
-        key = NULL;
-        cache_evict(v);
-    }
-    pthread_mutex_unlock(&v->mu);
-    free(key);
-    if (found) table_free(t);
-    return found ? found : t;
-}
-
-void gt_release(tern_grammar_vocab *v, gt_table **tabs, int n) {
-    if (!tabs) return;
-    pthread_mutex_lock(&v->mu);
-    for (int p = 0; p < n; p++) {
-        gt_table *t = tabs[p];
-        if (!t) continue;
-        if (!t->cached) { table_free(t); continue; }
-        for (int i = 0; i < v->n_cache; i++)
-            if (v->cache[i].t == t) { v->cache[i].refs--; break; }
-    }
-    cache_evict(v);
-    pthread_mutex_unlock(&v->mu);
-    free(tabs);
-}
-
-void gt_cache_clear(tern_grammar_vocab *v) {
-    for (int i = 0; i < v->n_cache; i++) {
-        table_free(v->cache[i].t);
-        free(v->cache[i].key);
-    }
-    free(v->cache);
-    v->cache = NULL;
-    v->n_cache = v->cap_cache = 0;
-    v->cache_bytes = 0;
 }
 
 /* ---- compiling a grammar --------------------------------------------------- */
@@ -411,7 +243,7 @@ int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern
     gt_table **tabs = calloc((size_t)g->n_elems + 1, sizeof *tabs);
     int32_t *local = malloc(((size_t)g->n_rules + 1) * sizeof *local);
     uint32_t *queue = malloc(((size_t)g->n_rules + 1) * sizeof *queue);
-    sig s = {0};
+    gt_sig s = {0};
     int rc = -1;
     w.lv = malloc((D + 1) * sizeof *w.lv);
     w.pops = malloc((D + 1) * sizeof *w.pops);
@@ -429,13 +261,12 @@ int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern
     for (int r = 0; r < g->n_rules; r++) local[r] = -1;
     for (int p = 0; p < g->n_elems; p++) {
         if (GR_KIND(g->elems[p]) != GR_CLASS) continue;
-        int keyed = signature(g, (uint32_t)p, local, queue, &s) == 0;
-        uint64_t h = keyed ? fnv(s.b, s.n) : 0;
-        if (keyed && (tabs[p] = cache_get(v, &s, h))) continue;
+        int keyed = gt_signature(g, (uint32_t)p, local, queue, &s) == 0;
+        if (keyed && (tabs[p] = gt_cache_get(v, &s))) continue;
         if (walk_position(&w, (uint32_t)p)) goto done;
         gt_table *t = table_of_walk(&w);
         if (!t) goto done;
-        tabs[p] = keyed ? cache_put(v, &s, h, t) : t;
+        tabs[p] = keyed ? gt_cache_put(v, &s, t) : t;
     }
     rc = 0;
 done:

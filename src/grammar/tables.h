@@ -53,6 +53,27 @@ struct gt_table {
 
 #define GT_UNC_FIELDS 5
 
+void gt_table_free(gt_table *t);
+
+/* A position's signature: the bytes its walk depends on (its rule's
+ * follow set, the rest of its alternative, every rule reachable from
+ * there) and their hash. */
+#define GT_SIG_MAX (64 << 10)
+typedef struct gt_sig {
+    uint8_t *b;
+    size_t n, cap;
+    int too_big;                 /* more than GT_SIG_MAX bytes: not cached */
+    uint64_t h;
+} gt_sig;
+/* 0, or -1 when too big to key a cache entry. local and queue: scratch of
+ * n_rules entries (local all -1, and left so). */
+int gt_signature(const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, gt_sig *s);
+/* The cached table of that signature (one more reference), or NULL. */
+gt_table *gt_cache_get(tern_grammar_vocab *v, const gt_sig *s);
+/* Takes t into the cache (with one reference) unless another thread put
+ * the same one there first: then that one is returned and t freed. */
+gt_table *gt_cache_put(tern_grammar_vocab *v, const gt_sig *s, gt_table *t);
+
 /* The table of every class position of g (NULL for the others). */
 int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern_error *err);
 /* Drops a grammar's hold on its tables. */
