@@ -97,6 +97,31 @@ static int cache_budgets(const srv_params *p, const tern_model *m, srv_sched_par
     return 0;
 }
 
+/* The vocabulary structured output compiles against, its end-of-sequence
+ * ids those the generation stops at (generation_config.json's, else the
+ * model's), and the tables of the rules most requests share (JSON
+ * values, reasoning, raw tool arguments) computed before the first
+ * request needs them. */
+static int grammar_vocab(srv_ctx *c, tern_error *err) {
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+    int n = 0;
+    for (int i = 0; i < c->sampling.n_eos; i++) eos[n++] = c->sampling.eos_ids[i];
+    for (int32_t id = 0; !c->sampling.n_eos && id < tern_tokenizer_vocab_size(c->tok) && n < TERN_SAMPLER_MAX_EOS; id++)
+        if (tern_model_is_eos(c->m, id)) eos[n++] = id;
+    if (!(c->gvocab = tern_grammar_vocab_create(c->tok, tern_model_vocab_size(c->m), eos, n, err))) return -1;
+    static const char warm_tools[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"s\":{\"type\":\"string\"},\"a\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}}}}}]";
+    tern_grammar_spec warm[] = {{.json_object = 1}, {.json_object = 1, .after_think = 1},
+                                {.tools_json = warm_tools, .tools_required = 1, .parallel_tool_calls = 1}};
+    for (size_t i = 0; i < sizeof warm / sizeof *warm; i++) {
+        tern_grammar *g = tern_grammar_create(&warm[i], c->gvocab, err);
+        if (!g) return -1;
+        tern_grammar_destroy(g);
+    }
+    return 0;
+}
+
 int srv_run(const srv_params *p) {
     static sigstate ss = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, {{0}}};
     sigemptyset(&ss.set);
@@ -154,6 +179,10 @@ int srv_run(const srv_params *p) {
         fprintf(stderr, "tern serve: %s\n", err.msg);
         goto done;
     }
+    if (grammar_vocab(&ctx, &err)) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
         !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
         fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
@@ -201,6 +230,7 @@ done:
     pthread_mutex_unlock(&ss.mu);
     srv_sched_destroy(ctx.sched);
     srv_store_destroy(ctx.responses);
+    tern_grammar_vocab_destroy(ctx.gvocab);
     tern_tokenizer_free(ctx.tok);
     tern_model_free(ctx.m);
     srv_metrics_destroy(metrics);
