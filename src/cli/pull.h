@@ -56,9 +56,6 @@ int pull_select(pull_job *j, const hub_listing *l, tern_error *err);
 int pull_add_shards(pull_job *j, const hub_listing *l, tern_error *err);
 void pull_files_free(pull_job *j);
 
-/* Opens (creating, no symlinks followed) the directory part of rel under
- * root; *base gets the last component. Returns a fd to close. */
-int pull_open_parent(int root, const char *rel, int create, const char **base, tern_error *err);
 
 /* HEAD for files[from..]: each file's size and hash. */
 int pull_head_all(pull_job *j, int from, tern_error *err);

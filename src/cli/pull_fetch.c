@@ -3,6 +3,7 @@
  * holds first), and takes its name only once its SHA-256 (LFS) or git blob
  * id (a plain file) matches the hub's. */
 #include "cli/pull.h"
+#include "util/path.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -183,7 +184,7 @@ static int fetch_file(pull_job *j, hub_conn *c, pull_file *f, tern_error *err) {
     fetch x = {.j = j, .f = f, .fd = -1};
     snprintf(x.label, sizeof x.label, "%s/%s", j->dir, f->name);
     const char *base;
-    int pfd = pull_open_parent(j->root, f->name, 1, &base, err);
+    int pfd = tern_open_parent(j->root, f->name, 1, &base, NULL, err);
     if (pfd < 0) return -1;
     char part[NAME_MAX + 32];
     snprintf(part, sizeof part, "%s%s", base, PULL_PARTIAL_SUFFIX);
@@ -271,7 +272,7 @@ uint64_t pull_bytes_held(pull_job *j, int from) {
     for (int i = from; i < j->n_files; i++) {
         const pull_file *f = &j->files[i];
         const char *base;
-        int pfd = pull_open_parent(j->root, f->name, 0, &base, NULL);
+        int pfd = tern_open_parent(j->root, f->name, 0, &base, NULL, NULL);
         if (pfd < 0) continue;
         struct stat st;
         snprintf(part, sizeof part, "%s%s", base, PULL_PARTIAL_SUFFIX);

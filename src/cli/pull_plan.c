@@ -92,7 +92,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 int pull_add_shards(pull_job *j, const hub_listing *l, tern_error *err) {
     const char *base;
-    int pfd = pull_open_parent(j->root, INDEX_NAME, 0, &base, err);
+    int pfd = tern_open_parent(j->root, INDEX_NAME, 0, &base, NULL, err);
     if (pfd < 0) return -1;
     char label[4200];
     snprintf(label, sizeof label, "%s/%s", j->dir, INDEX_NAME);
@@ -133,29 +133,6 @@ void pull_files_free(pull_job *j) {
     free(j->files);
     j->files = NULL;
     j->n_files = 0;
-}
-
-int pull_open_parent(int root, const char *rel, int create, const char **base, tern_error *err) {
-    int dfd = dup(root);
-    if (dfd < 0) return tern_fail(err, "%s: %s", rel, strerror(errno));
-    const char *s = rel;
-    for (const char *slash; (slash = strchr(s, '/'));) {
-        char comp[NAME_MAX + 1];
-        size_t n = (size_t)(slash - s);
-        if (n == 0 || n > NAME_MAX) {
-            close(dfd);
-            return tern_fail(err, "%s: bad path", rel);
-        }
-        memcpy(comp, s, n);
-        comp[n] = '\0';
-        int next = tern_open_dir(dfd, comp, create, rel, err);
-        close(dfd);
-        if (next < 0) return -1;
-        dfd = next;
-        s = slash + 1;
-    }
-    *base = s;
-    return dfd;
 }
 
 /* ---- the receipt -------------------------------------------------------- */
@@ -247,7 +224,7 @@ int pull_remove_download(pull_job *j) {
     char partial[NAME_MAX + 32];
     for (int i = 0; i < j->n_files; i++) {
         const char *base;
-        int pfd = pull_open_parent(j->root, j->files[i].name, 0, &base, NULL);
+        int pfd = tern_open_parent(j->root, j->files[i].name, 0, &base, NULL, NULL);
         if (pfd < 0) continue;
         unlinkat(pfd, base, 0);
         snprintf(partial, sizeof partial, "%s%s", base, PULL_PARTIAL_SUFFIX);

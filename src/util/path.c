@@ -33,16 +33,12 @@ int tern_open_dir(int dfd, const char *name, int create, const char *label, tern
     return fd;
 }
 
-/* Opens the directory part of rel under root (O_NOFOLLOW per component);
- * *last points at the final component. Returns a fd the caller closes
- * (root itself is duplicated so the caller can always close it). */
-static int open_parent(int root, const char *rel, const char **last, int *missing, tern_error *err) {
+int tern_open_parent(int root, const char *rel, int create, const char **last, int *missing, tern_error *err) {
+    if (missing) *missing = 0;
     int dfd = dup(root);
     if (dfd < 0) return tern_fail(err, "%s: %s", rel, strerror(errno));
     const char *s = rel;
-    for (;;) {
-        const char *slash = strchr(s, '/');
-        if (!slash) break;
+    for (const char *slash; (slash = strchr(s, '/'));) {
         char comp[NAME_MAX + 1];
         size_t n = (size_t)(slash - s);
         if (n == 0 || n > NAME_MAX) {
@@ -51,10 +47,12 @@ static int open_parent(int root, const char *rel, const char **last, int *missin
         }
         memcpy(comp, s, n);
         comp[n] = '\0';
-        int next = openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int next = create ? tern_open_dir(dfd, comp, 1, rel, err)
+                          : openat(dfd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         int e = errno;
         close(dfd);
         if (next < 0) {
+            if (create) return -1;
             if (missing) *missing = e == ENOENT;
             return tern_fail(err, "%s: %s", rel,
                              e == ENOENT ? "missing" : e == ELOOP || e == ENOTDIR ? "a directory on the path is a symbolic link or not a directory" : strerror(e));
@@ -69,7 +67,7 @@ static int open_parent(int root, const char *rel, const char **last, int *missin
 int tern_open_in(int root, const char *rel, int *missing, tern_error *err) {
     if (missing) *missing = 0;
     const char *last;
-    int dfd = open_parent(root, rel, &last, missing, err);
+    int dfd = tern_open_parent(root, rel, 0, &last, missing, err);
     if (dfd < 0) return -1;
     /* O_NONBLOCK: a named pipe in its place must not block the open */
     int fd = openat(dfd, last, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
@@ -97,7 +95,7 @@ int tern_open_in(int root, const char *rel, int *missing, tern_error *err) {
 
 int tern_create_in(int root, const char *rel, tern_error *err) {
     const char *last;
-    int dfd = open_parent(root, rel, &last, NULL, err);
+    int dfd = tern_open_parent(root, rel, 0, &last, NULL, err);
     if (dfd < 0) return -1;
     int fd = openat(dfd, last, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     int e = errno;

@@ -14,6 +14,13 @@ int tern_refuse_symlink(const char *path, int *exists, tern_error *err);
  * (AT_FDCWD for a path) without following a symlink. Returns the fd. */
 int tern_open_dir(int dfd, const char *name, int create, const char *label, tern_error *err);
 
+/* Opens the directory part of `rel` under root (O_NOFOLLOW per component;
+ * with `create`, missing directories are made); *last points at rel's
+ * final component. Returns a fd the caller closes (root itself is
+ * duplicated), or -1 with err naming rel (*missing, may be NULL: 1 when a
+ * directory does not exist). */
+int tern_open_parent(int root, const char *rel, int create, const char **last, int *missing, tern_error *err);
+
 /* Opens relative path `rel` under directory fd `root` for reading, one
  * component at a time with O_NOFOLLOW: no symlink anywhere inside the
  * model directory is followed. Returns the fd, or -1 with err naming rel
