@@ -122,6 +122,11 @@ int tern_model_max_context(const tern_model *m);
 /* 0 if a session of ctx positions fits the model's context; otherwise -1
  * with a line that says how far it reaches and how to go further. */
 int tern_model_check_context(const tern_model *m, int ctx, tern_error *err);
+/* The context of a model directory from its config.json alone, no weights
+ * read (params' RoPE scaling applied, as the loaded model would have it):
+ * ctx itself when it fits (tern_model_check_context's line when not), or
+ * tern_model_max_context when ctx is 0. -1 with err. */
+int tern_model_dir_context(const char *dir, const tern_load_params *params, int ctx, tern_error *err);
 /* The RoPE in use, one line: "default" or "yarn factor F over N positions
  * ...". */
 void tern_model_rope_describe(const tern_model *m, char *buf, size_t n);

@@ -222,6 +222,13 @@ static int describe_packed(const char *dir, const tern_config *c, uint64_t budge
     return 0;
 }
 
+int tern_model_dir_context(const char *dir, const tern_load_params *params, int ctx, tern_error *err) {
+    tern_config c;
+    if (tern_config_load(&c, dir, err) != 0 || tern_rope_apply(&c, params, err) != 0) return -1;
+    if (ctx <= 0) return tern_cfg_max_context(&c);
+    return tern_cfg_check_context(&c, ctx, err) ? -1 : ctx;
+}
+
 int tern_model_describe(const char *dir, const tern_load_params *params, FILE *out, tern_error *err) {
     tern_config c;
     if (tern_config_load(&c, dir, err) != 0 || tern_rope_apply(&c, params, err) != 0) return -1;

@@ -15,7 +15,8 @@
 #include "server/metrics.h"
 
 /* Signals are taken by one thread (sigwait): the first asks for a drain,
- * a second cancels what is still running; during the load one exits. */
+ * a second cancels what is still running; during the load at start one
+ * exits, and so does a second during a later load. */
 typedef struct sigstate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -38,6 +39,12 @@ static void *signal_main(void *arg) {
         }
         if (n == 1) fprintf(stderr, "tern serve: %s: finishing the requests in flight (again to cancel them)\n",
                             sig == SIGINT ? "interrupt" : "terminate");
+        srv_residency rs = {0};
+        if (n >= 2 && ss->sched) srv_sched_residency(ss->sched, &rs);
+        if (n >= 2 && rs.state == SRV_MODEL_LOADING) {
+            fprintf(stderr, "tern serve: stopped while loading\n");
+            _exit(1);
+        }
         if (n >= 2 && ss->sched) {
             fprintf(stderr, "tern serve: cancelling the requests in flight\n");
             srv_sched_cancel_all(ss->sched);
@@ -88,13 +95,55 @@ static size_t default_cache_bytes(void) {
 
 /* The prefix cache's budgets, or -1 when --cache-vram is given for a model
  * that does not run on a GPU. */
-static int cache_budgets(const srv_params *p, const tern_model *m, srv_sched_params *sp, tern_error *err) {
+static int cache_budgets(const srv_params *p, const tern_model *m, srv_loaded *ld, tern_error *err) {
     int gpu = strcmp(tern_model_device(m), "cpu") != 0;
     if (p->cache_vram >= 0 && !gpu)
         return tern_fail(err, "--cache-vram applies to a model on a GPU; this one runs on the CPU (--cache-ram)");
-    sp->cache_ram_bytes = p->cache_ram < 0 ? default_cache_bytes() : (size_t)p->cache_ram;
-    sp->cache_vram_bytes = !gpu ? 0 : p->cache_vram < 0 ? (size_t)4 << 30 : (size_t)p->cache_vram;
+    ld->cache_ram_bytes = p->cache_ram < 0 ? default_cache_bytes() : (size_t)p->cache_ram;
+    ld->cache_vram_bytes = !gpu ? 0 : p->cache_vram < 0 ? (size_t)4 << 30 : (size_t)p->cache_vram;
     return 0;
+}
+
+/* The scheduler's loader (srv_load_fn), with what the last load found. */
+typedef struct loader {
+    const srv_params *p;
+    int n_ctx;                   /* the sessions' context; 0: the model's, known once it is loaded */
+    char device[160], rope[192];
+    size_t cache_ram, cache_vram;
+} loader;
+
+static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
+    loader *L = ud;
+    tern_model *m = load_model(L->p, err);
+    if (!m) return -1;
+    int n_ctx = L->n_ctx > 0 ? L->n_ctx : tern_model_max_context(m);
+    char why[sizeof err->msg];
+    if (tern_model_check_context(m, n_ctx, err) != 0) {
+        snprintf(why, sizeof why, "%s", err->msg);
+        snprintf(err->msg, sizeof err->msg, "--ctx: %.480s", why);
+    } else if (cache_budgets(L->p, m, out, err) == 0) {
+        L->n_ctx = n_ctx;
+        snprintf(L->device, sizeof L->device, "%s", tern_model_device(m));
+        tern_model_rope_describe(m, L->rope, sizeof L->rope);
+        L->cache_ram = out->cache_ram_bytes;
+        L->cache_vram = out->cache_vram_bytes;
+        out->m = m;
+        return 0;
+    }
+    tern_model_free(m);
+    return -1;
+}
+
+/* The prefix cache's budgets, for the log. */
+static void describe_cache(const loader *L, const srv_sched_params *sp, char *cache, size_t cap) {
+    snprintf(cache, cap, "off");
+    if (!L->cache_ram && !L->cache_vram) return;
+    cache[0] = 0;
+    if (L->cache_vram) snprintf(cache, cap, "%.0f MiB in device memory + ", (double)L->cache_vram / (1 << 20));
+    snprintf(cache + strlen(cache), cap - strlen(cache), "%.0f MiB in RAM", (double)L->cache_ram / (1 << 20));
+    if (sp->cache_disk)
+        snprintf(cache + strlen(cache), cap - strlen(cache), " + %.0f MiB on disk",
+                 (double)sp->cache_disk_bytes / (1 << 20));
 }
 
 int srv_run(const srv_params *p) {
@@ -116,27 +165,27 @@ int srv_run(const srv_params *p) {
         srv_metrics_destroy(metrics);
         return 1;
     }
-    fprintf(stderr, "tern serve: listening on http://%s:%d (loading the model)\n", p->host, srv_http_port(http));
+    fprintf(stderr, "tern serve: listening on http://%s:%d%s\n", p->host, srv_http_port(http),
+            p->lazy_load ? "" : " (loading the model)");
 
     srv_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     pthread_mutex_init(&ctx.tok_mu, NULL);
     char idbuf[4096];
     int rc = 1;
-    ctx.m = load_model(p, &err);
+    loader L = {.p = p, .n_ctx = p->session.max_context};
+    /* without the model, its context from config.json (request limits) */
+    if (p->lazy_load && (L.n_ctx = tern_model_dir_context(p->model_dir, &p->load, L.n_ctx, &err)) < 0) {
+        fprintf(stderr, "tern serve: %s%s\n", p->session.max_context > 0 ? "--ctx: " : "", err.msg);
+        goto done;
+    }
     const char *tok_dir = p->tokenizer_dir ? p->tokenizer_dir : p->model_dir;
-    if (ctx.m) ctx.tok = tern_tokenizer_load(tok_dir, &err);
-    if (!ctx.m || !ctx.tok) {
+    if (!(ctx.tok = tern_tokenizer_load(tok_dir, &err))) {
         fprintf(stderr, "tern serve: %s\n", err.msg);
         goto done;
     }
     ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
     ctx.strict_model = p->strict_model;
-    ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
-    if (tern_model_check_context(ctx.m, ctx.n_ctx, &err) != 0) {
-        fprintf(stderr, "tern serve: --ctx: %s\n", err.msg);
-        goto done;
-    }
     ctx.think = p->think;
     ctx.preserve_thinking = p->preserve_thinking;
     ctx.sampling = p->sampling;
@@ -146,41 +195,37 @@ int srv_run(const srv_params *p) {
     srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
                            .prefill_chunk = p->prefill_chunk,
                            .session = p->session,
-                           .checkpoint_interval = p->checkpoint_interval};
-    sp.session.max_context = ctx.n_ctx;
+                           .checkpoint_interval = p->checkpoint_interval,
+                           .load = load_cb, .load_ud = &L, .lazy = p->lazy_load,
+                           .idle_unload_s = p->idle_unload_s};
+    sp.session.max_context = L.n_ctx;
     sp.cache_disk = p->cache_disk;
     sp.cache_disk_bytes = p->cache_disk_size < 0 ? (size_t)16 << 30 : (size_t)p->cache_disk_size;
-    if (cache_budgets(p, ctx.m, &sp, &err)) {
-        fprintf(stderr, "tern serve: %s\n", err.msg);
-        goto done;
-    }
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
-        !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
+        !(ctx.sched = srv_sched_create(ctx.tok, &sp, on_generation, metrics, &err))) {
         fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
         goto done;
     }
+    ctx.n_ctx = L.n_ctx;   /* (the loader's, since create loaded the model unless lazy) */
     pthread_mutex_lock(&ss.mu);
     ss.loaded = 1;
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    char cache[96] = "off";
-    if (sp.cache_ram_bytes || sp.cache_vram_bytes) {
-        cache[0] = 0;
-        if (sp.cache_vram_bytes)
-            snprintf(cache, sizeof cache, "%.0f MiB in device memory + ", (double)sp.cache_vram_bytes / (1 << 20));
-        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), "%.0f MiB in RAM",
-                 (double)sp.cache_ram_bytes / (1 << 20));
+    char idle[64] = "";
+    if (p->idle_unload_s > 0) snprintf(idle, sizeof idle, ", unloaded after %g s idle", p->idle_unload_s);
+    if (p->lazy_load) {
+        fprintf(stderr, "tern serve: ready: model '%s' not loaded yet (the first request loads it%s), context %d, "
+                        "%d slots, queue %d%s\n",
+                ctx.model_id, idle, ctx.n_ctx, p->slots, p->queue_limit, p->api_key ? ", API key required" : "");
+    } else {
+        char cache[128];
+        describe_cache(&L, &sp, cache, sizeof cache);
+        fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, "
+                        "prefix cache %s%s%s\n",
+                ctx.model_id, L.device, ctx.n_ctx, L.rope, p->slots, p->queue_limit, cache, idle,
+                p->api_key ? ", API key required" : "");
     }
-    if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
-        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
-                 (double)sp.cache_disk_bytes / (1 << 20));
-    char rope[192];
-    tern_model_rope_describe(ctx.m, rope, sizeof rope);
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, prefix cache "
-                    "%s%s\n",
-            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, rope, p->slots, p->queue_limit, cache,
-            p->api_key ? ", API key required" : "");
     if (p->webui) {
         int v6 = strchr(p->host, ':') != NULL;
         fprintf(stderr, "tern serve: chat page on http://%s%s%s:%d/\n", v6 ? "[" : "", p->host, v6 ? "]" : "",
@@ -202,7 +247,6 @@ done:
     srv_sched_destroy(ctx.sched);
     srv_store_destroy(ctx.responses);
     tern_tokenizer_free(ctx.tok);
-    tern_model_free(ctx.m);
     srv_metrics_destroy(metrics);
     pthread_mutex_destroy(&ctx.tok_mu);
     if (rc == 0) fprintf(stderr, "tern serve: stopped\n");
