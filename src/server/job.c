@@ -116,6 +116,13 @@ static void wait_event(srv_job *j, double timeout_s) {
     }
 }
 
+int srv_job_ended(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int ended = j->ended;
+    pthread_mutex_unlock(&j->mu);
+    return ended;
+}
+
 int srv_job_peek(srv_job *j, double timeout_s) {
     pthread_mutex_lock(&j->mu);
     wait_event(j, timeout_s);

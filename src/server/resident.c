@@ -166,7 +166,7 @@ static void wait_until(srv_sched *s, double until) {
 int sched_wait_work(srv_sched *s) {
     for (;;) {
         int loaded = s->rs.state == SRV_MODEL_LOADED;
-        if (s->unload_asked) {
+        if (s->unload_asked && !s->n_act) {
             /* (asked while idle: a job queued since loads the model again) */
             if (loaded) unload(s, "asked for");
             s->unload_asked = 0;
@@ -201,7 +201,7 @@ void sched_free_resident(srv_sched *s) {
 int srv_sched_unload(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     int rc = SRV_UNLOAD_OK;
-    if (s->qhead || s->n_act || s->rs.state == SRV_MODEL_LOADING) {
+    if (sched_in_use(s)) {
         rc = SRV_UNLOAD_BUSY;
     } else if (s->rs.state == SRV_MODEL_LOADED && !s->quit) {
         s->unload_asked = 1;

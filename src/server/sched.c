@@ -704,6 +704,13 @@ static int unqueue(srv_sched *s, srv_job *j) {
     return 1;
 }
 
+int sched_in_use(srv_sched *s) {
+    if (s->qhead || s->rs.state == SRV_MODEL_LOADING) return 1;
+    for (int i = 0; i < s->n_act; i++)
+        if (!srv_job_ended(s->act[i]->j)) return 1;
+    return 0;
+}
+
 srv_job *sched_take_queue(srv_sched *s) {
     srv_job *list = s->qhead;
     for (srv_job *j = list; j; j = j->qnext) j->queued = 0;

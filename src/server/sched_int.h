@@ -65,6 +65,10 @@ void sched_load_for_queue(srv_sched *s);
 int sched_load(srv_sched *s, tern_error *err);
 /* Frees the model, the sessions and the cache (the thread has ended). */
 void sched_free_resident(srv_sched *s);
+/* A job queued, one running that has not answered yet, or a load (the
+ * lock held). A job that answered may still be taking its checkpoints:
+ * an unload asked for waits for that. */
+int sched_in_use(srv_sched *s);
 /* Takes every queued job out of the queue (the lock held); the list
  * follows qnext and the caller owns the queue's references. */
 srv_job *sched_take_queue(srv_sched *s);
