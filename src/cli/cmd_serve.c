@@ -13,9 +13,9 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: tern serve [-m DIR] [options]\n"
             "An OpenAI- and Anthropic-compatible HTTP server (docs/SERVER.md): POST /v1/chat/completions,\n"
-            "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models,\n"
-            "/health, /metrics; a chat page at / (in a browser). Every `tern run` model, device and sampling\n"
-            "option applies (tern --help).\n"
+            "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/models/unload;\n"
+            "GET /v1/models, /health, /metrics; a chat page at / (in a browser). Every `tern run` model,\n"
+            "device and sampling option applies (tern --help).\n"
             "server:\n"
             "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N               port (default 8080; 0 picks a free one)\n"

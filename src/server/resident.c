@@ -168,7 +168,7 @@ int sched_wait_work(srv_sched *s) {
         int loaded = s->rs.state == SRV_MODEL_LOADED;
         if (s->unload_asked && !s->n_act) {
             /* (asked while idle: a job queued since loads the model again) */
-            if (loaded) unload(s, "asked for");
+            if (loaded) unload(s, "on request");
             s->unload_asked = 0;
             pthread_cond_broadcast(&s->cv);
             continue;
