@@ -608,8 +608,7 @@ static void *sched_main(void *arg) {
 
 /* What create made, before the thread starts or after it ended. */
 static void sched_free(srv_sched *s) {
-    sched_free_resident(s);
-    for (int i = 0; s->slots && i < s->p.n_slots; i++) free(s->slots[i].toks);
+    sched_free_resident(s);   /* (the slots' sessions and ids too) */
     free(s->slots);
     free(s->act);
     pthread_mutex_destroy(&s->mu);
