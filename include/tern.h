@@ -122,11 +122,22 @@ int tern_model_max_context(const tern_model *m);
 /* 0 if a session of ctx positions fits the model's context; otherwise -1
  * with a line that says how far it reaches and how to go further. */
 int tern_model_check_context(const tern_model *m, int ctx, tern_error *err);
-/* The context of a model directory from its config.json alone, no weights
- * read (params' RoPE scaling applied, as the loaded model would have it):
- * ctx itself when it fits (tern_model_check_context's line when not), or
- * tern_model_max_context when ctx is 0. -1 with err. */
-int tern_model_dir_context(const char *dir, const tern_load_params *params, int ctx, tern_error *err);
+/* End-of-sequence ids a model or a sampler holds at most. */
+#define TERN_SAMPLER_MAX_EOS 16
+
+/* What a model directory's config.json and generation_config.json say,
+ * no weights read: what the loaded model's functions would give (params'
+ * RoPE scaling applied). */
+typedef struct tern_model_dir_info {
+    int max_context;                 /* tern_model_max_context */
+    int vocab_size;                  /* tern_model_vocab_size */
+    int n_eos;                       /* the ids tern_model_is_eos accepts */
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+} tern_model_dir_info;
+/* 0, or -1 with err; when ctx > 0, also -1 with tern_model_check_context's
+ * line when a session of ctx positions would not fit. */
+int tern_model_dir_probe(const char *dir, const tern_load_params *params, int ctx, tern_model_dir_info *out,
+                         tern_error *err);
 /* The RoPE in use, one line: "default" or "yarn factor F over N positions
  * ...". */
 void tern_model_rope_describe(const tern_model *m, char *buf, size_t n);
@@ -378,9 +389,79 @@ void tern_chat_options_default(tern_chat_options *opt);
 char *tern_chat_render(const char *messages_json, const char *tools_json, const tern_chat_options *opt,
                        tern_error *err);
 
-/* ---- sampling and generation -------------------------------------------- */
+/* ---- structured output ---------------------------------------------------- */
 
-#define TERN_SAMPLER_MAX_EOS 16
+/* Constrained decoding: a grammar decides which tokens may come next and
+ * the sampler draws only among them (tern_gen_params.grammar), so the
+ * output matches a JSON Schema, any JSON object, a GBNF grammar, or the
+ * chat template's tool-call form. A grammar runs as a pushdown automaton
+ * over bytes; the mask of allowed tokens is computed against the
+ * tokenizer's byte strings with per-position tables prepared when the
+ * grammar compiles (docs/SERVER.md, "Structured output"). */
+
+/* A tokenizer's vocabulary prepared for grammars (a trie of its byte
+ * strings, and a cache of per-position token tables that every grammar of
+ * this vocabulary shares: a schema seen before compiles fast). One per
+ * tokenizer, which must outlive it; safe to share between threads.
+ * n_vocab: entries in a logits row (the mask's bits); eos: the ids that end
+ * a generation, allowed only where the grammar may end. Other added tokens
+ * marked special are never allowed; every other token is its bytes. */
+typedef struct tern_grammar_vocab tern_grammar_vocab;
+tern_grammar_vocab *tern_grammar_vocab_create(const tern_tokenizer *tok, int n_vocab, const int32_t *eos, int n_eos,
+                                              tern_error *err);
+void tern_grammar_vocab_destroy(tern_grammar_vocab *v);
+/* 32-bit words of a mask: token id is allowed when bit (id & 31) of word
+ * id >> 5 is set. */
+int tern_grammar_mask_words(const tern_grammar_vocab *v);
+
+typedef struct tern_grammar_spec {
+    const char *json_schema;   /* the answer: JSON valid under this JSON Schema (text) */
+    int json_object;           /* the answer: any JSON object */
+    const char *gbnf;          /* the answer: text of this GBNF grammar (llama.cpp's syntax, rule "root") */
+    /* An OpenAI-style tools array (JSON text): tool calls in the chat
+     * template's XML form, each argument valid under its tool's schema
+     * and written as the output parser reads it back. */
+    const char *tools_json;
+    const char *tool_name;     /* only this function; NULL: any of the tools */
+    int tools_required;        /* 1: the answer is tool calls; 0: tool calls or the answer above */
+    int parallel_tool_calls;   /* 0: exactly one call */
+    /* The generation starts inside the reasoning block (the prompt ends in
+     * "<think>\n"): any text up to "</think>", then the grammar. */
+    int after_think;
+} tern_grammar_spec;
+
+/* Compiles a grammar (v may be NULL: no masks, only tern_matcher_accept_bytes).
+ * Errors are one line naming what cannot be enforced (a JSON Schema keyword
+ * and where it is, a GBNF line, a tool's parameter). Immutable once made:
+ * matchers in any number of threads may share it; v must outlive it. */
+typedef struct tern_grammar tern_grammar;
+tern_grammar *tern_grammar_create(const tern_grammar_spec *spec, tern_grammar_vocab *v, tern_error *err);
+void tern_grammar_destroy(tern_grammar *g);
+/* The vocabulary it was compiled against, or NULL. */
+const tern_grammar_vocab *tern_grammar_vocabulary(const tern_grammar *g);
+
+/* One generation's progress through a grammar (one thread at a time). */
+typedef struct tern_matcher tern_matcher;
+tern_matcher *tern_matcher_create(const tern_grammar *g, tern_error *err);
+void tern_matcher_destroy(tern_matcher *m);
+/* Takes a generated token: 0, or -1 (err names it, the matcher unchanged)
+ * when the grammar does not allow it. An end-of-sequence id ends it. */
+int tern_matcher_accept(tern_matcher *m, int32_t id, tern_error *err);
+/* Takes text: 0, or -1 (the matcher unchanged) when the grammar does not allow it. */
+int tern_matcher_accept_bytes(tern_matcher *m, const char *s, size_t n);
+/* The tokens that may come next, as a mask of tern_grammar_mask_words
+ * words. budget: the tokens that may still be generated, this one included
+ * (< 0: no limit); with a budget only tokens after which the grammar can
+ * still end within it (its end-of-sequence token included) are allowed, so
+ * an answer that reaches max_tokens still parses. -1 when the grammar has
+ * no vocabulary, or the automaton outgrew its memory. */
+int tern_matcher_fill_mask(tern_matcher *m, uint32_t *mask, int budget, tern_error *err);
+/* 1 when the grammar may end here (an end-of-sequence id is allowed). */
+int tern_matcher_complete(const tern_matcher *m);
+/* Fewest bytes of text that end the grammar from here (0: it may end). */
+int tern_matcher_min_bytes(const tern_matcher *m);
+
+/* ---- sampling and generation -------------------------------------------- */
 
 typedef struct tern_sampler_params {
     int do_sample;             /* 0: greedy */
@@ -449,6 +530,13 @@ typedef struct tern_gen_params {
      * session samples on the CPU. */
     void (*on_logprobs)(void *ctx, const tern_logprobs *lp);
     int top_logprobs;
+    /* Optional: the generation follows this grammar, compiled against the
+     * vocabulary of tok: each token is drawn among those its mask allows
+     * (masked before the penalties, temperature and truncation), the end
+     * of sequence only where the grammar may end, and within n_predict
+     * and the context the answer is steered to end. The draw is then the
+     * CPU sampler's. Not with ignore_eos. */
+    const tern_grammar *grammar;
 } tern_gen_params;
 
 enum tern_stop_reason { TERN_STOP_LENGTH, TERN_STOP_EOS, TERN_STOP_STRING, TERN_STOP_CALLER, TERN_STOP_CONTEXT };

@@ -151,6 +151,56 @@ Test(cli, rope_scaling_yarn) {
     free(out);
 }
 
+/* tern run --json-schema / --grammar-file: the output follows them, within
+ * -n (the grammar steers the answer to end in time); what they cannot
+ * enforce is one line and exit 2. */
+Test(cli, run_follows_a_schema_or_a_grammar) {
+    char *dir = make_temp_dir();
+    const char *schema = dir_path(dir, "s.json"), *gbnf = dir_path(dir, "g.gbnf");
+    cr_assert_eq(write_text(schema, "{\"type\":\"object\",\"properties\":{\"verse\":{\"type\":\"string\"},"
+                                    "\"chapter\":{\"type\":\"integer\"}},\"required\":[\"verse\",\"chapter\"],"
+                                    "\"additionalProperties\":false}"), 0);
+    for (int seed = 1; seed <= 3; seed++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s run -p 'And God said,' -n 40 --temp 1 --seed %d -t 2 --json --json-schema '%s' "
+                 "2>/dev/null", tern_bin(), seed, schema);
+        int rc;
+        char *out = run_sh(cmd, &rc);
+        cr_assert_eq(rc, 0, "%s", out);
+        json_t *run = json_loads(out, 0, NULL);
+        cr_assert(run, "%s", out);
+        json_t *v = json_loads(json_string_value(json_object_get(run, "text")), 0, NULL);
+        cr_expect(json_is_string(json_object_get(v, "verse")) && json_is_integer(json_object_get(v, "chapter")) &&
+                      json_object_size(v) == 2, "%s", out);
+        cr_expect_str_eq(json_string_value(json_object_get(run, "stop_reason")), "eos", "%s", out);
+        json_decref(v);
+        json_decref(run);
+        free(out);
+    }
+    cr_assert_eq(write_text(gbnf, "root ::= (\"yes\" | \"no\") \", \" [a-z]{3,8} \".\"\n"), 0);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s run -p 'Is it so?' -n 20 --temp 1 --seed 2 -t 2 --grammar-file '%s' 2>/dev/null",
+             tern_bin(), gbnf);
+    int rc;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    size_t n = strlen(out), k = 0;
+    cr_assert(n > 6 && (!strncmp(out, "yes, ", 5) || !strncmp(out, "no, ", 4)) && out[n - 1] == '.', "%s", out);
+    for (const char *p = strchr(out, ' ') + 1; *p != '.'; p++) k += *p >= 'a' && *p <= 'z';
+    cr_expect(k >= 3 && k <= 8, "%s", out);
+    free(out);
+    cr_assert_eq(write_text(schema, "{\"type\":\"string\",\"format\":\"uri\"}"), 0);
+    char args[600];
+    snprintf(args, sizeof args, "run -p hi --json-schema '%s'", schema);
+    expect_fail(args, 2, "\"format\" is not supported");
+    snprintf(args, sizeof args, "run -p hi --grammar-file '%s' --ignore-eos", gbnf);
+    expect_fail(args, 1, "ignore_eos");
+    snprintf(args, sizeof args, "run --tokens '1 2' --grammar-file '%s'", gbnf);
+    expect_fail(args, 2, "--grammar-file");
+    rm_rf(dir);
+    free(dir);
+}
+
 Test(cli, tokenize_round_trip) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s tokenize --decode \"$(%s tokenize 'In the beginning, God')\"", tern_bin(),

@@ -203,6 +203,38 @@ Test(sampler, padding_is_never_sampled) {
     tern_sampler_destroy(s);
 }
 
+/* A grammar's mask: only its ids are drawn, and the distribution is
+ * renormalised over them. */
+Test(sampler, masked_ids_are_never_sampled) {
+    tern_sampler *s = sampling(9, N_VOCAB, N_VALID);
+    uint32_t mask[(N_VOCAB + 31) / 32] = {0};
+    int allowed[] = {1, 7, N_VALID - 1};
+    for (int k = 0; k < 3; k++) mask[allowed[k] >> 5] |= 1u << (allowed[k] & 31);
+    tern_sampler_set_mask(s, mask);
+    float probs[N_VOCAB];
+    tern_error err;
+    for (int i = 0; i < 5000; i++) {
+        int32_t id = tern_sampler_sample(s, LOGITS, NULL, 0, &err);
+        cr_assert(id == allowed[0] || id == allowed[1] || id == allowed[2], "drew masked id %d", id);
+    }
+    cr_assert_eq(tern_sampler_probs(s, LOGITS, NULL, 0, probs, &err), 0);
+    double total = 0;
+    for (int i = 0; i < N_VOCAB; i++) {
+        int ok = i == allowed[0] || i == allowed[1] || i == allowed[2];
+        cr_expect(ok || probs[i] == 0, "id %d has probability %g", i, probs[i]);
+        total += probs[i];
+    }
+    cr_expect_float_eq(total, 1.0, 1e-5);
+    tern_sampler_set_mask(s, NULL);
+    int other = 0;
+    for (int i = 0; i < 200; i++) {
+        int32_t id = tern_sampler_sample(s, LOGITS, NULL, 0, &err);
+        other |= id != allowed[0] && id != allowed[1] && id != allowed[2];
+    }
+    cr_expect(other, "without the mask other ids come back");
+    tern_sampler_destroy(s);
+}
+
 Test(sampler, no_finite_logit_is_an_error) {
     float logits[4] = {-INFINITY, NAN, -INFINITY, 5};
     tern_sampler *s = sampling(1, 4, 3);

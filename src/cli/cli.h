@@ -36,6 +36,8 @@ typedef struct cli_opts {
     int64_t seed;                /* -1 = time-based */
     const char *stop[CLI_MAX_STOP];
     int n_stop;
+    const char *json_schema;     /* run: --json-schema FILE */
+    const char *grammar_file;    /* run: --grammar-file FILE (GBNF) */
 } cli_opts;
 
 int cli_parse(int argc, char **argv, cli_opts *o);

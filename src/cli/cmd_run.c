@@ -203,9 +203,47 @@ static int32_t *run_prompt(const cli_opts *o, tern_tokenizer *tok, int ctx, size
     return ids;
 }
 
+/* The ids that end a generation as tern_generate sees them: the sampling
+ * parameters' (generation_config.json), else the model's. */
+static int eos_ids(const tern_model *m, const tern_tokenizer *tok, const tern_sampler_params *sp, int32_t *out) {
+    int n = 0;
+    for (int i = 0; i < sp->n_eos; i++) out[n++] = sp->eos_ids[i];
+    for (int32_t id = 0; !sp->n_eos && id < tern_tokenizer_vocab_size(tok) && n < TERN_SAMPLER_MAX_EOS; id++)
+        if (tern_model_is_eos(m, id)) out[n++] = id;
+    return n;
+}
+
+/* --json-schema / --grammar-file: the grammar the generation follows
+ * (*v: its vocabulary). 1: none asked for; -1: failed (printed). */
+static int run_grammar(const cli_opts *o, const tern_model *m, const tern_tokenizer *tok, const tern_gen_params *gp,
+                       tern_grammar_vocab **v, tern_grammar **g) {
+    const char *file = o->json_schema ? o->json_schema : o->grammar_file;
+    if (!file) return 1;
+    if (o->json_schema && o->grammar_file) {
+        fprintf(stderr, "tern run: give one of --json-schema and --grammar-file\n");
+        return -1;
+    }
+    size_t len;
+    char *text = cli_read_text(file, (size_t)1 << 20, "1 MiB", &len);
+    if (!text) return -1;
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+    tern_error err;
+    tern_grammar_spec spec = {.json_schema = o->json_schema ? text : NULL, .gbnf = o->grammar_file ? text : NULL};
+    *v = tern_grammar_vocab_create(tok, tern_model_vocab_size(m), eos, eos_ids(m, tok, &gp->sampling, eos), &err);
+    *g = *v ? tern_grammar_create(&spec, *v, &err) : NULL;
+    free(text);
+    if (*g) return 0;
+    fprintf(stderr, "tern: %s: %s\n", file, err.msg);
+    return -1;
+}
+
 int cmd_run(const cli_opts *o) {
     if (!!o->prompt + !!o->prompt_file + !!o->tokens != 1) {
         fprintf(stderr, "tern run: give exactly one of -p TEXT, -f FILE, --tokens IDS\n");
+        return 2;
+    }
+    if (o->tokens && (o->json_schema || o->grammar_file)) {
+        fprintf(stderr, "tern run: --json-schema and --grammar-file need text (-p or -f), not --tokens\n");
         return 2;
     }
     tern_model *m = cli_load_model(o);
@@ -227,6 +265,11 @@ int cmd_run(const cli_opts *o) {
     tern_gen_params gp;
     tern_session_params sp = {.max_context = ctx, .gdn_mode = TERN_GDN_CHUNKED, .kv_bits = o->kv_bits};
     int params_ok = prompt && cli_gen_params(o, &gp) == 0;   /* a bad one printed its line */
+    tern_grammar_vocab *gv = NULL;
+    tern_grammar *gram = NULL;
+    int gr = params_ok ? run_grammar(o, m, tok, &gp, &gv, &gram) : 1;
+    if (gr < 0) params_ok = 0;
+    gp.grammar = gram;
     tern_session *s = params_ok ? tern_session_create(m, &sp, &err) : NULL;
     int rc = 1, ids_printed = 0;
     if (s) {
@@ -250,12 +293,16 @@ int cmd_run(const cli_opts *o) {
         sink_free(&k);
     } else if (params_ok) {
         fprintf(stderr, "tern: %s\n", err.msg);
+    } else if (prompt && gr < 0) {
+        rc = 2;   /* the grammar was bad */
     } else if (prompt) {
         rc = 1;
     } else {
         rc = 2;   /* the prompt itself was bad */
     }
     tern_session_destroy(s);
+    tern_grammar_destroy(gram);
+    tern_grammar_vocab_destroy(gv);
     free(prompt);
     tern_tokenizer_free(tok);
     tern_model_free(m);

@@ -51,6 +51,8 @@ void cli_usage(FILE *f) {
         "  --seed N                 sampling seed (default: time-based)\n"
         "  --stop TEXT              stop string (repeatable)\n"
         "  --ignore-eos             keep generating past end-of-sequence ids\n"
+        "  --json-schema FILE       run: the output is JSON valid under this JSON Schema (constrained decoding)\n"
+        "  --grammar-file FILE      run: the output matches this GBNF grammar (llama.cpp's syntax)\n"
         "  --think / --no-think     chat: reasoning on (default) or off\n"
         "  --hide-reasoning         run, chat: print the answer only (the reasoning is dimmed on a terminal,\n"
         "                           between <think> tags elsewhere)\n"
@@ -94,6 +96,8 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
     else if (IS("--system")) o->system = v;
     else if (IS("--decode")) o->decode = v;
     else if (IS("--device")) o->device = v;
+    else if (IS("--json-schema")) o->json_schema = v;
+    else if (IS("--grammar-file")) o->grammar_file = v;
     else if (IS("-n") || IS("--n-predict")) { if (parse_long(a, v, -1, INT_MAX, &n)) return -1; o->n_predict = (int)n; }
     else if (IS("-t") || IS("--threads")) { if (parse_long(a, v, 1, 1024, &n)) return -1; o->threads = (int)n; }
     else if (IS("--kv-bits")) {

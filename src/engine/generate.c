@@ -30,6 +30,8 @@ typedef struct {
     float *lp;                /* on_logprobs: the sampler's logits, then their log-softmax */
     int32_t *history;         /* prompt + generated: the penalties' window */
     int n_history;
+    tern_matcher *matcher;    /* the grammar's state, or NULL */
+    uint32_t *mask;           /* the tokens it allows next */
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -39,6 +41,8 @@ static void gen_free(gen_state *g) {
     free(g->logits);
     free(g->lp);
     free(g->history);
+    tern_matcher_destroy(g->matcher);
+    free(g->mask);
 }
 
 /* Streams the text of one id through the detokenizer and the stop matcher.
@@ -69,6 +73,22 @@ static void flush(gen_state *g, tern_text_fn on_text, void *ctx) {
     if (olen && on_text) on_text(ctx, out, olen);
 }
 
+/* The grammar's matcher and mask: the draw is then the CPU sampler's. */
+static int grammar_init(gen_state *g, const tern_tokenizer *tok, const tern_gen_params *p, int V, tern_error *err) {
+    if (!tok) return tern_fail(err, "a grammar needs the tokenizer it was compiled for");
+    if (p->ignore_eos) return tern_fail(err, "ignore_eos cannot be combined with a grammar (it ends the generation)");
+    const tern_grammar_vocab *v = tern_grammar_vocabulary(p->grammar);
+    if (!v) return tern_fail(err, "the grammar was compiled without a vocabulary");
+    if (tern_grammar_mask_words(v) * 32 < tern_sampler_n_valid(g->sampler))
+        return tern_fail(err, "the grammar's vocabulary has fewer tokens than the model (%d)", V);
+    g->matcher = tern_matcher_create(p->grammar, err);
+    if (!g->matcher) return -1;
+    g->mask = malloc((size_t)tern_grammar_mask_words(v) * sizeof *g->mask);
+    if (!g->mask) return tern_fail(err, "out of memory");
+    tern_sampler_set_mask(g->sampler, g->mask);
+    return 0;
+}
+
 static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                     const tern_gen_params *p, tern_error *err) {
     memset(g, 0, sizeof *g);
@@ -90,10 +110,11 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     g->n_history = (int)(n_before + n_prompt);
     g->sampler = tern_sampler_create(&p->sampling, V, n_valid, err);
     if (!g->sampler) return -1;
+    if (p->grammar && grammar_init(g, tok, p, V, err)) return -1;
     tern_gpu_rule *r = &g->gpu.r;
     r->n_valid = tern_sampler_n_valid(g->sampler);
     /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
-    g->gpu.on = !p->on_logprobs &&
+    g->gpu.on = !p->on_logprobs && !p->grammar &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
                 tern_session_sample_ok(s, r);
@@ -274,10 +295,21 @@ static int take_next(tern_gen *g, int32_t id, tern_error *err) {
 }
 
 /* The next id from the host's logits, with its log-probabilities. */
+/* The grammar's mask for the next draw, with what the limits leave: the
+ * tokens still allowed (n_predict) and the context's room. */
+static int grammar_mask(tern_gen *g, tern_error *err) {
+    long long budget = g->p.n_predict >= 0 ? g->p.n_predict - g->st.n_generated : -1;
+    long long room = g->s->max_ctx - tern_session_pos(g->s);
+    if (budget < 0 || room < budget) budget = room;
+    return tern_matcher_fill_mask(g->g.matcher, g->g.mask, (int)budget, err);
+}
+
 static int take_id(tern_gen *g, tern_error *err) {
     gen_state *gs = &g->g;
+    if (gs->matcher && grammar_mask(g, err)) return -1;
     int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
     if (id < 0) return -1;
+    if (gs->matcher && tern_matcher_accept(gs->matcher, id, err)) return -1;
     if (g->p.on_logprobs && report_logprobs(gs, &g->p, id, g->ctx, err)) return -1;
     return take_next(g, id, err);
 }

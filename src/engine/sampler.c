@@ -124,6 +124,7 @@ struct tern_sampler {
     int32_t *cand;    /* kept ids, most likely first */
     double *weight;   /* exp(logit - max) of each kept id */
     int n_cand;
+    const uint32_t *mask;   /* a grammar's allowed ids, or NULL */
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -216,10 +217,19 @@ static void penalise(tern_sampler *s, const int32_t *history, int n_history) {
     }
 }
 
+void tern_sampler_set_mask(tern_sampler *s, const uint32_t *mask) { s->mask = mask; }
+
 static void prepare(tern_sampler *s, const float *logits, const int32_t *history,
                     int n_history) {
     for (int i = 0; i < s->n_valid; i++)
         s->work[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    for (int w = 0; s->mask && w * 32 < s->n_valid; w++) {
+        uint32_t bits = s->mask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        int end = w * 32 + 32 < s->n_valid ? w * 32 + 32 : s->n_valid;
+        for (int i = w * 32; i < end; i++)
+            if (!((bits >> (i & 31)) & 1)) s->work[i] = -INFINITY;
+    }
     penalise(s, history, n_history);
     if (is_greedy(s)) return;
     float inv_t = 1.0f / s->p.temperature;

@@ -3,7 +3,8 @@
  * Order of operations (that of llama.cpp's default chain and vLLM, with
  * temperature before truncation):
  *
- *   1. mask      ids >= n_valid (padding rows of the lm_head) never count
+ *   1. mask      ids >= n_valid (padding rows of the lm_head) never count,
+ *                nor ids a grammar's mask leaves out (tern_sampler_set_mask)
  *   2. penalties over the token history:
  *                repetition (HF/CTRL): l > 0 ? l / r : l * r   for seen ids
  *                frequency and presence (OpenAI): l -= count * f + (count > 0) * p
@@ -38,6 +39,10 @@ typedef struct tern_sampler tern_sampler;
 tern_sampler *tern_sampler_create(const tern_sampler_params *p, int n_vocab, int n_valid,
                                   tern_error *err);
 void tern_sampler_destroy(tern_sampler *s);
+
+/* A token mask (tern_grammar_mask_words words, bit set: allowed) the
+ * next calls apply in step 1, until set again; NULL: none. Borrowed. */
+void tern_sampler_set_mask(tern_sampler *s, const uint32_t *mask);
 
 /* Restarts the random sequence. */
 void tern_sampler_seed(tern_sampler *s, uint64_t seed);

@@ -35,6 +35,7 @@ typedef struct srv_ctx {
     int fixed_seed;                  /* sampling.seed seeds every request that gives none (else a random one) */
     int max_tokens;                  /* default limit (< 0: the context's end) */
     int ignore_eos;                  /* default for the ignore_eos request field */
+    tern_grammar_vocab *gvocab;      /* the tokenizer's vocabulary for structured output */
 } srv_ctx;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -116,6 +117,31 @@ int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv
 /* Tokenizes text (locks the tokenizer). */
 int srv_tokenize(srv_ctx *c, const char *text, size_t len, int32_t **ids, size_t *n, srv_err *e);
 
+/* ---- structured output ------------------------------------------------- */
+
+/* What a request asks to enforce: the answer's form and forced tool calls. */
+typedef struct srv_constraint {
+    json_t *schema;                  /* a JSON Schema (borrowed), or NULL */
+    int json_object;                 /* any JSON object */
+    const char *gbnf;                /* a GBNF grammar (borrowed), or NULL */
+    const char *form_param;          /* the field that asked for the form, for errors */
+    int tools_required;              /* tool_choice: required / a named function / any / tool */
+    const char *tool_name;           /* a named function, or NULL */
+    const char *tool_param;          /* the field that asked for the calls, for errors */
+} srv_constraint;
+
+/* Compiles the constraint into j->grammar (nothing when there is none):
+ * tools (chat form, may be NULL) are the calls that may or must come,
+ * parallel 0 allows one; with thinking on (j->start_in_reasoning) the
+ * grammar starts after the reasoning. Call after the prompt is built.
+ * 400 naming the field and what cannot be enforced. */
+int srv_build_grammar(srv_ctx *c, const srv_constraint *k, json_t *tools, int parallel, srv_job *j, srv_err *e);
+/* response_format / text.format / output_config.format: {"type": "text" |
+ * "json_object" | "json_schema", ...} into k (param names the field;
+ * schema_in_member: the schema sits in json_schema.schema (Chat) rather
+ * than beside the type (Responses, Anthropic)). */
+int srv_parse_format(json_t *fmt, const char *param, int schema_in_member, srv_constraint *k, srv_err *e);
+
 /* "prefix" + 32 random hex digits. */
 void srv_new_id(char *out, size_t cap, const char *prefix);
 
@@ -153,8 +179,9 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 /* An Anthropic request's system, messages and tools as a checked chat
  * conversation and chat tools (NULL: none); single: one tool call ends
- * the turn. */
-int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_err *e);
+ * the turn; k (may be NULL) gets a forced tool choice. */
+int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
+                              srv_err *e);
 /* Responses input (a string or items) appended to msgs as chat messages. */
 int srv_responses_input(json_t *input, json_t *msgs, srv_err *e);
 /* POST /v1/messages/count_tokens: the body {"input_tokens": N}. */

@@ -256,13 +256,6 @@ static int refuse_unsupported(json_t *req, int completions, srv_err *e) {
             return srv_fail(e, 400, "best_of", "best_of: only 1 is supported");
         return 0;
     }
-    json_t *rf = json_object_get(req, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *type = json_object_get(rf, "type");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
-            return srv_fail(e, 400, "response_format",
-                            "response_format: only {\"type\": \"text\"} is supported (structured output is not yet)");
-    }
     if (!srv_absent(req, "functions") || !srv_absent(req, "function_call"))
         return srv_fail(e, 400, "functions", "functions and function_call are deprecated; use tools and tool_choice");
     json_t *mod = json_object_get(req, "modalities");
@@ -306,18 +299,43 @@ static int parse_logprobs(json_t *req, int completions, srv_job *j, srv_err *e) 
     return 0;
 }
 
-/* tool_choice: "auto" or "none" (required and named choices wait for
- * constrained decoding). *use_tools: 0 for none. */
-static int parse_tool_choice(json_t *req, int *use_tools, srv_err *e) {
+/* tool_choice: "auto", "none" (*use_tools 0), "required" or a named
+ * function ({"type": "function", "function": {"name": ...}}), which
+ * constrained decoding enforces. */
+static int parse_tool_choice(json_t *req, int *use_tools, srv_constraint *k, srv_err *e) {
     json_t *tc = json_object_get(req, "tool_choice");
     *use_tools = 1;
+    k->tool_param = "tool_choice";
     if (!tc || json_is_null(tc)) return 0;
     const char *s = json_string_value(tc);
     if (s && !strcmp(s, "auto")) return 0;
     if (s && !strcmp(s, "none")) { *use_tools = 0; return 0; }
+    if (s && !strcmp(s, "required")) { k->tools_required = 1; return 0; }
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+    if (json_is_object(tc) && type && !strcmp(type, "function") && name) {
+        k->tools_required = 1;
+        k->tool_name = name;
+        return 0;
+    }
     return srv_fail(e, 400, "tool_choice",
-                    "tool_choice: only \"auto\" and \"none\" are supported (\"required\" and a named function need "
-                    "constrained decoding, not yet built)");
+                    "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                    "\"function\": {\"name\": ...}}");
+}
+
+/* The answer's form: response_format, or a GBNF "grammar" (llama.cpp's
+ * field), not both. */
+static int parse_form(json_t *req, srv_constraint *k, srv_err *e) {
+    if (srv_parse_format(json_object_get(req, "response_format"), "response_format", 1, k, e)) return -1;
+    json_t *g = json_object_get(req, "grammar");
+    if (!g || json_is_null(g)) return 0;
+    if (!json_is_string(g) || !json_string_length(g))
+        return srv_fail(e, 400, "grammar", "grammar must be a non-empty string (GBNF)");
+    if (k->schema || k->json_object)
+        return srv_fail(e, 400, "grammar", "grammar and a JSON response_format cannot both be enforced");
+    k->gbnf = json_string_value(g);
+    k->form_param = "grammar";
+    return 0;
 }
 
 /* The thinking switch: chat_template_kwargs.enable_thinking, else
@@ -343,10 +361,11 @@ static int parse_thinking(const srv_ctx *c, json_t *req, srv_prompt_opts *o, srv
 srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, include_usage, use_tools, parallel;
     srv_prompt_opts po;
+    srv_constraint k = {0};
     json_t *tools = NULL, *msgs = NULL;
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, 0, e) || parse_stream(req, &stream, &include_usage, e) ||
-        parse_logprobs(req, 0, j, e) || parse_tool_choice(req, &use_tools, e) || parse_thinking(c, req, &po, e) ||
-        srv_get_bool(req, "parallel_tool_calls", 1, &parallel, e) ||
+        parse_logprobs(req, 0, j, e) || parse_tool_choice(req, &use_tools, &k, e) || parse_form(req, &k, e) ||
+        parse_thinking(c, req, &po, e) || srv_get_bool(req, "parallel_tool_calls", 1, &parallel, e) ||
         srv_check_tools(json_object_get(req, "tools"), "tools", &tools, e))
         return NULL;
     if (!use_tools) { json_decref(tools); tools = NULL; }
@@ -354,7 +373,8 @@ srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, &j->sampling, e) ||
         srv_parse_stop(req, "stop", j, e) || srv_parse_ignore_eos(c, req, j, e) ||
         srv_parse_max_tokens(c, req, srv_absent(req, "max_completion_tokens") ? "max_tokens" : "max_completion_tokens",
-                             0, c->max_tokens, j, e)) {
+                             0, c->max_tokens, j, e) ||
+        srv_build_grammar(c, &k, tools, parallel, j, e)) {
         json_decref(tools);
         json_decref(msgs);
         return NULL;
@@ -409,13 +429,16 @@ static int completion_prompt(srv_ctx *c, json_t *prompt, srv_job *j, srv_err *e)
 
 srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, include_usage;
+    srv_constraint k = {0};
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, 1, e) || parse_stream(req, &stream, &include_usage, e) ||
-        parse_logprobs(req, 1, j, e) || completion_prompt(c, json_object_get(req, "prompt"), j, e) ||
+        parse_logprobs(req, 1, j, e) || parse_form(req, &k, e) || completion_prompt(c, json_object_get(req, "prompt"), j, e) ||
         srv_parse_sampling(c, req, 2.0, &j->sampling, e) || srv_parse_stop(req, "stop", j, e) ||
         srv_parse_ignore_eos(c, req, j, e))
         return NULL;
     /* 16: the completions API's documented default */
-    if (srv_parse_max_tokens(c, req, "max_tokens", 0, c->max_tokens >= 0 ? c->max_tokens : 16, j, e)) return NULL;
+    if (srv_parse_max_tokens(c, req, "max_tokens", 0, c->max_tokens >= 0 ? c->max_tokens : 16, j, e) ||
+        srv_build_grammar(c, &k, NULL, 1, j, e))
+        return NULL;
     j->raw_text = 1;
     chat_enc *enc = chat_enc_new(c, req, 1, stream);
     if (!enc) { srv_fail(e, 500, NULL, "out of memory"); return NULL; }

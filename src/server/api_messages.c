@@ -264,18 +264,25 @@ static int convert_tools(json_t *tools, json_t **out, srv_err *e) {
     return rc;
 }
 
-/* tool_choice {type: auto | none} (any and tool need constrained
- * decoding); disable_parallel_tool_use: one call ends the turn. */
-static int parse_tool_choice(json_t *req, int *use_tools, int *single, srv_err *e) {
+/* tool_choice {type: auto | none | any | tool (with name)}: any and tool
+ * are enforced by constrained decoding; disable_parallel_tool_use: one
+ * call ends the turn. */
+static int parse_tool_choice(json_t *req, int *use_tools, int *single, srv_constraint *k, srv_err *e) {
     json_t *tc = json_object_get(req, "tool_choice");
     *use_tools = 1;
     *single = 0;
+    if (k) k->tool_param = "tool_choice";
     if (!tc || json_is_null(tc)) return 0;
     const char *type = json_string_value(json_object_get(tc, "type"));
     if (!json_is_object(tc) || !type) return srv_fail(e, 400, "tool_choice", "tool_choice must be an object with a type");
-    if (!strcmp(type, "none")) *use_tools = 0;
-    else if (strcmp(type, "auto"))
-        return srv_fail(e, 400, "tool_choice", "tool_choice: only auto and none are supported (any and tool need constrained decoding, not yet built)");
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    if (!strcmp(type, "none")) {
+        *use_tools = 0;
+    } else if (!strcmp(type, "any") || (!strcmp(type, "tool") && name)) {
+        if (k) k->tools_required = 1, k->tool_name = name;
+    } else if (strcmp(type, "auto")) {
+        return srv_fail(e, 400, "tool_choice", "tool_choice.type must be auto, none, any or tool (with a name)");
+    }
     return srv_get_bool(tc, "disable_parallel_tool_use", 0, single, e);
 }
 
@@ -291,7 +298,8 @@ static int parse_thinking(const srv_ctx *c, json_t *req, int *on, srv_err *e) {
     return 0;
 }
 
-int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_err *e) {
+int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
+                              srv_err *e) {
     int use_tools;
     *msgs = NULL;
     *tools = NULL;
@@ -305,7 +313,7 @@ int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *s
     size_t i;
     json_t *m;
     json_array_foreach(messages, i, m) if (convert_message(m, i, conv, e)) goto fail;
-    if (parse_tool_choice(req, &use_tools, single, e) || convert_tools(json_object_get(req, "tools"), tools, e)) goto fail;
+    if (parse_tool_choice(req, &use_tools, single, k, e) || convert_tools(json_object_get(req, "tools"), tools, e)) goto fail;
     if (!use_tools) { json_decref(*tools); *tools = NULL; }
     if (!(*msgs = srv_check_conversation(conv, "messages", e))) goto fail;
     json_decref(conv);
@@ -317,12 +325,23 @@ fail:
     return -1;
 }
 
-static int refuse_unsupported(json_t *req, srv_err *e) {
+/* output_config.format, or the earlier output_format: {"type":
+ * "json_schema", "schema": ...}. */
+static int parse_format(json_t *req, srv_constraint *k, srv_err *e) {
     json_t *oc = json_object_get(req, "output_config");
     if (oc && !json_is_null(oc) && !json_is_object(oc))
         return srv_fail(e, 400, "output_config", "output_config must be an object");
-    if (oc && !json_is_null(oc) && !srv_absent(oc, "format"))
-        return srv_fail(e, 400, "output_config.format", "output_config.format: structured output is not supported yet");
+    if (!srv_absent(req, "output_format") && oc && !srv_absent(oc, "format"))
+        return srv_fail(e, 400, "output_format", "give one of output_format and output_config.format");
+    if (srv_parse_format(json_object_get(oc, "format"), "output_config.format", 0, k, e) ||
+        srv_parse_format(json_object_get(req, "output_format"), "output_format", 0, k, e))
+        return -1;
+    if (k->json_object)
+        return srv_fail(e, 400, k->form_param, "%s: the type must be \"json_schema\"", k->form_param);
+    return 0;
+}
+
+static int refuse_unsupported(json_t *req, srv_err *e) {
     json_t *mcp = json_object_get(req, "mcp_servers");
     if (mcp && !json_is_null(mcp) && (!json_is_array(mcp) || json_array_size(mcp)))
         return srv_fail(e, 400, "mcp_servers", "mcp_servers are not supported");
@@ -332,12 +351,15 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, single;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
+    srv_constraint k = {0};
     json_t *msgs = NULL, *tools = NULL;
-    if (srv_check_model(c, req, 1, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||
-        parse_thinking(c, req, &po.thinking, e) || srv_messages_conversation(req, &msgs, &tools, &single, e))
+    if (srv_check_model(c, req, 1, e) || refuse_unsupported(req, e) || parse_format(req, &k, e) ||
+        srv_get_bool(req, "stream", 0, &stream, e) || parse_thinking(c, req, &po.thinking, e) ||
+        srv_messages_conversation(req, &msgs, &tools, &single, &k, e))
         return NULL;
     int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, &j->sampling, e) ||
-             srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e);
+             srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e) ||
+             srv_build_grammar(c, &k, tools, !single, j, e);
     json_decref(msgs);
     if (rc) { json_decref(tools); return NULL; }
     j->parse_tool_calls = tools != NULL;
@@ -361,7 +383,7 @@ json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || parse_thinking(c, req, &po.thinking, e) ||
-        srv_messages_conversation(req, &msgs, &tools, &single, e))
+        srv_messages_conversation(req, &msgs, &tools, &single, NULL, e))
         return NULL;
     srv_job *j = srv_job_create();
     int rc = j ? srv_build_chat_prompt(c, msgs, tools, &po, j, e) : srv_fail(e, 500, NULL, "out of memory");

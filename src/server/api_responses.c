@@ -409,22 +409,30 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
     if (bg) return srv_fail(e, 400, "background", "background responses are not supported");
     json_t *text = json_object_get(req, "text");
     if (text && !json_is_null(text) && !json_is_object(text)) return srv_fail(e, 400, "text", "text must be an object");
-    json_t *fmt = json_object_get(text, "format");
-    const char *ft = json_string_value(json_object_get(fmt, "type"));
-    if (fmt && !json_is_null(fmt) && (!ft || strcmp(ft, "text")))
-        return srv_fail(e, 400, "text.format", "text.format: only {\"type\": \"text\"} is supported (structured output is not yet)");
     const char *unsupported[] = {"conversation", "prompt", "max_tool_calls"};
     for (int i = 0; i < 3; i++)
         if (!srv_absent(req, unsupported[i])) return srv_fail(e, 400, unsupported[i], "%s is not supported", unsupported[i]);
     return 0;
 }
 
-static int parse_tool_choice(json_t *req, int *use_tools, srv_err *e) {
+/* tool_choice: "auto", "none", "required" or {"type": "function", "name":
+ * ...}; the last two are enforced by constrained decoding. */
+static int parse_tool_choice(json_t *req, int *use_tools, srv_constraint *k, srv_err *e) {
     json_t *tc = json_object_get(req, "tool_choice");
     const char *s = json_string_value(tc);
     *use_tools = !(s && !strcmp(s, "none"));
+    k->tool_param = "tool_choice";
     if (!tc || json_is_null(tc) || (s && (!strcmp(s, "auto") || !strcmp(s, "none")))) return 0;
-    return srv_fail(e, 400, "tool_choice", "tool_choice: only \"auto\" and \"none\" are supported (others need constrained decoding, not yet built)");
+    if (s && !strcmp(s, "required")) { k->tools_required = 1; return 0; }
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    if (json_is_object(tc) && type && !strcmp(type, "function") && name) {
+        k->tools_required = 1;
+        k->tool_name = name;
+        return 0;
+    }
+    return srv_fail(e, 400, "tool_choice",
+                    "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}");
 }
 
 static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err *e) {
@@ -443,11 +451,14 @@ static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err
 srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, store, parallel, use_tools;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
+    srv_constraint k = {0};
     json_t *tools = NULL, *msgs = NULL, *conv = NULL, *checked = NULL, *namespaces = json_object();
     json_t *instructions = json_object_get(req, "instructions"), *prev = json_object_get(req, "previous_response_id");
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, e) || srv_get_bool(req, "stream", 0, &stream, e) ||
         srv_get_bool(req, "store", 1, &store, e) || srv_get_bool(req, "parallel_tool_calls", 1, &parallel, e) ||
-        parse_tool_choice(req, &use_tools, e) || parse_reasoning(c, req, &po.thinking, e) ||
+        parse_tool_choice(req, &use_tools, &k, e) ||
+        srv_parse_format(json_object_get(json_object_get(req, "text"), "format"), "text.format", 0, &k, e) ||
+        parse_reasoning(c, req, &po.thinking, e) ||
         convert_tools(json_object_get(req, "tools"), &tools, namespaces, e))
         goto fail;
     if (instructions && !json_is_null(instructions) && !json_is_string(instructions)) {
@@ -472,7 +483,8 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     json_array_extend(msgs, conv);
     if (!use_tools) { json_decref(tools); tools = NULL; }
     if (!(checked = srv_check_conversation(msgs, "input", e)) || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
-        srv_parse_sampling(c, req, 2.0, &j->sampling, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e))
+        srv_parse_sampling(c, req, 2.0, &j->sampling, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e) ||
+        srv_build_grammar(c, &k, tools, parallel, j, e))
         goto fail;
     j->parse_tool_calls = tools != NULL;
     j->single_tool_call = !parallel;
@@ -493,7 +505,9 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
                         "store", store);
     json_object_set_new(r->resp, "model", json_string(c->model_id));
     json_object_set_new(r->resp, "usage", json_null());
-    json_object_set_new(r->resp, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
+    json_t *fmt = json_object_get(json_object_get(req, "text"), "format");
+    json_object_set_new(r->resp, "text", json_pack("{s:o}", "format",
+                                                   json_is_object(fmt) ? json_deep_copy(fmt) : json_pack("{s:s}", "type", "text")));
     json_object_set_new(r->resp, "reasoning", json_pack("{s:s}", "effort", po.thinking ? "medium" : "none"));
     r->reply = json_pack("{s:s}", "role", "assistant");
     r->namespaces = namespaces;

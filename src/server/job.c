@@ -76,6 +76,7 @@ void srv_job_release(srv_job *j) {
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->prompt);
     free(j->tools_json);
+    tern_grammar_destroy(j->grammar);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

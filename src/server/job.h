@@ -101,6 +101,7 @@ typedef struct srv_job {
     int parse_tool_calls;
     int single_tool_call;    /* parallel_tool_calls false: the turn ends after one call */
     char *tools_json;        /* OpenAI-style tools for the output parser, or NULL */
+    tern_grammar *grammar;   /* structured output: the grammar the generation follows (owned), or NULL */
     /* ---- the channel ---- */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -548,3 +548,58 @@ json_t *srv_json_byte_list(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)s[i]));
     return a;
 }
+
+/* ---- structured output ------------------------------------------------- */
+
+int srv_parse_format(json_t *fmt, const char *param, int schema_in_member, srv_constraint *k, srv_err *e) {
+    if (!fmt || json_is_null(fmt)) return 0;
+    const char *type = json_string_value(json_object_get(fmt, "type"));
+    if (!json_is_object(fmt) || !type) return srv_fail(e, 400, param, "%s must be an object with a type", param);
+    k->form_param = param;
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object")) { k->json_object = 1; return 0; }
+    if (strcmp(type, "json_schema"))
+        return srv_fail(e, 400, param, "%s.type must be \"text\", \"json_object\" or \"json_schema\", got \"%.64s\"",
+                        param, type);
+    json_t *holder = schema_in_member ? json_object_get(fmt, "json_schema") : fmt;
+    if (schema_in_member && !json_is_object(holder))
+        return srv_fail(e, 400, param, "%s.json_schema must be an object with a schema", param);
+    json_t *schema = json_object_get(holder, "schema");
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        return srv_fail(e, 400, param, "%s%s.schema must be a JSON Schema object", param,
+                        schema_in_member ? ".json_schema" : "");
+    k->schema = schema;
+    return 0;
+}
+
+int srv_build_grammar(srv_ctx *c, const srv_constraint *k, json_t *tools, int parallel, srv_job *j, srv_err *e) {
+    int form = k->schema || k->json_object || k->gbnf;
+    if (!form && !k->tools_required) return 0;
+    const char *param = k->tools_required && (!form || !k->form_param) ? k->tool_param : k->form_param;
+    if (k->tools_required && !tools)
+        return srv_fail(e, 400, k->tool_param, "%s: a tool call is required but no tools are given", k->tool_param);
+    if (k->tools_required && form)
+        return srv_fail(e, 400, k->tool_param, "%s: a required tool call and %s cannot both be enforced",
+                        k->tool_param, k->form_param);
+    if (j->ignore_eos) return srv_fail(e, 400, "ignore_eos", "ignore_eos cannot be combined with structured output");
+    if (!c->gvocab) return srv_fail(e, 500, NULL, "structured output is not available (no vocabulary)");
+    char *schema = k->schema ? json_dumps(k->schema, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *tj = tools ? json_dumps(tools, JSON_COMPACT) : NULL;
+    tern_grammar_spec spec = {.json_schema = schema, .json_object = k->json_object, .gbnf = k->gbnf,
+                              .tools_json = tj, .tool_name = k->tool_name, .tools_required = k->tools_required,
+                              .parallel_tool_calls = parallel, .after_think = j->start_in_reasoning};
+    tern_error err;
+    int rc = 0;
+    /* optional calls beside an answer form: a tool the grammar cannot
+     * write is the tools' fault, not the form's */
+    tern_grammar_spec calls = {.tools_json = tj, .tools_required = 1};
+    tern_grammar *probe = tj && !k->tools_required ? tern_grammar_create(&calls, NULL, &err) : NULL;
+    if ((k->schema && !schema) || (tools && !tj)) rc = srv_fail(e, 500, NULL, "out of memory");
+    else if (tj && !k->tools_required && !probe)
+        rc = srv_fail(e, 400, "tools", "%s (with %s, tool calls follow their schemas too)", err.msg, param);
+    else if (!(j->grammar = tern_grammar_create(&spec, c->gvocab, &err))) rc = srv_fail(e, 400, param, "%s: %s", param, err.msg);
+    tern_grammar_destroy(probe);
+    free(schema);
+    free(tj);
+    return rc;
+}

@@ -377,7 +377,8 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
     a->gp = (tern_gen_params){.sampling = j->sampling, .n_predict = j->max_tokens,
                               .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
                               .on_token = on_token, .cancelled = is_cancelled,
-                              .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1)};
+                              .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1),
+                              .grammar = j->grammar};
     if (j->logprobs) { a->gp.on_logprobs = on_logprobs; a->gp.top_logprobs = j->top_logprobs; }
     if (rc == 0) return 0;
     end_early(s, a, rc, &err);

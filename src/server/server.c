@@ -104,13 +104,27 @@ static int cache_budgets(const srv_params *p, const tern_model *m, srv_loaded *l
     return 0;
 }
 
-/* The scheduler's loader (srv_load_fn), with what the last load found. */
+/* The scheduler's loader (srv_load_fn), with what the loads found. */
 typedef struct loader {
     const srv_params *p;
     int n_ctx;                   /* the sessions' context; 0: the model's, known once it is loaded */
+    int tok_vocab;               /* the tokenizer's ids */
+    /* the model's vocabulary and end-of-sequence ids (from config.json with
+     * --lazy-load, else from the first load) */
+    int vocab, n_eos;
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
     char device[160], rope[192];
     size_t cache_ram, cache_vram;
 } loader;
+
+/* What the first load tells of the model: its vocabulary and its
+ * end-of-sequence ids among the tokenizer's. */
+static void note_vocab(loader *L, const tern_model *m) {
+    if (L->vocab) return;
+    L->vocab = tern_model_vocab_size(m);
+    for (int32_t id = 0; id < L->tok_vocab && L->n_eos < TERN_SAMPLER_MAX_EOS; id++)
+        if (tern_model_is_eos(m, id)) L->eos[L->n_eos++] = id;
+}
 
 static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
     loader *L = ud;
@@ -123,6 +137,7 @@ static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
         snprintf(err->msg, sizeof err->msg, "--ctx: %.480s", why);
     } else if (cache_budgets(L->p, m, out, err) == 0) {
         L->n_ctx = n_ctx;
+        note_vocab(L, m);
         snprintf(L->device, sizeof L->device, "%s", tern_model_device(m));
         tern_model_rope_describe(m, L->rope, sizeof L->rope);
         L->cache_ram = out->cache_ram_bytes;
@@ -132,6 +147,19 @@ static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
     }
     tern_model_free(m);
     return -1;
+}
+
+/* Without the model (--lazy-load): its context, vocabulary and
+ * end-of-sequence ids from its directory, for the requests' limits and
+ * structured output. */
+static int probe_model(loader *L, tern_error *err) {
+    tern_model_dir_info info;
+    if (tern_model_dir_probe(L->p->model_dir, &L->p->load, L->n_ctx, &info, err)) return -1;
+    if (L->n_ctx <= 0) L->n_ctx = info.max_context;
+    L->vocab = info.vocab_size;
+    for (int i = 0; i < info.n_eos; i++)
+        if (info.eos[i] >= 0 && info.eos[i] < L->tok_vocab) L->eos[L->n_eos++] = info.eos[i];
+    return 0;
 }
 
 /* The prefix cache's budgets, for the log. */
@@ -144,6 +172,30 @@ static void describe_cache(const loader *L, const srv_sched_params *sp, char *ca
     if (sp->cache_disk)
         snprintf(cache + strlen(cache), cap - strlen(cache), " + %.0f MiB on disk",
                  (double)sp->cache_disk_bytes / (1 << 20));
+}
+
+/* The vocabulary structured output compiles against, its end-of-sequence
+ * ids those the generation stops at (generation_config.json's, else the
+ * model's), and the tables of the rules most requests share (JSON
+ * values, reasoning, raw tool arguments) computed before the first
+ * request needs them. */
+static int grammar_vocab(srv_ctx *c, const loader *L, tern_error *err) {
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+    int n = 0;
+    for (int i = 0; i < c->sampling.n_eos; i++) eos[n++] = c->sampling.eos_ids[i];
+    for (int i = 0; !c->sampling.n_eos && i < L->n_eos; i++) eos[n++] = L->eos[i];
+    if (!(c->gvocab = tern_grammar_vocab_create(c->tok, L->vocab, eos, n, err))) return -1;
+    static const char warm_tools[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"s\":{\"type\":\"string\"},\"a\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}}}}}]";
+    tern_grammar_spec warm[] = {{.json_object = 1}, {.json_object = 1, .after_think = 1},
+                                {.tools_json = warm_tools, .tools_required = 1, .parallel_tool_calls = 1}};
+    for (size_t i = 0; i < sizeof warm / sizeof *warm; i++) {
+        tern_grammar *g = tern_grammar_create(&warm[i], c->gvocab, err);
+        if (!g) return -1;
+        tern_grammar_destroy(g);
+    }
+    return 0;
 }
 
 int srv_run(const srv_params *p) {
@@ -174,14 +226,14 @@ int srv_run(const srv_params *p) {
     char idbuf[4096];
     int rc = 1;
     loader L = {.p = p, .n_ctx = p->session.max_context};
-    /* without the model, its context from config.json (request limits) */
-    if (p->lazy_load && (L.n_ctx = tern_model_dir_context(p->model_dir, &p->load, L.n_ctx, &err)) < 0) {
-        fprintf(stderr, "tern serve: %s%s\n", p->session.max_context > 0 ? "--ctx: " : "", err.msg);
-        goto done;
-    }
     const char *tok_dir = p->tokenizer_dir ? p->tokenizer_dir : p->model_dir;
     if (!(ctx.tok = tern_tokenizer_load(tok_dir, &err))) {
         fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
+    L.tok_vocab = tern_tokenizer_vocab_size(ctx.tok);
+    if (p->lazy_load && probe_model(&L, &err)) {
+        fprintf(stderr, "tern serve: %s%s\n", p->session.max_context > 0 ? "--ctx: " : "", err.msg);
         goto done;
     }
     ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
@@ -207,6 +259,10 @@ int srv_run(const srv_params *p) {
         goto done;
     }
     ctx.n_ctx = L.n_ctx;   /* (the loader's, since create loaded the model unless lazy) */
+    if (grammar_vocab(&ctx, &L, &err)) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
     pthread_mutex_lock(&ss.mu);
     ss.loaded = 1;
     ss.sched = ctx.sched;
@@ -246,6 +302,7 @@ done:
     pthread_mutex_unlock(&ss.mu);
     srv_sched_destroy(ctx.sched);
     srv_store_destroy(ctx.responses);
+    tern_grammar_vocab_destroy(ctx.gvocab);
     tern_tokenizer_free(ctx.tok);
     srv_metrics_destroy(metrics);
     pthread_mutex_destroy(&ctx.tok_mu);

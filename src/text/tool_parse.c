@@ -20,16 +20,69 @@
 
 /* ---- typing parameter values ------------------------------------------- */
 
+/* The schema a local "$ref" ("#/..." within root) points to, followed
+ * to the end of a chain; the schema itself otherwise. */
+json_t *tern_schema_resolve(json_t *root, json_t *schema) {
+    for (int hops = 0; hops < 32 && json_is_object(schema); hops++) {
+        const char *ref = json_string_value(json_object_get(schema, "$ref"));
+        if (!ref || !root || ref[0] != '#') return schema;
+        json_t *at = root;
+        const char *p = ref + 1;
+        while (at && *p == '/') {
+            p++;
+            char key[256];
+            size_t n = 0;
+            for (; *p && *p != '/' && n + 1 < sizeof key; p++) {
+                if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) key[n++] = p[1] == '0' ? '~' : '/', p++;
+                else key[n++] = *p;
+            }
+            key[n] = '\0';
+            at = json_is_array(at) ? json_array_get(at, strtoul(key, NULL, 10)) : json_object_get(at, key);
+        }
+        if (!at || *p) return schema;
+        schema = at;
+    }
+    return schema;
+}
+
+/* The JSON type of every value of an enum (or a const), or NULL when they
+ * differ. */
+static const char *values_type(json_t *schema) {
+    json_t *vals = json_object_get(schema, "enum"), *c = json_object_get(schema, "const");
+    const char *t = NULL;
+    size_t n = c ? 1 : json_array_size(vals);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = c ? c : json_array_get(vals, i);
+        const char *vt = json_is_string(v) ? "string" : json_is_integer(v) ? "integer" : json_is_real(v) ? "number"
+                         : json_is_boolean(v) ? "boolean" : NULL;
+        if (!vt || (t && strcmp(t, vt))) return NULL;
+        t = vt;
+    }
+    return t;
+}
+
+/* The type a schema names: its "type" string, else that of its enum or
+ * const values. */
+static const char *named_type(json_t *schema) {
+    json_t *t = json_object_get(schema, "type");
+    if (json_is_string(t)) return json_string_value(t);
+    if (t) return NULL;
+    return values_type(schema);
+}
+
 /* The schema's type, lower-cased into out (empty when there is none);
  * *nullable when the schema also admits null. Lists of types and
- * anyOf/oneOf unions contribute their first non-null type. */
-static void schema_type(json_t *schema, char out[32], int *nullable) {
+ * anyOf/oneOf unions contribute their first non-null type; local $refs
+ * are followed. */
+static void schema_type(json_t *schema, json_t *root, char out[32], int *nullable) {
     out[0] = '\0';
     *nullable = 0;
+    schema = tern_schema_resolve(root, schema);
     if (!json_is_object(schema)) return;
     json_t *t = json_object_get(schema, "type"), *opts = NULL;
-    if (json_is_string(t)) {
-        snprintf(out, 32, "%s", json_string_value(t));
+    const char *named = named_type(schema);
+    if (named) {
+        snprintf(out, 32, "%s", named);
     } else if (json_is_array(t)) {
         opts = t;
     } else {
@@ -39,10 +92,11 @@ static void schema_type(json_t *schema, char out[32], int *nullable) {
     size_t i;
     json_t *o;
     json_array_foreach(opts, i, o) {
-        json_t *ot = json_is_object(o) ? json_object_get(o, "type") : o;
-        if (!json_is_string(ot)) continue;
-        if (strcasecmp(json_string_value(ot), "null") == 0) *nullable = 1;
-        else if (!out[0]) snprintf(out, 32, "%s", json_string_value(ot));
+        json_t *r = tern_schema_resolve(root, o);
+        const char *ot = json_is_object(r) ? named_type(r) : json_string_value(o);
+        if (!ot) continue;
+        if (strcasecmp(ot, "null") == 0) *nullable = 1;
+        else if (!out[0]) snprintf(out, 32, "%s", ot);
     }
     for (char *p = out; *p; p++) *p = (char)tolower((unsigned char)*p);
     if (strcmp(out, "null") == 0) *nullable = 1;
@@ -67,6 +121,22 @@ static int is_int_type(const char *t) {
 static int is_container_type(const char *t) {
     return !strcmp(t, "object") || !strcmp(t, "array") || !strcmp(t, "arr") ||
            starts_with(t, "dict") || starts_with(t, "list");
+}
+
+static int is_num_type(const char *t) { return starts_with(t, "num") || starts_with(t, "float"); }
+static int is_bool_type(const char *t) { return !strcmp(t, "boolean") || !strcmp(t, "bool") || !strcmp(t, "binary"); }
+
+int tern_tool_param_kind(json_t *schema, json_t *root, int *nullable) {
+    char type[32];
+    schema_type(schema, root, type, nullable);
+    if (!type[0]) return TERN_PARAM_UNTYPED;
+    if (is_string_type(type)) return TERN_PARAM_STRING;
+    if (!strcmp(type, "null")) return TERN_PARAM_NULL;
+    if (is_int_type(type)) return TERN_PARAM_INT;
+    if (is_num_type(type)) return TERN_PARAM_NUMBER;
+    if (is_bool_type(type)) return TERN_PARAM_BOOL;
+    if (is_container_type(type)) return TERN_PARAM_CONTAINER;
+    return TERN_PARAM_UNTYPED;
 }
 
 /* Python's int(text): surrounding whitespace, a sign, digits (single
@@ -130,9 +200,9 @@ static json_t *typed_value(const char *s, size_t len, const char *type, int null
     json_int_t i;
     double d;
     if (is_int_type(type)) return parse_py_int(s, &i) ? json_integer(i) : json_stringn(s, len);
-    if (starts_with(type, "num") || starts_with(type, "float"))
+    if (is_num_type(type))
         return parse_py_float(s, &d) ? number_value(d) : json_stringn(s, len);
-    if (!strcmp(type, "boolean") || !strcmp(type, "bool") || !strcmp(type, "binary"))
+    if (is_bool_type(type))
         return json_boolean(!strcasecmp(s, "true"));
     json_t *v = is_container_type(type) ? json_loadb(s, len, JSON_DECODE_ANY, NULL)
                                         : json_non_string(s, len);
@@ -140,9 +210,13 @@ static json_t *typed_value(const char *s, size_t len, const char *type, int null
 }
 
 json_t *tern_tool_param_value(const char *text, size_t len, json_t *schema) {
+    return tern_tool_param_value_in(text, len, schema, NULL);
+}
+
+json_t *tern_tool_param_value_in(const char *text, size_t len, json_t *schema, json_t *root) {
     char type[32];
     int nullable;
-    schema_type(schema, type, &nullable);
+    schema_type(schema, root, type, &nullable);
     /* Comparisons below want a NUL-terminated copy; a value with an
      * embedded NUL is kept as a string. */
     if (memchr(text, '\0', len)) return json_stringn(text, len);
@@ -159,7 +233,7 @@ json_t *tern_tool_param_value(const char *text, size_t len, json_t *schema) {
     return v;
 }
 
-json_t *tern_tool_properties(json_t *tools, const char *name) {
+json_t *tern_tool_parameters(json_t *tools, const char *name) {
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -167,10 +241,15 @@ json_t *tern_tool_properties(json_t *tools, const char *name) {
         if (!json_is_object(fn)) fn = t;
         json_t *n = json_object_get(fn, "name");
         if (!json_is_string(n) || strcmp(json_string_value(n), name) != 0) continue;
-        json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
-        return json_is_object(props) ? props : NULL;
+        json_t *params = json_object_get(fn, "parameters");
+        return json_is_object(params) ? params : NULL;
     }
     return NULL;
+}
+
+json_t *tern_tool_properties(json_t *tools, const char *name) {
+    json_t *props = json_object_get(tern_tool_parameters(tools, name), "properties");
+    return json_is_object(props) ? props : NULL;
 }
 
 /* ---- reading one call ------------------------------------------------------ */
@@ -261,7 +340,8 @@ static enum parse_status bad(call_result *r, const char *reason) {
 }
 
 /* <parameter=KEY>\nVALUE\n</parameter>: adds KEY: typed VALUE to args. */
-static enum parse_status read_parameter(cursor *c, json_t *props, json_t *args, call_result *r) {
+static enum parse_status read_parameter(cursor *c, json_t *params, json_t *args, call_result *r) {
+    json_t *props = json_object_get(params, "properties");
     size_t ks, kn, vend;
     c->i += strlen(PARAM_OPEN);
     enum parse_status st = read_name(c, &ks, &kn);
@@ -275,7 +355,7 @@ static enum parse_status read_parameter(cursor *c, json_t *props, json_t *args, 
     if (vn && v[0] == '\n') { v++; vn--; }
     if (vn && v[vn - 1] == '\n') vn--;
     char *key = strndup(c->s + ks, kn);
-    json_t *val = key ? tern_tool_param_value(v, vn, json_object_get(props, key)) : NULL;
+    json_t *val = key ? tern_tool_param_value_in(v, vn, json_object_get(props, key), params) : NULL;
     int rc = val ? json_object_set_new(args, key, val) : -1;
     free(key);
     if (rc) return bad(r, "out of memory");
@@ -298,7 +378,7 @@ static enum parse_status read_call_end(cursor *c, call_result *r) {
     return P_DONE;
 }
 
-static enum parse_status read_body(cursor *c, json_t *props, json_t *args, call_result *r) {
+static enum parse_status read_body(cursor *c, json_t *params, json_t *args, call_result *r) {
     for (;;) {
         skip_ws(c);
         if (c->i == c->n) return c->at_end ? bad(r, "unterminated tool call") : P_MORE;
@@ -308,7 +388,7 @@ static enum parse_status read_body(cursor *c, json_t *props, json_t *args, call_
         }
         if (at(c, TOOL_CLOSE)) return read_call_end(c, r);  /* </function> forgotten */
         if (at(c, PARAM_OPEN)) {
-            enum parse_status st = read_parameter(c, props, args, r);
+            enum parse_status st = read_parameter(c, params, args, r);
             if (st != P_DONE) return st;
             continue;
         }
@@ -339,7 +419,7 @@ static enum parse_status parse_call(cursor *c, json_t *tools, call_result *r) {
         free(name);
         return bad(r, "out of memory");
     }
-    st = read_body(c, tern_tool_properties(tools, name), args, r);
+    st = read_body(c, tern_tool_parameters(tools, name), args, r);
     if (st != P_DONE) {
         json_decref(args);
         free(name);

@@ -67,9 +67,31 @@
  *    (vLLM keeps such values as strings; reading JSON is what the template
  *    wrote for non-string values, so the round trip restores them.) */
 json_t *tern_tool_param_value(const char *text, size_t len, json_t *schema);
+/* The same, following local "$ref"s ("#/$defs/X") within root (the tool's
+ * "parameters" schema; NULL: none), and typing a schema without "type"
+ * by its enum or const values when they share one JSON type. */
+json_t *tern_tool_param_value_in(const char *text, size_t len, json_t *schema, json_t *root);
 
-/* The parameter schemas (the "properties" object) of function `name` in an
- * OpenAI tools array, or NULL. Borrowed. */
+/* How tern_tool_param_value_in reads a parameter's text, for the grammar
+ * that forces tool calls (it must write what this reads back):
+ *   STRING     the text itself (and "null"/"none" as null when *nullable)
+ *   INT        Python int(); NUMBER: float(); BOOL: "true" (any case)
+ *   CONTAINER  JSON (object and array types)
+ *   NULL       "null"
+ *   UNTYPED    JSON when it parses as a non-string, else the text */
+enum tern_param_kind {
+    TERN_PARAM_UNTYPED, TERN_PARAM_STRING, TERN_PARAM_INT, TERN_PARAM_NUMBER, TERN_PARAM_BOOL,
+    TERN_PARAM_CONTAINER, TERN_PARAM_NULL,
+};
+int tern_tool_param_kind(json_t *schema, json_t *root, int *nullable);
+
+/* The schema a local "$ref" ("#/..." within root) points to (chains
+ * followed); the schema itself when it has none or it does not resolve. */
+json_t *tern_schema_resolve(json_t *root, json_t *schema);
+
+/* The "parameters" schema of function `name` in an OpenAI tools array,
+ * or NULL; tern_tool_properties: its "properties" object. Borrowed. */
+json_t *tern_tool_parameters(json_t *tools, const char *name);
 json_t *tern_tool_properties(json_t *tools, const char *name);
 
 #endif

@@ -33,6 +33,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     ctx.think = 1;
     ctx.max_tokens = -1;
     tern_sampler_params_default(&ctx.sampling);
+    int32_t eos[2] = {tern_tokenizer_token_id(ctx.tok, "<|im_end|>"), tern_tokenizer_token_id(ctx.tok, "<|endoftext|>")};
+    ctx.gvocab = tern_grammar_vocab_create(ctx.tok, tern_tokenizer_vocab_size(ctx.tok), eos, 2, &err);
+    if (!ctx.gvocab) { fprintf(stderr, "fuzz: %s\n", err.msg); abort(); }
     return 0;
 }
 

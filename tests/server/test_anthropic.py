@@ -288,9 +288,10 @@ def test_error_envelope_count_tokens(server):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_unsupported_tool_choice_is_400(client):
+def test_tool_choice_without_tools_is_400(client):
+    """tool_choice any (enforced by constrained decoding, tests/server/test_structured.py) needs tools."""
     with pytest.raises(anthropic.BadRequestError) as ei:
-        client.messages.create(model=MODEL, max_tokens=10, messages=Q, tools=TOOLS, tool_choice={"type": "any"})
+        client.messages.create(model=MODEL, max_tokens=10, messages=Q, tool_choice={"type": "any"})
     assert ei.value.body["error"]["type"] == "invalid_request_error"
 
 

@@ -516,11 +516,9 @@ def test_responses_function_call_output_turn(client):
 CHAT_UNSUPPORTED = [
     ("n", {"n": 2}),
     ("logit_bias", {"logit_bias": {"100": 5}}),
-    ("response_format", {"response_format": {"type": "json_object"}}),
     ("response_format", {"response_format": {"type": "json_schema",
-                                             "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
-    ("tool_choice", {"tools": TOOLS, "tool_choice": "required"}),
-    ("tool_choice", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+                                             "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}}}),
+    ("tool_choice", {"tool_choice": "required"}),
     ("functions", {"functions": [{"name": "f", "parameters": {"type": "object"}}]}),
     ("modalities", {"modalities": ["text", "audio"]}),
     ("audio", {"audio": {"voice": "alloy", "format": "wav"}}),
@@ -557,7 +555,8 @@ def test_completions_unsupported_field_400(client, param, extra):
 
 RESPONSES_UNSUPPORTED = [
     ("background", {"background": True}),
-    ("text.format", {"text": {"format": {"type": "json_object"}}}),
+    ("text.format", {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "integer",
+                                                                                          "maximum": 3}}}}),
     ("tool_choice", {"tool_choice": "required"}),
     ("conversation", {"conversation": "conv_123"}),
     ("prompt", {"prompt": {"id": "pmpt_1"}}),

@@ -1,0 +1,167 @@
+/* What a position's table depends on, and the vocabulary's cache of
+ * tables keyed by it (tables.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/tables.h"
+
+/* ---- signatures: what a position's table depends on ------------------------ */
+
+static void sig_add(gt_sig *s, const void *p, size_t n) {
+    if (s->too_big) return;
+    if (s->n + n > GT_SIG_MAX) { s->too_big = 1; return; }
+    if (s->n + n > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        while (cap < s->n + n) cap *= 2;
+        uint8_t *q = realloc(s->b, cap);
+        if (!q) { s->too_big = 1; return; }
+        s->b = q;
+        s->cap = cap;
+    }
+    memcpy(s->b + s->n, p, n);
+    s->n += n;
+}
+
+static void sig_elems(gt_sig *s, const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, uint32_t *nq) {
+    for (;; p++) {
+        uint32_t e = g->elems[p], out[9];
+        if (GR_KIND(e) == GR_END) {
+            uint8_t end = 'E';
+            sig_add(s, &end, 1);
+            return;
+        }
+        if (GR_KIND(e) == GR_CLASS) {
+            out[0] = 'C';
+            memcpy(out + 1, &g->classes[GR_ARG(e)], 32);
+            sig_add(s, out, 36);
+        } else {
+            uint32_t r = GR_ARG(e);
+            if (local[r] < 0) local[r] = (int32_t)*nq, queue[(*nq)++] = r;
+            out[0] = 'R';
+            out[1] = (uint32_t)local[r];
+            sig_add(s, out, 8);
+        }
+    }
+}
+
+static uint64_t fnv(const uint8_t *b, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int gt_signature(const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queue, gt_sig *s) {
+    uint32_t nq = 0;
+    s->n = 0;
+    s->too_big = 0;
+    uint32_t r0 = g->rule_of[p];
+    sig_add(s, &g->follow[r0], sizeof g->follow[r0]);
+    sig_add(s, &g->follow_end[r0], 1);
+    sig_elems(s, g, p, local, queue, &nq);
+    for (uint32_t k = 0; k < nq && !s->too_big; k++) {
+        uint32_t r = queue[k], n = g->rule_alt[r + 1] - g->rule_alt[r];
+        sig_add(s, &n, 4);
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) sig_elems(s, g, g->alt_pos[a], local, queue, &nq);
+    }
+    for (uint32_t k = 0; k < nq; k++) local[queue[k]] = -1;
+    if (!s->too_big) s->h = fnv(s->b, s->n);
+    return s->too_big ? -1 : 0;
+}
+
+
+/* ---- the cache ------------------------------------------------------------- */
+
+struct gv_entry {
+    uint64_t h;
+    uint8_t *key;
+    size_t klen;
+    gt_table *t;
+    int refs;
+    unsigned long long used;
+};
+
+gt_table *gt_cache_get(tern_grammar_vocab *v, const gt_sig *s) {
+    uint64_t h = s->h;
+    gt_table *t = NULL;
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < v->n_cache; i++) {
+        gv_entry *e = &v->cache[i];
+        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) {
+            e->refs++;
+            e->used = ++v->clock;
+            t = e->t;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&v->mu);
+    return t;
+}
+
+static void cache_evict(tern_grammar_vocab *v) {
+    while (v->cache_bytes > v->cache_budget) {
+        int victim = -1;
+        for (int i = 0; i < v->n_cache; i++)
+            if (!v->cache[i].refs && (victim < 0 || v->cache[i].used < v->cache[victim].used)) victim = i;
+        if (victim < 0) return;
+        v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
+        gt_table_free(v->cache[victim].t);
+        free(v->cache[victim].key);
+        v->cache[victim] = v->cache[--v->n_cache];
+    }
+}
+
+gt_table *gt_cache_put(tern_grammar_vocab *v, const gt_sig *s, gt_table *t) {
+    uint64_t h = s->h;
+    uint8_t *key = malloc(s->n);
+    if (!key) return t;
+    memcpy(key, s->b, s->n);
+    gt_table *found = NULL;
+    pthread_mutex_lock(&v->mu);
+    for (int i = 0; i < v->n_cache && !found; i++) {
+        gv_entry *e = &v->cache[i];
+        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) e->refs++, found = e->t;
+    }
+    if (!found && v->n_cache == v->cap_cache) {
+        int cap = v->cap_cache ? v->cap_cache * 2 : 64;
+        gv_entry *c = realloc(v->cache, (size_t)cap * sizeof *c);
+        if (c) v->cache = c, v->cap_cache = cap;
+    }
+    if (!found && v->n_cache < v->cap_cache) {
+        t->cached = 1;
+        v->cache[v->n_cache++] = (gv_entry){h, key, s->n, t, 1, ++v->clock};
+        v->cache_bytes += t->bytes + s->n;
+        key = NULL;
+        cache_evict(v);
+    }
+    pthread_mutex_unlock(&v->mu);
+    free(key);
+    if (found) gt_table_free(t);
+    return found ? found : t;
+}
+
+void gt_release(tern_grammar_vocab *v, gt_table **tabs, int n) {
+    if (!tabs) return;
+    pthread_mutex_lock(&v->mu);
+    for (int p = 0; p < n; p++) {
+        gt_table *t = tabs[p];
+        if (!t) continue;
+        if (!t->cached) { gt_table_free(t); continue; }
+        for (int i = 0; i < v->n_cache; i++)
+            if (v->cache[i].t == t) { v->cache[i].refs--; break; }
+    }
+    cache_evict(v);
+    pthread_mutex_unlock(&v->mu);
+    free(tabs);
+}
+
+void gt_cache_clear(tern_grammar_vocab *v) {
+    for (int i = 0; i < v->n_cache; i++) {
+        gt_table_free(v->cache[i].t);
+        free(v->cache[i].key);
+    }
+    free(v->cache);
+    v->cache = NULL;
+    v->n_cache = v->cap_cache = 0;
+    v->cache_bytes = 0;
+}
+
