@@ -1,9 +1,10 @@
 """Model residency (docs/SERVER.md, "Loading and freeing the model"): --lazy-load starts without the model and the
 first request loads it, once however many arrive together; --idle-unload frees it after the idle time and
 POST /v1/models/unload at once (409 while a request uses it), and the process's resident memory drops by most of
-the model's mapped weights; the next request loads it again and answers as before (greedy, compared with a server
-that loaded at start), and a prompt cached before the unload comes back from the --cache-disk tier; a model whose
-weights fail to load leaves the server up, answering each request with a 500 in its API's format."""
+the model's mapped weights; the next request loads it again and answers as before (greedy, plain and structured
+output, compared with a server that loaded at start), and a prompt cached before the unload comes back from the
+--cache-disk tier; a model whose weights fail to load leaves the server up, answering each request with a 500 in
+its API's format."""
 import json
 import os
 import shutil
@@ -44,6 +45,10 @@ def answer(server, **kw):
     return (m["content"], m.get("reasoning_content")), r.json()
 
 
+# structured output compiles against the model's vocabulary, read from its directory when it is not loaded
+JSON_ANSWER = {"response_format": {"type": "json_object"}, "chat_template_kwargs": {"enable_thinking": False}}
+
+
 def wait_metric(server, name, value, timeout=20):
     deadline = time.monotonic() + timeout
     while server.metric(name) != value:
@@ -59,9 +64,10 @@ def eager_answer():
     try:
         got, _ = answer(s)
         assert health(s) == {"status": "ok", "model": "loaded"}
+        structured, _ = answer(s, **JSON_ANSWER)
     finally:
         s.assert_clean_stop()
-    return got
+    return got, structured
 
 
 def test_lazy_load_starts_without_the_model(start_server, eager_answer):
@@ -76,11 +82,14 @@ def test_lazy_load_starts_without_the_model(start_server, eager_answer):
     assert health(s)["model"] == "unloaded"
     idle = rss(s)
     got, _ = answer(s)
-    assert got == eager_answer, "the first request after a lazy start answers otherwise than an eager server"
+    assert got == eager_answer[0], "the first request after a lazy start answers otherwise than an eager server"
     loaded = rss(s)
     assert loaded - idle > WEIGHTS / 2, f"RSS {idle} at start and {loaded} with the model: was it loaded at start?"
     assert health(s) == {"status": "ok", "model": "loaded"}
     assert s.metric("tern_model_loads_total") == 1 and s.metric("tern_model_loaded") == 1
+    structured, _ = answer(s, **JSON_ANSWER)
+    assert structured == eager_answer[1]
+    json.loads(structured[0])
 
 
 def test_concurrent_first_requests_load_once(start_server, eager_answer):
@@ -113,7 +122,7 @@ def test_concurrent_first_requests_load_once(start_server, eager_answer):
         t.start()
     for t in threads:
         t.join(120)
-    assert all(r == eager_answer for r in results), results
+    assert all(r == eager_answer[0] for r in results), results
     assert s.metric("tern_model_loads_total") == 1
     assert s.metric("tern_model_load_failures_total") == 0
 
@@ -122,7 +131,7 @@ def test_idle_unload_frees_memory_and_reloads(start_server, eager_answer):
     s = start_server("--idle-unload", "1")
     assert health(s)["model"] == "loaded"
     got, _ = answer(s)
-    assert got == eager_answer
+    assert got == eager_answer[0]
     loaded = rss(s)
     # /health and /metrics, polled meanwhile, are no work: the model goes all the same
     wait_metric(s, "tern_model_unloads_total", 1)
@@ -133,7 +142,7 @@ def test_idle_unload_frees_memory_and_reloads(start_server, eager_answer):
     assert "model unloaded (idle for 1 s): resident memory" in s.stderr()
     assert s.metric("process_resident_memory_bytes") < loaded - WEIGHTS / 2
     got, _ = answer(s)
-    assert got == eager_answer, "the answer after a reload differs"
+    assert got == eager_answer[0], "the answer after a reload differs"
     assert s.metric("tern_model_loads_total") == 2
 
 
