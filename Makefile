@@ -103,14 +103,15 @@ test: deps
 # tern serve end to end (tests/server, Python): the official SDKs and the real
 # Codex and Claude Code CLIs, installed from PyPI at test time into
 # build/pydeps, and the chat page in headless Chromium; then the
-# malformed-request corpus, the concurrency and the prefix cache tests and the
-# chat page's files again against the ASan build.
+# malformed-request corpus, the concurrency, prefix cache and residency tests
+# and the chat page's files again against the ASan build.
 WEBUI_HTTP_TESTS := $(addprefix tests/server/test_webui.py::,test_page_files test_vendor_libraries \
                     test_page_open_with_api_key test_no_webui)
 test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
-	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py $(WEBUI_HTTP_TESTS)
+	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py tests/server/test_residency.py \
+	    $(WEBUI_HTTP_TESTS)
 
 # tern pull against a local mock of the Hugging Face hub (tests/pull), with
 # the plain and the ASan build.

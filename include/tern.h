@@ -122,6 +122,22 @@ int tern_model_max_context(const tern_model *m);
 /* 0 if a session of ctx positions fits the model's context; otherwise -1
  * with a line that says how far it reaches and how to go further. */
 int tern_model_check_context(const tern_model *m, int ctx, tern_error *err);
+/* End-of-sequence ids a model or a sampler holds at most. */
+#define TERN_SAMPLER_MAX_EOS 16
+
+/* What a model directory's config.json and generation_config.json say,
+ * no weights read: what the loaded model's functions would give (params'
+ * RoPE scaling applied). */
+typedef struct tern_model_dir_info {
+    int max_context;                 /* tern_model_max_context */
+    int vocab_size;                  /* tern_model_vocab_size */
+    int n_eos;                       /* the ids tern_model_is_eos accepts */
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+} tern_model_dir_info;
+/* 0, or -1 with err; when ctx > 0, also -1 with tern_model_check_context's
+ * line when a session of ctx positions would not fit. */
+int tern_model_dir_probe(const char *dir, const tern_load_params *params, int ctx, tern_model_dir_info *out,
+                         tern_error *err);
 /* The RoPE in use, one line: "default" or "yarn factor F over N positions
  * ...". */
 void tern_model_rope_describe(const tern_model *m, char *buf, size_t n);
@@ -446,8 +462,6 @@ int tern_matcher_complete(const tern_matcher *m);
 int tern_matcher_min_bytes(const tern_matcher *m);
 
 /* ---- sampling and generation -------------------------------------------- */
-
-#define TERN_SAMPLER_MAX_EOS 16
 
 typedef struct tern_sampler_params {
     int do_sample;             /* 0: greedy */

@@ -2,7 +2,8 @@
  * over a radix tree of token ids, the budget, and the eviction order
  * (descendants before their bases, then by value per byte and recency).
  * The checkpoints are real snapshots of a session on the tiny fixture; the
- * tree's invariants are checked after every change. */
+ * tree's invariants are checked after every change. An unload of the
+ * model empties the memory tiers into the disk tier. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -380,5 +381,91 @@ Test(pcache, random_spills_keep_both_tiers_sound) {
     }
     cr_expect_gt(stats(c).disk_reads, 0);
     pcache_destroy(c);
+    rmdir(dir);
+}
+
+/* A chain of checkpoints of one session, each sharing its base's rows;
+ * *dir: the disk tier's directory. */
+static pcache *chain_in_ram(int32_t *t, char **dir) {
+    tern_error err;
+    pcache *c = disk_cache(100 * S, 100 * S, dir);
+    cr_assert_eq(tern_session_reset(sess, &err), 0);
+    const pc_node *base = NULL;
+    for (int k = 1; k <= 4; k++) {
+        cr_assert_eq(tern_session_eval(sess, t + 8 * (k - 1), 8, NULL, 0, &err), 0, "%s", err.msg);
+        int exact, shares = base != NULL;
+        tern_snapshot *s = tern_session_snapshot_after(sess, shares ? pc_node_snapshot(base) : NULL, &err);
+        cr_assert_eq(pcache_insert(c, t, 8 * k, s, shares), 0);
+        pcache_trim(c);
+        base = pcache_base(c, t, 8 * k, &exact);
+    }
+    cr_assert_eq(stats(c).checkpoints, 4);
+    cr_assert_eq(stats(c).disk_checkpoints, 0);
+    return c;
+}
+
+/* The server frees the model: what the memory tiers hold goes to disk, and
+ * a model loaded again (the same files) reads it back. */
+Test(pcache, an_unload_moves_memory_to_disk_and_a_reload_reads_it) {
+    char *dir;
+    int32_t t[64];
+    seq(t, 64, 100);
+    pcache *c = chain_in_ram(t, &dir);
+    pcache_evict_memory(c);
+    cr_assert_eq(pcache_check(c), 0);
+    pcache_stats st = stats(c);
+    cr_expect_eq(st.checkpoints, 0);
+    cr_expect_eq(st.bytes, 0);
+    cr_expect_eq(st.disk_checkpoints, 4);
+    cr_expect_eq(files_in(dir), 4);
+    cr_assert_eq(pcache_rebind(c, NULL, NULL), 0);
+    tern_error err;
+    tern_load_params lp = {.n_threads = 1};
+    tern_model *again = tern_model_load(fixture_dir("tiny"), &lp, &err);
+    cr_assert_not_null(again, "%s", err.msg);
+    cr_assert_eq(pcache_rebind(c, again, &err), 0, "%s", err.msg);
+    cr_expect_eq(stats(c).disk_checkpoints, 4, "the same model's files stay");
+    pc_node *nd = pcache_lookup(c, t, 64);
+    cr_assert(nd && pc_node_depth(nd) == 32);
+    cr_assert_eq(pcache_load(c, nd, &err), 0, "%s", err.msg);
+    cr_assert_eq(pcache_check(c), 0);
+    tern_session *s2 = tern_session_create(again, NULL, &err);
+    cr_assert_eq(tern_session_restore(s2, pc_node_snapshot(nd), &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_pos(s2), 32);
+    tern_session_destroy(s2);
+    pcache_destroy(c);
+    tern_model_free(again);
+    cr_expect_eq(files_in(dir), 0);
+    rmdir(dir);
+}
+
+/* Without room on disk the memory tiers' checkpoints are dropped; a model
+ * of another identity drops the files. */
+Test(pcache, an_unload_drops_what_the_disk_cannot_take) {
+    char *dir;
+    int32_t t[64];
+    seq(t, 64, 100);
+    pcache *c = chain_in_ram(t, &dir);
+    /* room for one of the four (of about equal size) */
+    size_t room = stats(c).bytes / 4 * 3 / 2 + 4096;
+    pcache_attach_disk(c, pcdisk_open(dir, model, &(tern_error){{0}}), room);
+    pcache_evict_memory(c);
+    cr_assert_eq(pcache_check(c), 0);
+    pcache_stats st = stats(c);
+    cr_expect_eq(st.checkpoints, 0);
+    cr_expect_eq(st.disk_checkpoints, 1, "the disk tier holds one");
+    cr_expect_leq(st.disk_bytes, room);
+    cr_expect_eq(files_in(dir), 1);
+    tern_error err;
+    tern_load_params lp = {.n_threads = 1};
+    tern_model *other = tern_model_load(fixture_dir("odd"), &lp, &err);
+    cr_assert_not_null(other, "%s", err.msg);
+    cr_assert_eq(pcache_rebind(c, other, &err), 0, "%s", err.msg);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_expect_eq(stats(c).disk_checkpoints, 0);
+    cr_expect_eq(files_in(dir), 0);
+    cr_expect_null(pcache_lookup(c, t, 64));
+    pcache_destroy(c);
+    tern_model_free(other);
     rmdir(dir);
 }

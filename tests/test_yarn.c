@@ -3,7 +3,8 @@
  * _compute_yarn_parameters (tests/fixtures/yarn/rope_cases.json), the yarn
  * fixture's outputs at the positions past its native context, the same
  * model with YaRN turned on at load over a config without it, and the
- * context checks. (test_fixtures.c runs the whole fixture suite on it.) */
+ * context checks, also from the directory alone (tern_model_dir_probe).
+ * (test_fixtures.c runs the whole fixture suite on it.) */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <jansson.h>
@@ -236,4 +237,43 @@ Test(fixture, yarn_config_errors) {
         cr_expect(strstr(err.msg, cases[i][1]) && strstr(err.msg, "config.json"), "case %zu: '%s' lacks '%s'", i,
                   err.msg, cases[i][1]);
     }
+}
+
+/* tern_model_dir_probe (a server that loads the model later) says from the
+ * directory what the loaded model says: its context with the load's RoPE
+ * scaling, its vocabulary and end-of-sequence ids, and the same line for a
+ * context too long. */
+Test(fixture, dir_probe_matches_the_loaded_model) {
+    static const struct {
+        const char *dir;
+        int scaling, context;
+    } cases[] = {
+        {"tiny", TERN_ROPE_AS_CONFIG, 0}, {"odd", TERN_ROPE_AS_CONFIG, 0}, {"qwen35", TERN_ROPE_AS_CONFIG, 0},
+        {"yarn", TERN_ROPE_AS_CONFIG, 0}, {"yarn", TERN_ROPE_YARN, 8 * NATIVE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tern_load_params lp = {.n_threads = 1, .rope_scaling = cases[i].scaling, .rope_context = cases[i].context};
+        tern_error err = {{0}}, merr = {{0}};
+        tern_model *m = tern_model_load(fixture_dir(cases[i].dir), &lp, &err);
+        cr_assert_not_null(m, "case %zu: %s", i, err.msg);
+        tern_model_dir_info info;
+        cr_assert_eq(tern_model_dir_probe(fixture_dir(cases[i].dir), &lp, 0, &info, &err), 0, "case %zu: %s", i,
+                     err.msg);
+        cr_expect_eq(info.max_context, tern_model_max_context(m), "case %zu", i);
+        cr_expect_eq(info.vocab_size, tern_model_vocab_size(m), "case %zu", i);
+        int n_eos = 0;
+        for (int32_t id = 0; id < tern_model_vocab_size(m); id++) n_eos += tern_model_is_eos(m, id);
+        cr_expect(info.n_eos > 0 && info.n_eos == n_eos, "case %zu: %d ids, the model %d", i, info.n_eos, n_eos);
+        for (int k = 0; k < info.n_eos; k++) cr_expect(tern_model_is_eos(m, info.eos[k]), "case %zu", i);
+        int ctx = info.max_context;
+        cr_expect_eq(tern_model_dir_probe(fixture_dir(cases[i].dir), &lp, ctx, &info, &err), 0, "case %zu", i);
+        cr_expect_eq(tern_model_dir_probe(fixture_dir(cases[i].dir), &lp, ctx + 1, &info, &err), -1, "case %zu", i);
+        cr_expect_eq(tern_model_check_context(m, ctx + 1, &merr), -1);
+        cr_expect_str_eq(err.msg, merr.msg, "case %zu", i);
+        tern_model_free(m);
+    }
+    tern_model_dir_info info;
+    tern_error err;
+    cr_expect_eq(tern_model_dir_probe("/nonexistent-model", NULL, 0, &info, &err), -1);
+    cr_expect(strstr(err.msg, "/nonexistent-model/config.json"), "%s", err.msg);
 }

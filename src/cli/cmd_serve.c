@@ -13,9 +13,9 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: tern serve [-m DIR] [options]\n"
             "An OpenAI- and Anthropic-compatible HTTP server (docs/SERVER.md): POST /v1/chat/completions,\n"
-            "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models,\n"
-            "/health, /metrics; a chat page at / (in a browser). Every `tern run` model, device and sampling\n"
-            "option applies (tern --help).\n"
+            "/v1/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens, /v1/models/unload;\n"
+            "GET /v1/models, /health, /metrics; a chat page at / (in a browser). Every `tern run` model,\n"
+            "device and sampling option applies (tern --help).\n"
             "server:\n"
             "  --host ADDR            address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N               port (default 8080; 0 picks a free one)\n"
@@ -24,6 +24,13 @@ static void serve_usage(FILE *f) {
             "  --no-webui             no chat page at / (default: served, with its files built into tern)\n"
             "  --model-id NAME        the name responses carry (default: the model directory's name)\n"
             "  --strict-model         refuse requests that name another model (default: any name is served)\n"
+            "  --lazy-load            listen at once and load the model on the first request that needs it\n"
+            "                         (the tokenizer and config.json are read at start; GET /health says\n"
+            "                         \"model\": \"unloaded\", \"loading\" or \"loaded\")\n"
+            "  --idle-unload S        free the model, its sessions and the prefix cache's RAM and device\n"
+            "                         memory after S seconds without a request (the --cache-disk tier is\n"
+            "                         kept, the RAM tier written to it); the next request loads it again\n"
+            "                         (default: kept; POST /v1/models/unload frees it at once)\n"
             "  --slots N              live sessions kept for conversations that continue (default 4)\n"
             "  --max-seqs N           requests generating together, a token each per step, where the engine\n"
             "                         evaluates sessions in one pass (the CPU's; default 16, at most --slots)\n"
@@ -104,10 +111,11 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("--no-webui")) { p.webui = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
         if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
+        if (IS("--lazy-load")) { p.lazy_load = 1; continue; }
         int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") || IS("--prefill-chunk") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
-                        IS("--heartbeat") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
+                        IS("--heartbeat") || IS("--idle-unload") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
                         IS("--cache-ram") || IS("--cache-vram") || IS("--cache-checkpoint-interval") ||
                         IS("--cache-disk") ||
                         IS("--cache-disk-size");
@@ -130,6 +138,7 @@ int tern_cli_serve(int argc, char **argv) {
         else if (IS("--read-timeout")) bad = parse_seconds(a, v, &p.read_timeout_s);
         else if (IS("--idle-timeout")) bad = parse_seconds(a, v, &p.idle_timeout_s);
         else if (IS("--heartbeat")) bad = parse_seconds(a, v, &p.heartbeat_s);
+        else if (IS("--idle-unload")) bad = parse_seconds(a, v, &p.idle_unload_s);
         else if (IS("--cache-checkpoint-interval")) bad = parse_int(a, v, 0, INT_MAX, &p.checkpoint_interval);
         else if (IS("--cache-ram") || IS("--cache-vram")) {
             if (tern_parse_size(v, &size, &err) || size > (1ull << 50)) {
@@ -168,6 +177,10 @@ int tern_cli_serve(int argc, char **argv) {
         return 2;
     }
     if (o.positional) { fprintf(stderr, "tern serve: unexpected argument '%s'\n", o.positional); return 2; }
+    if (synth_shape && p.lazy_load) {
+        fprintf(stderr, "tern serve: --lazy-load needs a model directory (a --synth model is built at start)\n");
+        return 2;
+    }
     if (synth_shape && !p.tokenizer_dir) {
         fprintf(stderr, "tern serve: --synth needs --tokenizer DIR (a synthetic model has no tokenizer)\n");
         return 2;

@@ -222,6 +222,18 @@ static int describe_packed(const char *dir, const tern_config *c, uint64_t budge
     return 0;
 }
 
+int tern_model_dir_probe(const char *dir, const tern_load_params *params, int ctx, tern_model_dir_info *out,
+                         tern_error *err) {
+    tern_config c;
+    if (tern_config_load(&c, dir, err) != 0 || tern_rope_apply(&c, params, err) != 0) return -1;
+    if (ctx > 0 && tern_cfg_check_context(&c, ctx, err) != 0) return -1;
+    memset(out, 0, sizeof *out);
+    out->max_context = tern_cfg_max_context(&c);
+    out->vocab_size = c.vocab;
+    for (int i = 0; i < c.n_eos && out->n_eos < TERN_SAMPLER_MAX_EOS; i++) out->eos[out->n_eos++] = c.eos[i];
+    return 0;
+}
+
 int tern_model_describe(const char *dir, const tern_load_params *params, FILE *out, tern_error *err) {
     tern_config c;
     if (tern_config_load(&c, dir, err) != 0 || tern_rope_apply(&c, params, err) != 0) return -1;

@@ -19,9 +19,9 @@
 
 typedef struct srv_store srv_store;
 
-/* The loaded model and the settings every request sees. */
+/* What every request sees: the tokenizer, the scheduler (which owns the
+ * model, loaded or not) and the settings. */
 typedef struct srv_ctx {
-    tern_model *m;
     tern_tokenizer *tok;
     pthread_mutex_t tok_mu;          /* the tokenizer's encode is not thread-safe */
     srv_sched *sched;

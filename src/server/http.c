@@ -114,8 +114,8 @@ static int client_gone(int fd) {
 /* ---- routes ---------------------------------------------------------------- */
 
 typedef enum route_id {
-    R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
-    R_WEB,
+    R_HEALTH, R_MODELS, R_MODEL, R_UNLOAD, R_METRICS, R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES,
+    R_COUNT_TOKENS, R_WEB,
 } route_id;
 
 typedef struct route {
@@ -129,6 +129,7 @@ typedef struct route {
 static const route ROUTES[] = {
     {R_HEALTH, "GET", "/health", "health", 0, SRV_API_OPENAI},
     {R_MODELS, "GET", "/models", "models", 0, SRV_API_OPENAI},
+    {R_UNLOAD, "POST", "/models/unload", "unload", 0, SRV_API_OPENAI},
     {R_MODEL, "GET", "/models/", "models", 1, SRV_API_OPENAI},
     {R_METRICS, "GET", "/metrics", "metrics", 0, SRV_API_OPENAI},
     {R_CHAT, "POST", "/chat/completions", "chat", 0, SRV_API_OPENAI},
@@ -359,7 +360,8 @@ static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
         r->status = 499;
     } else if (failed) {
         srv_err e;
-        srv_fail(&e, 500, NULL, "generation failed: %.400s", failed->text);
+        if (failed->status) srv_fail(&e, failed->status, NULL, "%s", failed->text);
+        else srv_fail(&e, 500, NULL, "generation failed: %.400s", failed->text);
         rc = send_error(r, c, &e);
     } else {
         sbuf_reset(&st.out);   /* a whole response's encoder writes only its body */
@@ -371,6 +373,39 @@ static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
     srv_job_release(j);
     enc->destroy(enc);
     return rc;
+}
+
+/* A stream whose job waits for the model to load: its answer begins once
+ * the model is loaded or the job has its first event, so a load that
+ * fails is answered with an error status, not inside a stream. 1: the
+ * stream may begin; 0: answered here (*rc), the job and encoder
+ * released. */
+static int await_model(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *j, srv_enc *enc, int fd,
+                       enum MHD_Result *rc) {
+    int kind;
+    while ((kind = srv_job_peek(j, POLL_S)) < 0) {
+        srv_residency rs;
+        srv_sched_residency(ctx->sched, &rs);
+        if (rs.state == SRV_MODEL_LOADED) return 1;
+        if (client_gone(fd)) break;
+    }
+    if (kind >= 0 && kind != SRV_EV_ERROR) return 1;
+    if (kind < 0) {
+        srv_sched_cancel(ctx->sched, j);
+        r->status = 499;
+        *rc = MHD_NO;
+    } else {
+        srv_event *ev = srv_job_pop(j, 0);
+        log_done(r->h, r->rt, ev, r->t_start);
+        srv_err e;
+        if (ev->status) srv_fail(&e, ev->status, NULL, "%s", ev->text);
+        else srv_fail(&e, 500, NULL, "generation failed: %.400s", ev->text);
+        srv_event_free(ev);
+        *rc = send_error(r, c, &e);
+    }
+    srv_job_release(j);
+    enc->destroy(enc);
+    return 0;
 }
 
 /* A generation request: parse, build the job, queue it, answer. */
@@ -391,6 +426,8 @@ static enum MHD_Result generate(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
         return send_error(r, c, &e);
     }
     j->wake_at_end = !enc->stream;
+    srv_residency rs;
+    srv_sched_residency(ctx->sched, &rs);
     int rc = srv_sched_submit(ctx->sched, j);
     if (rc != SRV_SUBMIT_OK) {
         srv_job_release(j);
@@ -406,7 +443,10 @@ static enum MHD_Result generate(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
-    return enc->stream ? start_stream(r, c, j, enc, fd) : wait_job(r, c, ctx, j, enc, fd);
+    enum MHD_Result answered = MHD_NO;
+    if (!enc->stream) return wait_job(r, c, ctx, j, enc, fd);
+    if (rs.state != SRV_MODEL_LOADED && !await_model(r, c, ctx, j, enc, fd, &answered)) return answered;
+    return start_stream(r, c, j, enc, fd);
 }
 
 /* ---- the other routes ------------------------------------------------------ */
@@ -436,12 +476,14 @@ static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx 
     srv_gauges g = {0};
     tern_stream_stats ss;
     srv_cache_stats cs;
+    srv_residency rs;
     if (ctx) {
         srv_sched_load(ctx->sched, &g.queued, &g.generating);
         srv_sched_cache_stats(ctx->sched, &cs);
         g.cache = &cs;
-        tern_model_stream_stats(ctx->m, &ss);
-        g.experts = &ss;
+        if (srv_sched_stream_stats(ctx->sched, &ss) == 0) g.experts = &ss;
+        srv_sched_residency(ctx->sched, &rs);
+        g.model = &rs;
     }
     g.in_flight = atomic_load(&r->h->in_flight);
     sbuf b = {0};
@@ -451,18 +493,41 @@ static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx 
     return rc;
 }
 
+/* GET /health: 503 while the server starts (loading the model unless
+ * --lazy-load), then 200 with the model's state. */
+static enum MHD_Result answer_health(req *r, struct MHD_Connection *c, srv_ctx *ctx) {
+    if (!ctx) return send_json(r, c, 503, json_pack("{s:s}", "status", "loading"));
+    srv_residency rs;
+    srv_sched_residency(ctx->sched, &rs);
+    return send_json(r, c, 200, json_pack("{s:s, s:s}", "status", "ok", "model", srv_model_state_name(rs.state)));
+}
+
+/* POST /v1/models/unload (body optional: {"model": ...}): frees the model
+ * now, or 409 while requests use it. */
+static enum MHD_Result answer_unload(req *r, struct MHD_Connection *c, srv_ctx *ctx, json_t *body) {
+    srv_err e = {0};
+    if (body && srv_check_model(ctx, body, 0, &e)) return send_error(r, c, &e);
+    if (srv_sched_unload(ctx->sched) != SRV_UNLOAD_OK) {
+        srv_fail(&e, 409, NULL, "the model is in use: requests are running or queued (it can be unloaded once "
+                                "they are done)");
+        e.code = "model_in_use";
+        return send_error(r, c, &e);
+    }
+    return send_json(r, c, 200, json_pack("{s:s, s:s, s:s}", "id", ctx->model_id, "object", "model", "status",
+                                          "unloaded"));
+}
+
 /* The body complete: parse it and answer the route. */
 static enum MHD_Result dispatch(req *r, struct MHD_Connection *c, const char *url) {
     srv_ctx *ctx = atomic_load(&r->h->ctx);
     if (r->rt->id == R_WEB) return srv_web_answer(c, url, &r->status);
-    if (r->rt->id == R_HEALTH)
-        return ctx ? send_json(r, c, 200, json_pack("{s:s}", "status", "ok"))
-                   : send_json(r, c, 503, json_pack("{s:s}", "status", "loading"));
+    if (r->rt->id == R_HEALTH) return answer_health(r, c, ctx);
     if (r->rt->id == R_METRICS) return answer_metrics(r, c, ctx);
     if (!ctx) return fail(r, c, 503, NULL, "%s", "the model is still loading");
     if (atomic_load(&r->h->closing)) return fail(r, c, 503, NULL, "%s", "the server is shutting down");
     if (r->rt->id == R_MODELS || r->rt->id == R_MODEL) return answer_models(r, c, ctx, url);
     if (r->too_large) return refuse_too_large(r, c);
+    if (r->rt->id == R_UNLOAD && r->body.len == 0) return answer_unload(r, c, ctx, NULL);
     json_error_t je;
     json_t *body = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &je);
     if (!body) {
@@ -475,7 +540,9 @@ static enum MHD_Result dispatch(req *r, struct MHD_Connection *c, const char *ur
         return fail(r, c, 400, NULL, "%s", "the body must be a JSON object");
     }
     enum MHD_Result rc;
-    if (r->rt->id == R_COUNT_TOKENS) {
+    if (r->rt->id == R_UNLOAD) {
+        rc = answer_unload(r, c, ctx, body);
+    } else if (r->rt->id == R_COUNT_TOKENS) {
         srv_err e = {0};
         json_t *out = srv_count_tokens(ctx, body, &e);
         rc = out ? send_json(r, c, 200, out) : send_error(r, c, &e);

@@ -105,16 +105,36 @@ void srv_job_push(srv_job *j, srv_event *ev) {
     pthread_mutex_unlock(&j->mu);
 }
 
-srv_event *srv_job_pop(srv_job *j, double timeout_s) {
+/* Waits (the job's lock held) until an event is there or timeout_s passed. */
+static void wait_event(srv_job *j, double timeout_s) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     long ns = (long)((timeout_s - (double)(long)timeout_s) * 1e9);
     until.tv_sec += (time_t)timeout_s + (until.tv_nsec + ns) / 1000000000L;
     until.tv_nsec = (until.tv_nsec + ns) % 1000000000L;
-    pthread_mutex_lock(&j->mu);
     while (!j->head) {
         if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
     }
+}
+
+int srv_job_ended(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int ended = j->ended;
+    pthread_mutex_unlock(&j->mu);
+    return ended;
+}
+
+int srv_job_peek(srv_job *j, double timeout_s) {
+    pthread_mutex_lock(&j->mu);
+    wait_event(j, timeout_s);
+    int kind = j->head ? (int)j->head->kind : -1;
+    pthread_mutex_unlock(&j->mu);
+    return kind;
+}
+
+srv_event *srv_job_pop(srv_job *j, double timeout_s) {
+    pthread_mutex_lock(&j->mu);
+    wait_event(j, timeout_s);
     srv_event *ev = j->head;
     if (ev) {
         j->head = ev->next;

@@ -65,6 +65,8 @@ typedef struct srv_event {
     srv_finish finish;       /* DONE */
     int stop_index;          /* DONE with SRV_FINISH_STOP */
     srv_usage usage;         /* DONE */
+    int status;              /* ERROR: the HTTP status it calls for while nothing was answered (0: a generation
+                              * that failed) */
 } srv_event;
 
 void srv_event_free(srv_event *ev);
@@ -126,5 +128,10 @@ void srv_job_push(srv_job *j, srv_event *ev);
 /* HTTP side: the next event, waiting at most timeout_s; NULL on timeout.
  * The caller frees it. */
 srv_event *srv_job_pop(srv_job *j, double timeout_s);
+/* Whether DONE or ERROR was pushed (any thread). */
+int srv_job_ended(srv_job *j);
+/* HTTP side: waits at most timeout_s for an event and returns the first's
+ * kind without taking it; -1 when none came. */
+int srv_job_peek(srv_job *j, double timeout_s);
 
 #endif

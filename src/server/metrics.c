@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,6 +137,27 @@ static void render_cache(sbuf *out, const srv_cache_stats *c) {
     if (c->tiers.disk_budget) render_cache_disk(out, c);
 }
 
+long long srv_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+static void render_model(sbuf *out, const srv_residency *r) {
+    gauge(out, "tern_model_loaded", "1 while the model is loaded (--lazy-load, --idle-unload).",
+          r->state == SRV_MODEL_LOADED);
+    gauge(out, "tern_model_loading", "1 while the model is being loaded.", r->state == SRV_MODEL_LOADING);
+    counter(out, "tern_model_loads_total", "Loads of the model that succeeded.", r->loads);
+    counter(out, "tern_model_load_failures_total", "Loads of the model that failed.", r->load_failures);
+    counter(out, "tern_model_unloads_total", "Times the model was freed (idle, or POST /v1/models/unload).",
+            r->unloads);
+    gauge(out, "tern_model_load_seconds", "The last load's duration.", r->last_load_s);
+}
+
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
     pthread_mutex_lock(&m->mu);
     sbuf_puts(out, "# HELP tern_requests_total HTTP requests answered, by endpoint and status.\n"
@@ -156,6 +178,9 @@ void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
     gauge(out, "tern_queue_depth", "Requests waiting for the engine.", g->queued);
     gauge(out, "tern_requests_generating", "Requests the engine is running.", g->generating);
     gauge(out, "tern_requests_in_flight", "HTTP requests being handled.", g->in_flight);
+    gauge_u(out, "process_resident_memory_bytes", "Resident memory size in bytes.",
+            (unsigned long long)srv_rss_bytes());
+    if (g->model) render_model(out, g->model);
     if (g->cache) render_cache(out, g->cache);
     if (g->experts && g->experts->streaming) {
         const tern_stream_stats *s = g->experts;

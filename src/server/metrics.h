@@ -20,7 +20,11 @@ typedef struct srv_gauges {
     int queued, generating, in_flight;
     const tern_stream_stats *experts;   /* NULL: not loaded */
     const srv_cache_stats *cache;       /* NULL: not loaded */
+    const srv_residency *model;         /* NULL: the server is starting */
 } srv_gauges;
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out);
+
+/* The process's resident memory (VmRSS) in bytes; 0 where unknown. */
+long long srv_rss_bytes(void);
 
 #endif

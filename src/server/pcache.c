@@ -375,31 +375,45 @@ static int to_ram(pcache *c, pc_node *nd) {
 }
 
 /* A device-memory victim, moved down (dropped when it cannot be): to RAM,
- * or, when the RAM tier could not hold it and nothing in memory continues
- * its rows, straight to disk. */
-static int trim_vram_one(pcache *c) {
+ * or, when a RAM tier of ram_budget could not hold it and nothing in
+ * memory continues its rows, straight to disk. */
+static int trim_vram_one(pcache *c, size_t ram_budget) {
     pc_node *v = victim(c, PC_VRAM);
     if (!v) return -1;
     inflate(c, v);
-    int past_ram = v->bytes > c->st.budget && !v->mem_holders;
+    int past_ram = v->bytes > ram_budget && !v->mem_holders;
     if (past_ram ? spill(c, v) : to_ram(c, v)) drop(c, v, 1);
     return 0;
 }
 
-void pcache_trim(pcache *c) {
-    while (c->st.vram_bytes > c->st.vram_budget && trim_vram_one(c) == 0) {
+/* Evicts until the tiers in memory hold at most these bytes. */
+static void trim_to(pcache *c, size_t vram_budget, size_t ram_budget) {
+    while (c->st.vram_bytes > vram_budget && trim_vram_one(c, ram_budget) == 0) {
     }
-    while (c->st.bytes > c->st.budget) {
+    while (c->st.bytes > ram_budget) {
         pc_node *v = victim(c, PC_RAM);
         if (!v) {
             /* every checkpoint in RAM is held by one in device memory,
              * which must come down (and be evicted) first */
-            if (trim_vram_one(c)) break;
+            if (trim_vram_one(c, ram_budget)) break;
             continue;
         }
         inflate(c, v);
         if (spill(c, v)) drop(c, v, 1);
     }
+}
+
+void pcache_trim(pcache *c) { trim_to(c, c->st.vram_budget, c->st.budget); }
+
+void pcache_evict_memory(pcache *c) { trim_to(c, 0, 0); }
+
+int pcache_rebind(pcache *c, const tern_model *m, tern_error *err) {
+    if (!c->disk) return 0;
+    int same = m ? pcdisk_matches(c->disk, m, err) : 1;
+    if (same < 0) return -1;
+    /* files another model (or build) wrote: nothing could read them */
+    for (pc_node *nd; !same && (nd = c->list);) drop(c, nd, 0);
+    return pcdisk_rebind(c->disk, m, err);
 }
 
 static int tier_of(const tern_snapshot *snap) { return tern_snapshot_on_host(snap) ? PC_RAM : PC_VRAM; }

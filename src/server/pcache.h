@@ -91,6 +91,16 @@ int pcache_load(pcache *c, pc_node *nd, tern_error *err);
  * included). */
 void pcache_trim(pcache *c);
 
+/* Empties the device and RAM tiers: each checkpoint in memory is written
+ * to the disk tier (within its budget, by the same eviction rule) or
+ * dropped. For freeing the model; the tree and the files stay. */
+void pcache_evict_memory(pcache *c);
+/* The disk tier's files are read for model m from now (a load of the
+ * model after pcache_evict_memory); m NULL: for none until the next call.
+ * When m's identity differs from the one the files were written for, they
+ * are dropped. 0, or -1 with err. */
+int pcache_rebind(pcache *c, const tern_model *m, tern_error *err);
+
 /* The checkpoint's snapshot (in device or host memory); NULL while it is
  * on disk. */
 const tern_snapshot *pc_node_snapshot(const pc_node *nd);

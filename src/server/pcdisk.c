@@ -58,6 +58,23 @@ pcdisk *pcdisk_open(const char *dir, const tern_model *m, tern_error *err) {
     return d;
 }
 
+int pcdisk_matches(const pcdisk *d, const tern_model *m, tern_error *err) {
+    char id[65];
+    if (tern_model_identity(m, id, err)) return -1;
+    return strcmp(id, d->id) == 0;
+}
+
+int pcdisk_rebind(pcdisk *d, const tern_model *m, tern_error *err) {
+    d->m = m;
+    if (!m) return 0;
+    char id[65];
+    if (tern_model_identity(m, id, err)) return -1;
+    if (strcmp(id, d->id) == 0) return 0;
+    memcpy(d->id, id, sizeof id);
+    remove_stale(d);
+    return 0;
+}
+
 void pcdisk_close(pcdisk *d) {
     if (!d) return;
     free(d->dir);

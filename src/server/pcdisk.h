@@ -24,6 +24,13 @@ int pcdisk_check_dir(const char *dir, tern_error *err);
 /* The tier in dir for model m (its stale files deleted). NULL with err. */
 pcdisk *pcdisk_open(const char *dir, const tern_model *m, tern_error *err);
 void pcdisk_close(pcdisk *d);
+/* 1 when model m has the identity the tier's files are named for, 0 when
+ * not, -1 with err. */
+int pcdisk_matches(const pcdisk *d, const tern_model *m, tern_error *err);
+/* The files are read for model m from now (NULL: none until the next
+ * call); under m's identity, whose stale files are deleted when it
+ * differs. 0, or -1 with err. */
+int pcdisk_rebind(pcdisk *d, const tern_model *m, tern_error *err);
 
 /* A checkpoint's file: hash names its token path, serial the checkpoint. */
 typedef struct pcdisk_key {

@@ -5,47 +5,8 @@
 #include <string.h>
 
 #include "server/pcache.h"
+#include "server/sched_int.h"
 #include "util/clock.h"
-
-/* One kept session. toks[0..n_toks) are the ids its state holds when live. */
-typedef struct slot {
-    tern_session *s;
-    int32_t *toks;
-    int n_toks, cap;
-    int live;                    /* the session's state is toks[0..n_toks) */
-    uint64_t used;               /* last use, for LRU */
-    /* the checkpoint (pc_node_serial) whose KV rows the session holds as
-     * they are: restored from it or taken from it; 0: none */
-    uint64_t ckpt;
-    int busy;                    /* a running job holds it */
-} slot;
-
-struct srv_sched {
-    tern_model *m;
-    tern_tokenizer *tok;
-    srv_sched_params p;
-    srv_done_fn on_done;
-    void *ud;
-    slot *slots;
-    uint64_t clock;
-    pcache *cache;               /* NULL: off */
-    srv_cache_stats cs;          /* the counters (under mu) */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;           /* work arrived / the thread went idle */
-    srv_job *qhead, *qtail;
-    int n_queued;
-    /* the running jobs, at most max_seqs (the list under mu); each its own
-     * allocation, since its parser and generation point at it */
-    struct active **act;
-    int n_act, max_seqs;
-    float *logits;               /* a step's rows, max_seqs x vocab */
-    struct active *pre;          /* the job being prefilled in steps (one at a time, so a job admitted
-                                  * after it finds its checkpoints); NULL: none */
-    int chunk;                   /* its prompt tokens a step while others generate */
-    int closed;                  /* no new jobs */
-    int quit;                    /* the thread ends once the queue is empty */
-};
 
 static srv_event *event_new(srv_ev_kind kind) {
     srv_event *ev = calloc(1, sizeof *ev);
@@ -591,13 +552,18 @@ static void step_all(srv_sched *s) {
 
 /* Admits queued jobs while a place is free and no job is being prefilled,
  * then runs: one job whole when the model steps sessions one at a time,
- * else one step of them all. */
+ * else one step of them all. Jobs that find no model loaded wait for it. */
 static void *sched_main(void *arg) {
     srv_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->qhead && !s->n_act && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->qhead && !s->n_act) break;
+        if (sched_wait_work(s)) break;
+        if (s->rs.state != SRV_MODEL_LOADED) {   /* (then nothing runs: the model is freed only when idle) */
+            pthread_mutex_unlock(&s->mu);
+            sched_load_for_queue(s);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
         while (s->qhead && s->n_act < s->max_seqs && !s->pre) {
             srv_job *j = dequeue(s);
             active *a = calloc(1, sizeof *a);
@@ -634,47 +600,25 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         if (s->n_act && s->max_seqs == 1) run_one(s, 0);
         else if (s->n_act) step_all(s);
+        s->idle_since = tern_now_s();
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
-/* The prefix cache, with its disk tier when one is asked for. */
-static int cache_create(srv_sched *s, const tern_model *m, const srv_sched_params *p, tern_error *err) {
-    if (!(s->cache = pcache_create(p->cache_vram_bytes, p->cache_ram_bytes))) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return -1;
-    }
-    if (!p->cache_disk) return 0;
-    pcdisk *d = pcdisk_open(p->cache_disk, m, err);
-    if (!d) {
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
-        snprintf(err->msg, sizeof err->msg, "--cache-disk: %.400s", why);
-        pcache_destroy(s->cache);
-        s->cache = NULL;
-        return -1;
-    }
-    pcache_attach_disk(s->cache, d, p->cache_disk_bytes);
-    return 0;
-}
-
 /* What create made, before the thread starts or after it ended. */
 static void sched_free(srv_sched *s) {
-    for (int i = 0; s->slots && i < s->p.n_slots; i++) {
-        tern_session_destroy(s->slots[i].s);
-        free(s->slots[i].toks);
-    }
+    sched_free_resident(s);   /* (the slots' sessions and ids too) */
     free(s->slots);
     free(s->act);
-    free(s->logits);
-    pcache_destroy(s->cache);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
     free(s);
 }
 
-srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
-                            srv_done_fn on_done, void *ud, tern_error *err) {
+srv_sched *srv_sched_create(tern_tokenizer *tok, const srv_sched_params *p, srv_done_fn on_done, void *ud,
+                            tern_error *err) {
     if (p->n_slots < 1) {
         snprintf(err->msg, sizeof err->msg, "n_slots must be at least 1");
         return NULL;
@@ -684,42 +628,33 @@ srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return NULL;
     }
-    *s = (srv_sched){.m = m, .tok = tok, .p = *p, .on_done = on_done, .ud = ud};
-    /* sessions step together where the engine runs them in one pass */
-    s->max_seqs = tern_model_batches(m) ? p->max_seqs : 1;
-    if (s->max_seqs < 1) s->max_seqs = 1;
-    if (s->max_seqs > p->n_slots) s->max_seqs = p->n_slots;
-    if (s->max_seqs > SRV_MAX_SEQS) s->max_seqs = SRV_MAX_SEQS;
+    *s = (srv_sched){.tok = tok, .p = *p, .on_done = on_done, .ud = ud};
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    /* sessions step together where the engine runs them in one pass (the
+     * model says at its load): at most this many */
+    s->cap_seqs = p->max_seqs < 1 ? 1 : p->max_seqs;
+    if (s->cap_seqs > p->n_slots) s->cap_seqs = p->n_slots;
+    if (s->cap_seqs > SRV_MAX_SEQS) s->cap_seqs = SRV_MAX_SEQS;
+    s->max_seqs = s->cap_seqs;
     s->chunk = p->prefill_chunk > 0 ? p->prefill_chunk : SRV_PREFILL_CHUNK;
     s->slots = calloc((size_t)p->n_slots, sizeof *s->slots);
-    s->act = calloc((size_t)s->max_seqs, sizeof *s->act);
-    s->logits = malloc((size_t)s->max_seqs * (size_t)tern_model_vocab_size(m) * sizeof *s->logits);
-    if (!s->slots || !s->act || !s->logits) {
+    s->act = calloc((size_t)s->cap_seqs, sizeof *s->act);
+    if (!s->slots || !s->act) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         sched_free(s);
         return NULL;
     }
-    s->cs.enabled = p->cache_ram_bytes > 0 || p->cache_vram_bytes > 0;
-    if (s->cs.enabled && cache_create(s, m, p, err)) {
+    if (!p->lazy && sched_load(s, err)) {
         sched_free(s);
         return NULL;
     }
-    /* every slot's session now, so no request waits for one (a GPU session
-     * allocates its buffers), and a budget too small fails at start */
-    for (int i = 0; i < p->n_slots; i++) {
-        if ((s->slots[i].s = tern_session_create(m, &p->session, err))) continue;
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
-        snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, p->n_slots, why);
-        sched_free(s);
-        return NULL;
-    }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         snprintf(err->msg, sizeof err->msg, "could not start the scheduler thread");
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
         sched_free(s);
         return NULL;
     }
@@ -733,8 +668,6 @@ void srv_sched_destroy(srv_sched *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
     sched_free(s);
 }
 
@@ -771,16 +704,36 @@ static int unqueue(srv_sched *s, srv_job *j) {
     return 1;
 }
 
+int sched_in_use(srv_sched *s) {
+    if (s->qhead || s->rs.state == SRV_MODEL_LOADING) return 1;
+    for (int i = 0; i < s->n_act; i++)
+        if (!srv_job_ended(s->act[i]->j)) return 1;
+    return 0;
+}
+
+srv_job *sched_take_queue(srv_sched *s) {
+    srv_job *list = s->qhead;
+    for (srv_job *j = list; j; j = j->qnext) j->queued = 0;
+    s->qhead = s->qtail = NULL;
+    s->n_queued = 0;
+    pthread_cond_broadcast(&s->cv);
+    return list;
+}
+
+/* A job that left the queue before it ran: its end. */
+static void cancel_queued(srv_job *j) {
+    srv_usage u = {.prompt_tokens = j->n_prompt};
+    push_done(j, SRV_FINISH_CANCEL, -1, &u);
+    srv_job_release(j);   /* the queue's reference */
+}
+
 void srv_sched_cancel(srv_sched *s, srv_job *j) {
     atomic_store(&j->cancel, 1);
     pthread_mutex_lock(&s->mu);
     int was_queued = unqueue(s, j);
     if (was_queued) pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    if (!was_queued) return;
-    srv_usage u = {.prompt_tokens = j->n_prompt};
-    push_done(j, SRV_FINISH_CANCEL, -1, &u);
-    srv_job_release(j);   /* the queue's reference */
+    if (was_queued) cancel_queued(j);
 }
 
 void srv_sched_drain(srv_sched *s) {
@@ -793,9 +746,14 @@ void srv_sched_drain(srv_sched *s) {
 void srv_sched_cancel_all(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
-    for (srv_job *j = s->qhead; j; j = j->qnext) atomic_store(&j->cancel, 1);
+    srv_job *queued = sched_take_queue(s);
     for (int i = 0; i < s->n_act; i++) atomic_store(&s->act[i]->j->cancel, 1);
     pthread_mutex_unlock(&s->mu);
+    for (srv_job *j = queued, *next; j; j = next) {
+        next = j->qnext;
+        atomic_store(&j->cancel, 1);
+        cancel_queued(j);
+    }
 }
 
 void srv_sched_load(srv_sched *s, int *queued, int *running) {
@@ -808,6 +766,7 @@ void srv_sched_load(srv_sched *s, int *queued, int *running) {
 void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out) {
     pthread_mutex_lock(&s->mu);
     *out = s->cs;
+    pcache *c = s->cache;
     pthread_mutex_unlock(&s->mu);
-    if (s->cache) pcache_stats_get(s->cache, &out->tiers);
+    if (c) pcache_stats_get(c, &out->tiers);
 }

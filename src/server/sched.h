@@ -25,7 +25,16 @@
  * is admitted once the one before it is prefilled (so it finds the
  * checkpoints of a prefix they share) and leaves when its generation ends.
  * Otherwise (the GPU, whose draw stays on the device) one job runs whole at
- * a time. */
+ * a time.
+ *
+ * Residency (resident.c): the thread also owns the model. It loads it
+ * through the caller's srv_load_fn when a job is queued and the model is
+ * not loaded (once however many jobs wait; a failure answers the waiting
+ * jobs and the next job tries again), and frees it, with the slots'
+ * sessions and the prefix cache's device and RAM tiers (moved to the disk
+ * tier where there is one), when it is asked to and no job is queued or
+ * running, or after idle_unload_s without a job. So no other thread ever
+ * holds a session or the model. */
 #ifndef TERN_SERVER_SCHED_H
 #define TERN_SERVER_SCHED_H
 
@@ -41,6 +50,17 @@ typedef struct srv_sched srv_sched;
  * (srv_sched_params.prefill_chunk 0). */
 #define SRV_PREFILL_CHUNK 512
 
+/* What a load gives the scheduler: the model and the prefix cache's budgets
+ * for it (host RAM, device memory; both 0: no cache). The budgets of the
+ * first load that succeeds size the cache for good. */
+typedef struct srv_loaded {
+    tern_model *m;
+    size_t cache_ram_bytes, cache_vram_bytes;
+} srv_loaded;
+/* Loads the model (on the scheduler's thread, or in srv_sched_create
+ * unless lazy); 0, or -1 with err. */
+typedef int (*srv_load_fn)(void *ud, srv_loaded *out, tern_error *err);
+
 typedef struct srv_sched_params {
     int n_slots;                 /* sessions kept (>= 1) */
     int max_seqs;                /* jobs running together, each a step at a time, where the engine evaluates
@@ -48,18 +68,21 @@ typedef struct srv_sched_params {
     int queue_limit;             /* jobs waiting beyond the running one (>= 0) */
     int prefill_chunk;           /* a prompt's tokens a step while other jobs generate; 0: SRV_PREFILL_CHUNK */
     tern_session_params session;
-    size_t cache_ram_bytes;      /* the prefix cache's budgets: host RAM, device memory (both 0: */
-    size_t cache_vram_bytes;     /* no cache) */
     int checkpoint_interval;     /* prompt tokens between checkpoints in a long prefill; 0: none */
     const char *cache_disk;      /* the cache's disk tier, a directory; NULL: none */
     size_t cache_disk_bytes;     /* its budget */
+    srv_load_fn load;            /* the model's loader and its argument */
+    void *load_ud;
+    int lazy;                    /* create does not load: the first job does */
+    double idle_unload_s;        /* > 0: the model is freed after this long without a job */
 } srv_sched_params;
 
 /* Observer of finished generations (metrics); may be NULL. */
 typedef void (*srv_done_fn)(void *ud, const srv_usage *u, double ttft_s);
 
-srv_sched *srv_sched_create(tern_model *m, tern_tokenizer *tok, const srv_sched_params *p,
-                            srv_done_fn on_done, void *ud, tern_error *err);
+/* Loads the model first unless p->lazy (a failure is create's). */
+srv_sched *srv_sched_create(tern_tokenizer *tok, const srv_sched_params *p, srv_done_fn on_done, void *ud,
+                            tern_error *err);
 /* Drains (every queued job still runs), then stops the thread and frees. */
 void srv_sched_destroy(srv_sched *s);
 
@@ -72,7 +95,8 @@ int srv_sched_submit(srv_sched *s, srv_job *j);
 void srv_sched_cancel(srv_sched *s, srv_job *j);
 /* Refuses new jobs from now on and waits until none is queued or running. */
 void srv_sched_drain(srv_sched *s);
-/* Cancels every queued and running job (a second stop signal). */
+/* Cancels every queued job (each leaves the queue at once) and running job
+ * (a second stop signal). */
 void srv_sched_cancel_all(srv_sched *s);
 
 void srv_sched_load(srv_sched *s, int *queued, int *running);
@@ -87,5 +111,25 @@ typedef struct srv_cache_stats {
 } srv_cache_stats;
 /* Any thread. */
 void srv_sched_cache_stats(srv_sched *s, srv_cache_stats *out);
+
+typedef enum srv_model_state { SRV_MODEL_UNLOADED, SRV_MODEL_LOADING, SRV_MODEL_LOADED } srv_model_state;
+typedef struct srv_residency {
+    srv_model_state state;
+    unsigned long long loads, load_failures, unloads;
+    double last_load_s;              /* the last successful load's duration */
+} srv_residency;
+/* Any thread. */
+void srv_sched_residency(srv_sched *s, srv_residency *out);
+/* "unloaded", "loading" or "loaded". */
+const char *srv_model_state_name(srv_model_state st);
+/* The model's expert-streaming statistics; -1 (out zeroed) while it is not
+ * loaded. Any thread. */
+int srv_sched_stream_stats(srv_sched *s, tern_stream_stats *out);
+
+enum { SRV_UNLOAD_OK = 0, SRV_UNLOAD_BUSY = -1 };
+/* Frees the model now, as an idle unload does, and returns once it is
+ * freed (OK, also when it was not loaded); BUSY when a job is queued or
+ * running (then nothing changes). Any thread. */
+int srv_sched_unload(srv_sched *s);
 
 #endif

@@ -15,7 +15,8 @@
 #include "server/metrics.h"
 
 /* Signals are taken by one thread (sigwait): the first asks for a drain,
- * a second cancels what is still running; during the load one exits. */
+ * a second cancels what is still running; during the load at start one
+ * exits, and so does a second during a later load. */
 typedef struct sigstate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -38,6 +39,12 @@ static void *signal_main(void *arg) {
         }
         if (n == 1) fprintf(stderr, "tern serve: %s: finishing the requests in flight (again to cancel them)\n",
                             sig == SIGINT ? "interrupt" : "terminate");
+        srv_residency rs = {0};
+        if (n >= 2 && ss->sched) srv_sched_residency(ss->sched, &rs);
+        if (n >= 2 && rs.state == SRV_MODEL_LOADING) {
+            fprintf(stderr, "tern serve: stopped while loading\n");
+            _exit(1);
+        }
         if (n >= 2 && ss->sched) {
             fprintf(stderr, "tern serve: cancelling the requests in flight\n");
             srv_sched_cancel_all(ss->sched);
@@ -88,13 +95,83 @@ static size_t default_cache_bytes(void) {
 
 /* The prefix cache's budgets, or -1 when --cache-vram is given for a model
  * that does not run on a GPU. */
-static int cache_budgets(const srv_params *p, const tern_model *m, srv_sched_params *sp, tern_error *err) {
+static int cache_budgets(const srv_params *p, const tern_model *m, srv_loaded *ld, tern_error *err) {
     int gpu = strcmp(tern_model_device(m), "cpu") != 0;
     if (p->cache_vram >= 0 && !gpu)
         return tern_fail(err, "--cache-vram applies to a model on a GPU; this one runs on the CPU (--cache-ram)");
-    sp->cache_ram_bytes = p->cache_ram < 0 ? default_cache_bytes() : (size_t)p->cache_ram;
-    sp->cache_vram_bytes = !gpu ? 0 : p->cache_vram < 0 ? (size_t)4 << 30 : (size_t)p->cache_vram;
+    ld->cache_ram_bytes = p->cache_ram < 0 ? default_cache_bytes() : (size_t)p->cache_ram;
+    ld->cache_vram_bytes = !gpu ? 0 : p->cache_vram < 0 ? (size_t)4 << 30 : (size_t)p->cache_vram;
     return 0;
+}
+
+/* The scheduler's loader (srv_load_fn), with what the loads found. */
+typedef struct loader {
+    const srv_params *p;
+    int n_ctx;                   /* the sessions' context; 0: the model's, known once it is loaded */
+    int tok_vocab;               /* the tokenizer's ids */
+    /* the model's vocabulary and end-of-sequence ids (from config.json with
+     * --lazy-load, else from the first load) */
+    int vocab, n_eos;
+    int32_t eos[TERN_SAMPLER_MAX_EOS];
+    char device[160], rope[192];
+    size_t cache_ram, cache_vram;
+} loader;
+
+/* What the first load tells of the model: its vocabulary and its
+ * end-of-sequence ids among the tokenizer's. */
+static void note_vocab(loader *L, const tern_model *m) {
+    if (L->vocab) return;
+    L->vocab = tern_model_vocab_size(m);
+    for (int32_t id = 0; id < L->tok_vocab && L->n_eos < TERN_SAMPLER_MAX_EOS; id++)
+        if (tern_model_is_eos(m, id)) L->eos[L->n_eos++] = id;
+}
+
+static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
+    loader *L = ud;
+    tern_model *m = load_model(L->p, err);
+    if (!m) return -1;
+    int n_ctx = L->n_ctx > 0 ? L->n_ctx : tern_model_max_context(m);
+    char why[sizeof err->msg];
+    if (tern_model_check_context(m, n_ctx, err) != 0) {
+        snprintf(why, sizeof why, "%s", err->msg);
+        snprintf(err->msg, sizeof err->msg, "--ctx: %.480s", why);
+    } else if (cache_budgets(L->p, m, out, err) == 0) {
+        L->n_ctx = n_ctx;
+        note_vocab(L, m);
+        snprintf(L->device, sizeof L->device, "%s", tern_model_device(m));
+        tern_model_rope_describe(m, L->rope, sizeof L->rope);
+        L->cache_ram = out->cache_ram_bytes;
+        L->cache_vram = out->cache_vram_bytes;
+        out->m = m;
+        return 0;
+    }
+    tern_model_free(m);
+    return -1;
+}
+
+/* Without the model (--lazy-load): its context, vocabulary and
+ * end-of-sequence ids from its directory, for the requests' limits and
+ * structured output. */
+static int probe_model(loader *L, tern_error *err) {
+    tern_model_dir_info info;
+    if (tern_model_dir_probe(L->p->model_dir, &L->p->load, L->n_ctx, &info, err)) return -1;
+    if (L->n_ctx <= 0) L->n_ctx = info.max_context;
+    L->vocab = info.vocab_size;
+    for (int i = 0; i < info.n_eos; i++)
+        if (info.eos[i] >= 0 && info.eos[i] < L->tok_vocab) L->eos[L->n_eos++] = info.eos[i];
+    return 0;
+}
+
+/* The prefix cache's budgets, for the log. */
+static void describe_cache(const loader *L, const srv_sched_params *sp, char *cache, size_t cap) {
+    snprintf(cache, cap, "off");
+    if (!L->cache_ram && !L->cache_vram) return;
+    cache[0] = 0;
+    if (L->cache_vram) snprintf(cache, cap, "%.0f MiB in device memory + ", (double)L->cache_vram / (1 << 20));
+    snprintf(cache + strlen(cache), cap - strlen(cache), "%.0f MiB in RAM", (double)L->cache_ram / (1 << 20));
+    if (sp->cache_disk)
+        snprintf(cache + strlen(cache), cap - strlen(cache), " + %.0f MiB on disk",
+                 (double)sp->cache_disk_bytes / (1 << 20));
 }
 
 /* The vocabulary structured output compiles against, its end-of-sequence
@@ -102,13 +179,12 @@ static int cache_budgets(const srv_params *p, const tern_model *m, srv_sched_par
  * model's), and the tables of the rules most requests share (JSON
  * values, reasoning, raw tool arguments) computed before the first
  * request needs them. */
-static int grammar_vocab(srv_ctx *c, tern_error *err) {
+static int grammar_vocab(srv_ctx *c, const loader *L, tern_error *err) {
     int32_t eos[TERN_SAMPLER_MAX_EOS];
     int n = 0;
     for (int i = 0; i < c->sampling.n_eos; i++) eos[n++] = c->sampling.eos_ids[i];
-    for (int32_t id = 0; !c->sampling.n_eos && id < tern_tokenizer_vocab_size(c->tok) && n < TERN_SAMPLER_MAX_EOS; id++)
-        if (tern_model_is_eos(c->m, id)) eos[n++] = id;
-    if (!(c->gvocab = tern_grammar_vocab_create(c->tok, tern_model_vocab_size(c->m), eos, n, err))) return -1;
+    for (int i = 0; !c->sampling.n_eos && i < L->n_eos; i++) eos[n++] = L->eos[i];
+    if (!(c->gvocab = tern_grammar_vocab_create(c->tok, L->vocab, eos, n, err))) return -1;
     static const char warm_tools[] =
         "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
         "{\"s\":{\"type\":\"string\"},\"a\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}}}}}]";
@@ -141,27 +217,27 @@ int srv_run(const srv_params *p) {
         srv_metrics_destroy(metrics);
         return 1;
     }
-    fprintf(stderr, "tern serve: listening on http://%s:%d (loading the model)\n", p->host, srv_http_port(http));
+    fprintf(stderr, "tern serve: listening on http://%s:%d%s\n", p->host, srv_http_port(http),
+            p->lazy_load ? "" : " (loading the model)");
 
     srv_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     pthread_mutex_init(&ctx.tok_mu, NULL);
     char idbuf[4096];
     int rc = 1;
-    ctx.m = load_model(p, &err);
+    loader L = {.p = p, .n_ctx = p->session.max_context};
     const char *tok_dir = p->tokenizer_dir ? p->tokenizer_dir : p->model_dir;
-    if (ctx.m) ctx.tok = tern_tokenizer_load(tok_dir, &err);
-    if (!ctx.m || !ctx.tok) {
+    if (!(ctx.tok = tern_tokenizer_load(tok_dir, &err))) {
         fprintf(stderr, "tern serve: %s\n", err.msg);
+        goto done;
+    }
+    L.tok_vocab = tern_tokenizer_vocab_size(ctx.tok);
+    if (p->lazy_load && probe_model(&L, &err)) {
+        fprintf(stderr, "tern serve: %s%s\n", p->session.max_context > 0 ? "--ctx: " : "", err.msg);
         goto done;
     }
     ctx.model_id = default_model_id(p, idbuf, sizeof idbuf);
     ctx.strict_model = p->strict_model;
-    ctx.n_ctx = p->session.max_context > 0 ? p->session.max_context : tern_model_max_context(ctx.m);
-    if (tern_model_check_context(ctx.m, ctx.n_ctx, &err) != 0) {
-        fprintf(stderr, "tern serve: --ctx: %s\n", err.msg);
-        goto done;
-    }
     ctx.think = p->think;
     ctx.preserve_thinking = p->preserve_thinking;
     ctx.sampling = p->sampling;
@@ -171,21 +247,20 @@ int srv_run(const srv_params *p) {
     srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
                            .prefill_chunk = p->prefill_chunk,
                            .session = p->session,
-                           .checkpoint_interval = p->checkpoint_interval};
-    sp.session.max_context = ctx.n_ctx;
+                           .checkpoint_interval = p->checkpoint_interval,
+                           .load = load_cb, .load_ud = &L, .lazy = p->lazy_load,
+                           .idle_unload_s = p->idle_unload_s};
+    sp.session.max_context = L.n_ctx;
     sp.cache_disk = p->cache_disk;
     sp.cache_disk_bytes = p->cache_disk_size < 0 ? (size_t)16 << 30 : (size_t)p->cache_disk_size;
-    if (cache_budgets(p, ctx.m, &sp, &err)) {
-        fprintf(stderr, "tern serve: %s\n", err.msg);
-        goto done;
-    }
-    if (grammar_vocab(&ctx, &err)) {
-        fprintf(stderr, "tern serve: %s\n", err.msg);
-        goto done;
-    }
     if (!(ctx.responses = srv_store_create(p->responses_store)) ||
-        !(ctx.sched = srv_sched_create(ctx.m, ctx.tok, &sp, on_generation, metrics, &err))) {
+        !(ctx.sched = srv_sched_create(ctx.tok, &sp, on_generation, metrics, &err))) {
         fprintf(stderr, "tern serve: %s\n", ctx.responses ? err.msg : "out of memory");
+        goto done;
+    }
+    ctx.n_ctx = L.n_ctx;   /* (the loader's, since create loaded the model unless lazy) */
+    if (grammar_vocab(&ctx, &L, &err)) {
+        fprintf(stderr, "tern serve: %s\n", err.msg);
         goto done;
     }
     pthread_mutex_lock(&ss.mu);
@@ -193,23 +268,20 @@ int srv_run(const srv_params *p) {
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    char cache[96] = "off";
-    if (sp.cache_ram_bytes || sp.cache_vram_bytes) {
-        cache[0] = 0;
-        if (sp.cache_vram_bytes)
-            snprintf(cache, sizeof cache, "%.0f MiB in device memory + ", (double)sp.cache_vram_bytes / (1 << 20));
-        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), "%.0f MiB in RAM",
-                 (double)sp.cache_ram_bytes / (1 << 20));
+    char idle[64] = "";
+    if (p->idle_unload_s > 0) snprintf(idle, sizeof idle, ", unloaded after %g s idle", p->idle_unload_s);
+    if (p->lazy_load) {
+        fprintf(stderr, "tern serve: ready: model '%s' not loaded yet (the first request loads it%s), context %d, "
+                        "%d slots, queue %d%s\n",
+                ctx.model_id, idle, ctx.n_ctx, p->slots, p->queue_limit, p->api_key ? ", API key required" : "");
+    } else {
+        char cache[128];
+        describe_cache(&L, &sp, cache, sizeof cache);
+        fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, "
+                        "prefix cache %s%s%s\n",
+                ctx.model_id, L.device, ctx.n_ctx, L.rope, p->slots, p->queue_limit, cache, idle,
+                p->api_key ? ", API key required" : "");
     }
-    if ((sp.cache_ram_bytes || sp.cache_vram_bytes) && sp.cache_disk)
-        snprintf(cache + strlen(cache), sizeof cache - strlen(cache), " + %.0f MiB on disk",
-                 (double)sp.cache_disk_bytes / (1 << 20));
-    char rope[192];
-    tern_model_rope_describe(ctx.m, rope, sizeof rope);
-    fprintf(stderr, "tern serve: ready: model '%s' on %s, context %d (rope scaling %s), %d slots, queue %d, prefix cache "
-                    "%s%s\n",
-            ctx.model_id, tern_model_device(ctx.m), ctx.n_ctx, rope, p->slots, p->queue_limit, cache,
-            p->api_key ? ", API key required" : "");
     if (p->webui) {
         int v6 = strchr(p->host, ':') != NULL;
         fprintf(stderr, "tern serve: chat page on http://%s%s%s:%d/\n", v6 ? "[" : "", p->host, v6 ? "]" : "",
@@ -232,7 +304,6 @@ done:
     srv_store_destroy(ctx.responses);
     tern_grammar_vocab_destroy(ctx.gvocab);
     tern_tokenizer_free(ctx.tok);
-    tern_model_free(ctx.m);
     srv_metrics_destroy(metrics);
     pthread_mutex_destroy(&ctx.tok_mu);
     if (rc == 0) fprintf(stderr, "tern serve: stopped\n");

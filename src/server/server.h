@@ -1,7 +1,8 @@
 /* tern serve: an OpenAI- and Anthropic-compatible HTTP server over the
  * public API (tern.h). The CLI fills the parameters; srv_run loads the
- * model (GET /health answers 503 meanwhile), serves until SIGINT or
- * SIGTERM, drains the requests in flight and returns the exit status. */
+ * model (GET /health answers 503 meanwhile; with lazy_load the first
+ * request loads it), serves until SIGINT or SIGTERM, drains the requests
+ * in flight and returns the exit status. */
 #ifndef TERN_SERVER_SERVER_H
 #define TERN_SERVER_SERVER_H
 
@@ -27,6 +28,8 @@ typedef struct srv_params {
     tern_load_params load;
     tern_session_params session;
     const char *model_id;        /* served name; NULL: the model directory's name */
+    int lazy_load;               /* listen at once; the first request loads the model (a model directory) */
+    double idle_unload_s;        /* > 0: the model is freed after this long without a request */
     int strict_model;
     /* generation */
     tern_sampler_params sampling;   /* defaults for requests that do not say */

@@ -117,7 +117,7 @@ def test_api_key_sdk(keyed):
 def test_health_needs_no_key(keyed):
     r = keyed.get("/health")
     assert r.status == 200, f"GET /health with --api-key and no key: {r}"
-    assert r.json() == {"status": "ok"}
+    assert r.json() == {"status": "ok", "model": "loaded"}
 
 
 # ---- body limits -------------------------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _held_connection(s):
     try:
         h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         got = b""
-        while not got.endswith(b'{"status":"ok"}'):
+        while not got.endswith(b'{"status":"ok","model":"loaded"}'):
             chunk = h.recv(4096)
             if not chunk:
                 h.close()
