@@ -24,7 +24,6 @@ struct tern_model {
     tern_weights w;
     tern_pool *pool;
     float *inv_freq;          /* [rope_dim / 2] RoPE frequencies (model/rope.h) */
-    float rope_scale;         /* cos and sin times this: YaRN's attention factor, else 1 */
     int fast;                 /* SIMD kernels for decode-sized products */
     int isa;                  /* tern_isa chosen at load */
     /* packed models */

@@ -110,17 +110,18 @@ static void store_row(const tern_kv_format *f, const float *x, uint8_t *dst) {
 static void attn_seg(tern_model *m, const tern_attn_w *w, float *qg, float *k, float *v, const seg *q, float *o) {
     const tern_config *c = &m->cfg;
     int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, row = nkv * hd;
+    float scale = (float)c->rope.attn_factor;
     for (int t = q->t0; t < q->t0 + q->n; t++) {
         int pos = q->pos0 + t - q->t0;
         for (int h = 0; h < nh; h++) {
             float *qh = qg + q_at(t, h, nh, hd);
             tern_rmsnorm_1p(qh, qh, w->q_norm, hd, c->norm_eps);
-            tern_rope(qh, c->rope_dim, m->inv_freq, m->rope_scale, pos);
+            tern_rope(qh, c->rope_dim, m->inv_freq, scale, pos);
         }
         for (int g = 0; g < nkv; g++) {
             float *kh = k + (size_t)t * row + (size_t)g * hd;
             tern_rmsnorm_1p(kh, kh, w->k_norm, hd, c->norm_eps);
-            tern_rope(kh, c->rope_dim, m->inv_freq, m->rope_scale, pos);
+            tern_rope(kh, c->rope_dim, m->inv_freq, scale, pos);
         }
         store_row(q->f, k + (size_t)t * row, q->kv->k + (size_t)pos * q->f->row_bytes);
         store_row(q->f, v + (size_t)t * row, q->kv->v + (size_t)pos * q->f->row_bytes);

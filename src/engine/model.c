@@ -148,7 +148,6 @@ int tern_model_finish(tern_model *m, const tern_load_params *params, tern_error 
     if (tern_rope_apply(&m->cfg, params, err) != 0) return -1;
     if (!(m->inv_freq = malloc((size_t)(m->cfg.rope_dim / 2) * sizeof(float)))) return tern_fail(err, "out of memory");
     tern_rope_inv_freq(&m->cfg, m->inv_freq);
-    m->rope_scale = (float)m->cfg.rope.attn_factor;
     return 0;
 }
 
