@@ -278,6 +278,21 @@ TINY_VISION = OrderedDict(
     ]
 )
 
+
+def generation_config(special, temperature, top_k, top_p):
+    """generation_config.json of a fixture: sampling on, its end-of-turn and end-of-text ids."""
+    return OrderedDict(
+        [
+            ("bos_token_id", special["endoftext"]),
+            ("do_sample", True),
+            ("eos_token_id", [special["im_end"], special["endoftext"]]),
+            ("pad_token_id", special["endoftext"]),
+            ("temperature", temperature),
+            ("top_k", top_k),
+            ("top_p", top_p),
+        ]
+    )
+
 FIXTURES = OrderedDict(
     [
         (
@@ -294,17 +309,7 @@ FIXTURES = OrderedDict(
                 shards=1,
                 visual=True,
                 special=TINY_SPECIAL,
-                generation=OrderedDict(
-                    [
-                        ("bos_token_id", TINY_SPECIAL["endoftext"]),
-                        ("do_sample", True),
-                        ("eos_token_id", [TINY_SPECIAL["im_end"], TINY_SPECIAL["endoftext"]]),
-                        ("pad_token_id", TINY_SPECIAL["endoftext"]),
-                        ("temperature", 1.0),
-                        ("top_k", 20),
-                        ("top_p", 0.95),
-                    ]
-                ),
+                generation=generation_config(TINY_SPECIAL, temperature=1.0, top_k=20, top_p=0.95),
             ),
         ),
         (
@@ -321,17 +326,7 @@ FIXTURES = OrderedDict(
                 shards=2,
                 visual=True,
                 special=TINY_SPECIAL,
-                generation=OrderedDict(
-                    [
-                        ("bos_token_id", TINY_SPECIAL["endoftext"]),
-                        ("do_sample", True),
-                        ("eos_token_id", [TINY_SPECIAL["im_end"], TINY_SPECIAL["endoftext"]]),
-                        ("pad_token_id", TINY_SPECIAL["endoftext"]),
-                        ("temperature", 0.6),
-                        ("top_k", 20),
-                        ("top_p", 0.95),
-                    ]
-                ),
+                generation=generation_config(TINY_SPECIAL, temperature=0.6, top_k=20, top_p=0.95),
             ),
         ),
         (
@@ -348,17 +343,7 @@ FIXTURES = OrderedDict(
                 shards=1,
                 visual=False,
                 special=ODD_SPECIAL,
-                generation=OrderedDict(
-                    [
-                        ("bos_token_id", ODD_SPECIAL["endoftext"]),
-                        ("do_sample", True),
-                        ("eos_token_id", [ODD_SPECIAL["im_end"], ODD_SPECIAL["endoftext"]]),
-                        ("pad_token_id", ODD_SPECIAL["endoftext"]),
-                        ("temperature", 0.7),
-                        ("top_k", 5),
-                        ("top_p", 0.8),
-                    ]
-                ),
+                generation=generation_config(ODD_SPECIAL, temperature=0.7, top_k=5, top_p=0.8),
             ),
         ),
         (
@@ -376,17 +361,7 @@ FIXTURES = OrderedDict(
                 visual=False,
                 special=YARN_SPECIAL,
                 rope_cases=ROPE_CASES,
-                generation=OrderedDict(
-                    [
-                        ("bos_token_id", YARN_SPECIAL["endoftext"]),
-                        ("do_sample", True),
-                        ("eos_token_id", [YARN_SPECIAL["im_end"], YARN_SPECIAL["endoftext"]]),
-                        ("pad_token_id", YARN_SPECIAL["endoftext"]),
-                        ("temperature", 1.0),
-                        ("top_k", 20),
-                        ("top_p", 0.95),
-                    ]
-                ),
+                generation=generation_config(YARN_SPECIAL, temperature=1.0, top_k=20, top_p=0.95),
             ),
         ),
     ]
