@@ -416,11 +416,11 @@ Test(hardening_input, cli_edge_values_one_line_each) {
     snprintf(cmd, sizeof cmd, "%s run -p hi --ctx 2147483647 --rope-scaling yarn --rope-factor 2 -n 1 -t 1", T);
     expect_one_line(cmd, "exceeds the 524288 positions of YaRN factor 2 over the native 262144");
     snprintf(cmd, sizeof cmd, "%s run -p hi --rope-scaling yarn -n 1 -t 1", T);
-    expect_one_line(cmd, "YaRN needs a factor (--rope-factor) or a context above the native 262144 positions");
+    expect_one_line(cmd, "YaRN needs a --rope-factor or a --ctx above the native 262144 positions");
     snprintf(cmd, sizeof cmd, "%s run -p hi --rope-scaling yarn --ctx 4096 -n 1 -t 1", T);
     expect_one_line(cmd, "within the native 262144 positions");
     snprintf(cmd, sizeof cmd, "%s run -p hi --rope-factor 2 -n 1 -t 1", T);
-    expect_one_line(cmd, "a rope factor (2) needs YaRN: --rope-scaling yarn");
+    expect_one_line(cmd, "--rope-factor 2 needs YaRN (--rope-scaling yarn)");
     snprintf(cmd, sizeof cmd, "%s run -p hi --rope-scaling linear -n 1 -t 1", T);
     expect_one_line(cmd, "--rope-scaling must be none or yarn, got 'linear'");
     snprintf(cmd, sizeof cmd, "%s run -p hi --rope-scaling yarn --rope-factor 0.5 -n 1 -t 1", T);

@@ -108,7 +108,7 @@ Test(fixture, yarn_past_native_context) {
     tern_error err;
     tern_session_params sp = {.max_context = 130};
     cr_expect_null(tern_session_create(m, &sp, &err));
-    cr_expect(strstr(err.msg, "--rope-scaling yarn"), "%s", err.msg);
+    cr_expect(strstr(err.msg, "rope_scaling yarn"), "%s", err.msg);
     reference ref;
     cr_assert_eq(reference_open(&ref, "yarn"), 0);
     int H = m->cfg.hidden;
@@ -151,7 +151,7 @@ Test(fixture, yarn_turned_on_at_load) {
     cr_assert_eq(tern_model_max_context(m), NATIVE);
     tern_error err;
     cr_expect_eq(tern_model_check_context(m, 4 * NATIVE, &err), -1);
-    cr_expect(strstr(err.msg, "--rope-scaling yarn") && !strchr(err.msg, '\n'), "%s", err.msg);
+    cr_expect(strstr(err.msg, "rope_scaling yarn") && !strchr(err.msg, '\n'), "%s", err.msg);
     char plain[65], scaled[65];
     cr_assert_eq(tern_model_identity(m, plain, &err), 0, "%s", err.msg);
     tern_model_free(m);
@@ -182,9 +182,9 @@ Test(fixture, yarn_load_errors) {
         double factor;
         const char *dir, *frag;
     } cases[] = {
-        {TERN_ROPE_YARN, 0, 0, "tiny", "YaRN needs a factor (--rope-factor) or a context above the native 4096"},
+        {TERN_ROPE_YARN, 0, 0, "tiny", "YaRN needs a rope_factor or a rope_context above the native 4096"},
         {TERN_ROPE_YARN, 4096, 0, "tiny", "within the native 4096 positions"},
-        {TERN_ROPE_NONE, 0, 2, "tiny", "a rope factor (2) needs YaRN: --rope-scaling yarn"},
+        {TERN_ROPE_NONE, 0, 2, "tiny", "rope_factor 2 needs YaRN (rope_scaling yarn)"},
         {TERN_ROPE_AS_CONFIG, 0, 2, "tiny", "a rope factor (2) needs YaRN"},
         {TERN_ROPE_YARN, 0, 0.5, "tiny", "rope factor must be in [1,"},
         {7, 0, 0, "tiny", "rope_scaling 7 is not a scaling"},

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/flag_names.h"
 
 void cli_usage(FILE *f) {
     fprintf(f,
@@ -216,7 +217,10 @@ tern_model *cli_load_model(const cli_opts *o) {
     tern_error err;
     const char *dir = cli_model_dir(o);
     tern_model *m = tern_model_load(dir, &lp, &err);
-    if (!m) fprintf(stderr, "tern: %s\n", err.msg);
+    if (!m) {
+        tern_flag_names(&err);
+        fprintf(stderr, "tern: %s\n", err.msg);
+    }
     return m;
 }
 
@@ -224,6 +228,7 @@ int cli_context(const cli_opts *o, const tern_model *m, int dflt) {
     int ctx = o->ctx ? o->ctx : dflt ? dflt : tern_model_max_context(m);
     tern_error err;
     if (tern_model_check_context(m, ctx, &err) != 0) {
+        tern_flag_names(&err);
         fprintf(stderr, "tern: --ctx: %s\n", err.msg);
         return -1;
     }

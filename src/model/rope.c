@@ -46,7 +46,7 @@ int tern_rope_apply(tern_config *c, const tern_load_params *p, tern_error *err) 
         return tern_fail(err, "rope factor must be in [1, %d], got %g", FACTOR_MAX, factor);
     if (ctx < 0) return tern_fail(err, "rope_context must be >= 0, got %d", ctx);
     if (factor && (type == TERN_ROPE_NONE || (type == TERN_ROPE_AS_CONFIG && y->type != TERN_ROPE_YARN)))
-        return tern_fail(err, "a rope factor (%g) needs YaRN: --rope-scaling yarn", factor);
+        return tern_fail(err, "rope_factor %g needs YaRN (rope_scaling yarn)", factor);
     if (type == TERN_ROPE_NONE) {
         y->type = TERN_ROPE_NONE;
         return tern_rope_finish(c, "rope scaling", err);
@@ -54,13 +54,12 @@ int tern_rope_apply(tern_config *c, const tern_load_params *p, tern_error *err) 
     if (type == TERN_ROPE_YARN && y->type != TERN_ROPE_YARN) {
         yarn_defaults(y, c->max_pos);
         if (!factor && !ctx)
-            return tern_fail(err, "YaRN needs a factor (--rope-factor) or a context above the native %d positions "
-                                  "(--ctx)", y->native);
+            return tern_fail(err, "YaRN needs a rope_factor or a rope_context above the native %d positions", y->native);
     }
     if (type == TERN_ROPE_YARN && !factor && ctx) {
         if (ctx <= y->native)
             return tern_fail(err, "YaRN to a context of %d: that is within the native %d positions (give a longer "
-                                  "--ctx or a --rope-factor)", ctx, y->native);
+                                  "rope_context or a rope_factor)", ctx, y->native);
         factor = (double)ctx / y->native;
         if (factor > FACTOR_MAX) return tern_fail(err, "YaRN to %d positions: factor %g exceeds %d", ctx, factor, FACTOR_MAX);
     }
@@ -117,9 +116,9 @@ int tern_cfg_check_context(const tern_config *c, int ctx, tern_error *err) {
     if (ctx <= most) return 0;
     if (c->rope.type == TERN_ROPE_YARN)
         return tern_fail(err, "a context of %d exceeds the %d positions of YaRN factor %g over the native %d "
-                              "(a larger --rope-factor reaches further)", ctx, most, c->rope.factor, c->rope.native);
+                              "(a larger rope_factor reaches further)", ctx, most, c->rope.factor, c->rope.native);
     return tern_fail(err, "a context of %d exceeds the model's %d positions (max_position_embeddings); "
-                          "YaRN rope scaling reaches further: --rope-scaling yarn", ctx, most);
+                          "YaRN reaches further (rope_scaling yarn)", ctx, most);
 }
 
 void tern_rope_describe(const tern_config *c, char *buf, size_t n) {

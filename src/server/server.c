@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/flag_names.h"
 #include "server/api.h"
 #include "util/err.h"
 #include "server/http.h"
@@ -129,10 +130,14 @@ static void note_vocab(loader *L, const tern_model *m) {
 static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
     loader *L = ud;
     tern_model *m = load_model(L->p, err);
-    if (!m) return -1;
+    if (!m) {
+        tern_flag_names(err);
+        return -1;
+    }
     int n_ctx = L->n_ctx > 0 ? L->n_ctx : tern_model_max_context(m);
     char why[sizeof err->msg];
     if (tern_model_check_context(m, n_ctx, err) != 0) {
+        tern_flag_names(err);
         snprintf(why, sizeof why, "%s", err->msg);
         snprintf(err->msg, sizeof err->msg, "--ctx: %.480s", why);
     } else if (cache_budgets(L->p, m, out, err) == 0) {
@@ -233,6 +238,7 @@ int srv_run(const srv_params *p) {
     }
     L.tok_vocab = tern_tokenizer_vocab_size(ctx.tok);
     if (p->lazy_load && probe_model(&L, &err)) {
+        tern_flag_names(&err);
         fprintf(stderr, "tern serve: %s%s\n", p->session.max_context > 0 ? "--ctx: " : "", err.msg);
         goto done;
     }
