@@ -185,8 +185,8 @@ Test(fixture, yarn_load_errors) {
         {TERN_ROPE_YARN, 0, 0, "tiny", "YaRN needs a rope_factor or a rope_context above the native 4096"},
         {TERN_ROPE_YARN, 4096, 0, "tiny", "within the native 4096 positions"},
         {TERN_ROPE_NONE, 0, 2, "tiny", "rope_factor 2 needs YaRN (rope_scaling yarn)"},
-        {TERN_ROPE_AS_CONFIG, 0, 2, "tiny", "a rope factor (2) needs YaRN"},
-        {TERN_ROPE_YARN, 0, 0.5, "tiny", "rope factor must be in [1,"},
+        {TERN_ROPE_AS_CONFIG, 0, 2, "tiny", "rope_factor 2 needs YaRN (rope_scaling yarn)"},
+        {TERN_ROPE_YARN, 0, 0.5, "tiny", "rope_factor must be in [1,"},
         {7, 0, 0, "tiny", "rope_scaling 7 is not a scaling"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

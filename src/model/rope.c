@@ -43,7 +43,7 @@ int tern_rope_apply(tern_config *c, const tern_load_params *p, tern_error *err) 
         return tern_fail(err, "rope_scaling %d is not a scaling (as config %d, none %d, yarn %d)", type,
                          TERN_ROPE_AS_CONFIG, TERN_ROPE_NONE, TERN_ROPE_YARN);
     if (!(factor == 0 || (factor >= 1 && factor <= FACTOR_MAX)))
-        return tern_fail(err, "rope factor must be in [1, %d], got %g", FACTOR_MAX, factor);
+        return tern_fail(err, "rope_factor must be in [1, %d], got %g", FACTOR_MAX, factor);
     if (ctx < 0) return tern_fail(err, "rope_context must be >= 0, got %d", ctx);
     if (factor && (type == TERN_ROPE_NONE || (type == TERN_ROPE_AS_CONFIG && y->type != TERN_ROPE_YARN)))
         return tern_fail(err, "rope_factor %g needs YaRN (rope_scaling yarn)", factor);
