@@ -311,6 +311,9 @@ Test(grammar, gbnf_errors) {
     gbnf_refused("root ::= [z-a]", "backwards");
     gbnf_refused("root ::= \"unterminated", "end of the grammar");
     gbnf_refused("root ::= \"a\"{3,1}", "maximum");
+    char longname[300];
+    snprintf(longname, sizeof longname, "root ::= \"a\"\n%0200d ::= \"b\"", 0);
+    gbnf_refused(longname, "longer than 127");
 }
 
 /* ---- tool calls ----------------------------------------------------------- */
