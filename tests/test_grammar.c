@@ -311,6 +311,44 @@ Test(grammar, gbnf_errors) {
     gbnf_refused("root ::= [z-a]", "backwards");
     gbnf_refused("root ::= \"unterminated", "end of the grammar");
     gbnf_refused("root ::= \"a\"{3,1}", "maximum");
+    char longname[300];
+    snprintf(longname, sizeof longname, "root ::= \"a\"\n%0200d ::= \"b\"", 0);
+    gbnf_refused(longname, "longer than 127");
+}
+
+/* A chain of n rules r_i ::= "a" r_(i+1), the last "b", written from the
+ * root down (up: from the last rule up): text of exactly n a's then b. */
+static char *chain(int n, int up) {
+    size_t cap = (size_t)n * 32 + 64, len = 0;
+    char *t = malloc(cap);
+    cr_assert(t);
+    len += (size_t)snprintf(t, cap, "%s", up ? "" : "root ::= r0\n");
+    for (int k = 0; k < n; k++) {
+        int i = up ? n - 1 - k : k;
+        len += (size_t)snprintf(t + len, cap - len, "r%d ::= \"a\" r%d\n", i, i + 1);
+    }
+    snprintf(t + len, cap - len, "r%d ::= \"b\"\n%s", n, up ? "root ::= r0\n" : "");
+    return t;
+}
+
+Test(grammar, long_rule_chains_in_either_order) {
+    enum { N = 20000 };
+    char *want = malloc(N + 3);
+    cr_assert(want);
+    for (int up = 0; up < 2; up++) {
+        char *text = chain(N, up);
+        tern_grammar *g = compile(&(tern_grammar_spec){.gbnf = text});
+        memset(want, 'a', N);
+        strcpy(want + N, "b");
+        EXPECT(g, want, WHOLE);
+        strcpy(want + N - 1, "b");
+        EXPECT(g, want, BAD);
+        want[N - 1] = '\0';
+        EXPECT(g, want, PREFIX);
+        tern_grammar_destroy(g);
+        free(text);
+    }
+    free(want);
 }
 
 /* ---- tool calls ----------------------------------------------------------- */

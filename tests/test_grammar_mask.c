@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/compiled.h"
 #include "grammar/matcher.h"
 #include "tern.h"
 #include "testutil.h"
@@ -199,6 +200,36 @@ Test(grammar_mask, agrees_with_the_slow_path_qwen, .timeout = 900) {
     vocab_open(&f, dir);
     schema_suite(&f, 40, 7);
     other_grammars(&f, 60);
+    vocab_close(&f);
+}
+
+/* With no room in the vocabulary's table cache, every table no grammar
+ * holds is evicted: those still held stay shared and right. */
+Test(grammar_mask, an_evicting_table_cache_stays_consistent) {
+    vocab_fixture f;
+    vocab_open(&f, "models/tern-tiny");
+    f.v->cache_budget = 0;
+    tern_grammar_spec specs[] = {{.json_object = 1},
+                                 {.tools_json = TOOLS, .tools_required = 1, .parallel_tool_calls = 1},
+                                 {.gbnf = GBNF}};
+    tern_grammar *g[3], *again;
+    tern_error err;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 3; i++) cr_assert((g[i] = tern_grammar_create(&specs[i], f.v, &err)), "%s", err.msg);
+        tern_grammar_destroy(g[round]);   /* its own tables go */
+        for (int i = 0; i < 3; i++) {
+            if (i == round) continue;
+            cr_assert((again = tern_grammar_create(&specs[i], f.v, &err)), "%s", err.msg);
+            int shared = 0;
+            for (int p = 0; p < g[i]->g->n_elems; p++) shared += g[i]->tab[p] && again->tab[p] == g[i]->tab[p];
+            cr_expect(shared > 0, "grammar %d: no table found in the cache again", i);
+            free(check_walk(&f, again, 40, -1, 11 + i, "after eviction", NULL));
+            tern_grammar_destroy(again);
+            free(check_walk(&f, g[i], 40, 40, 17 + i, "held through eviction", NULL));
+            tern_grammar_destroy(g[i]);
+        }
+        cr_expect_eq(f.v->n_cache, 0, "tables no grammar holds stay cached");
+    }
     vocab_close(&f);
 }
 

@@ -294,7 +294,6 @@ static int take_next(tern_gen *g, int32_t id, tern_error *err) {
     return 0;
 }
 
-/* The next id from the host's logits, with its log-probabilities. */
 /* The grammar's mask for the next draw, with what the limits leave: the
  * tokens still allowed (n_predict) and the context's room. */
 static int grammar_mask(tern_gen *g, tern_error *err) {
@@ -304,6 +303,7 @@ static int grammar_mask(tern_gen *g, tern_error *err) {
     return tern_matcher_fill_mask(g->g.matcher, g->g.mask, (int)budget, err);
 }
 
+/* The next id from the host's logits, with its log-probabilities. */
 static int take_id(tern_gen *g, tern_error *err) {
     gen_state *gs = &g->g;
     if (gs->matcher && grammar_mask(g, err)) return -1;

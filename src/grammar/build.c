@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "grammar/grammar.h"
+#include "util/strmap.h"
 
 void gr_class_range(gr_class *c, unsigned lo, unsigned hi) {
     for (unsigned b = lo; b <= hi && b < 256; b++) gr_class_add(c, b);
@@ -25,6 +26,7 @@ void gr_destroy(gr_grammar *g) {
         free(g->rules[r].alts);
     }
     free(g->rules);
+    tern_strmap_destroy(g->names);
     free(g->classes);
     free(g->elems);
     free(g->alt_pos);
@@ -59,9 +61,15 @@ static int add_rule(gr_grammar *g, char *name) {
 }
 
 int gr_rule_named(gr_grammar *g, const char *name) {
-    for (int r = 0; r < g->n_rules; r++)
-        if (!strcmp(g->rules[r].name, name)) return r;
-    return add_rule(g, strdup(name));
+    if (!g->names && !(g->names = tern_strmap_create())) {
+        g->oom = 1;
+        return 0;
+    }
+    intptr_t known = (intptr_t)tern_strmap_get(g->names, name);
+    if (known) return (int)known - 1;
+    int r = add_rule(g, strdup(name));
+    if (!g->oom && tern_strmap_put(g->names, g->rules[r].name, (void *)(intptr_t)(r + 1))) g->oom = 1;
+    return r;
 }
 
 int gr_rule_new(gr_grammar *g, const char *hint) {

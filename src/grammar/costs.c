@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "grammar/costs.h"
+#include "grammar/worklist.h"
 
 #define INF_COST 0x3FFFFFFFu
 
@@ -53,18 +54,27 @@ static void alt_costs(gr_grammar *g, const tern_grammar_vocab *v, uint32_t start
 
 void gr_token_costs(gr_grammar *g, const tern_grammar_vocab *v) {
     uint32_t *rule_cost = malloc(((size_t)g->n_rules + 1) * sizeof *rule_cost);
-    if (!rule_cost) return;   /* the byte counts stay: larger, still an upper bound */
+    gr_worklist w;
+    if (!rule_cost || gr_wl_init(&w, g)) {
+        free(rule_cost);
+        return;   /* the byte counts stay: larger, still an upper bound */
+    }
     for (int r = 0; r < g->n_rules; r++) rule_cost[r] = INF_COST;
     uint32_t *cost = g->rem_min;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < g->n_rules; r++)
-            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-                uint32_t start = g->alt_pos[a], end = g->alt_pos[a + 1] - 1;
-                alt_costs(g, v, start, end, rule_cost, cost);
-                if (cost[start] < rule_cost[r]) rule_cost[r] = cost[start], changed = 1;
-            }
+    /* a rule is revisited whenever a rule it refers to gets cheaper, so
+     * every alternative's costs end up computed from the final ones */
+    gr_wl_push_all(&w);
+    while (w.len) {
+        int r = gr_wl_pop(&w);
+        uint32_t best = rule_cost[r];
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            uint32_t start = g->alt_pos[a], end = g->alt_pos[a + 1] - 1;
+            alt_costs(g, v, start, end, rule_cost, cost);
+            if (cost[start] < best) best = cost[start];
+        }
+        if (best < rule_cost[r]) rule_cost[r] = best, gr_wl_push_referrers(&w, r);
     }
+    gr_wl_free(&w);
     for (int r = 0; r < g->n_rules; r++) g->rule_min[r] = rule_cost[r];
     free(rule_cost);
 }

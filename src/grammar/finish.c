@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "grammar/grammar.h"
+#include "grammar/worklist.h"
 #include "util/err.h"
 
 #define INF_LEN 0x3FFFFFFFu
@@ -48,19 +49,25 @@ static uint32_t elem_min(const gr_grammar *g, uint32_t e) {
     return GR_KIND(e) == GR_CLASS ? 1 : GR_KIND(e) == GR_REF ? g->rule_min[GR_ARG(e)] : 0;
 }
 
+static uint32_t rule_min_of(const gr_grammar *g, int r) {
+    uint32_t best = INF_LEN;
+    for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+        uint32_t len = 0;
+        for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) != GR_END; p++)
+            len = add_len(len, elem_min(g, g->elems[p]));
+        if (len < best) best = len;
+    }
+    return best;
+}
+
 /* Fewest bytes of each rule (a fixpoint), then of each position's rest. */
-static void min_lengths(gr_grammar *g) {
+static void min_lengths(gr_grammar *g, gr_worklist *w) {
     for (int r = 0; r < g->n_rules; r++) g->rule_min[r] = INF_LEN;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < g->n_rules; r++) {
-            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-                uint32_t len = 0;
-                for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) != GR_END; p++)
-                    len = add_len(len, elem_min(g, g->elems[p]));
-                if (len < g->rule_min[r]) g->rule_min[r] = len, changed = 1;
-            }
-        }
+    gr_wl_push_all(w);
+    while (w->len) {
+        int r = gr_wl_pop(w);
+        uint32_t len = rule_min_of(g, r);
+        if (len < g->rule_min[r]) g->rule_min[r] = len, gr_wl_push_referrers(w, r);
     }
     for (int a = (int)g->rule_alt[g->n_rules] - 1; a >= 0; a--) {
         uint32_t end = g->alt_pos[a + 1] - 1;
@@ -152,41 +159,44 @@ static void class_or(gr_class *a, const gr_class *b, int *changed) {
     }
 }
 
+/* The bytes that may come first from position q on, added to *into;
+ * returns the position where they stop (an END: everything from q may
+ * be empty). */
+static uint32_t first_from(const gr_grammar *g, const gr_class *first, uint32_t q, gr_class *into, int *changed) {
+    for (; GR_KIND(g->elems[q]) != GR_END; q++) {
+        uint32_t e = g->elems[q];
+        if (GR_KIND(e) == GR_CLASS) { class_or(into, &g->classes[GR_ARG(e)], changed); break; }
+        class_or(into, &first[GR_ARG(e)], changed);
+        if (g->rule_min[GR_ARG(e)] != 0) break;
+    }
+    return q;
+}
+
 /* FIRST of each rule, then FOLLOW: what may come after a rule ends. */
-static int follow_sets(gr_grammar *g) {
+static int follow_sets(gr_grammar *g, gr_worklist *w) {
     gr_class *first = calloc((size_t)g->n_rules + 1, sizeof *first);
     if (!first) return -1;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < g->n_rules; r++)
-            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
-                for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) != GR_END; p++) {
-                    uint32_t e = g->elems[p];
-                    if (GR_KIND(e) == GR_CLASS) { class_or(&first[r], &g->classes[GR_ARG(e)], &changed); break; }
-                    class_or(&first[r], &first[GR_ARG(e)], &changed);
-                    if (g->rule_min[GR_ARG(e)] != 0) break;
-                }
+    gr_wl_push_all(w);
+    while (w->len) {
+        int r = gr_wl_pop(w), changed = 0;
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            first_from(g, first, g->alt_pos[a], &first[r], &changed);
+        if (changed) gr_wl_push_referrers(w, r);
     }
+    /* processing r passes its follow set on to the rules it ends with */
     g->follow_end[g->root] = 1;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < g->n_rules; r++)
-            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
-                for (uint32_t p = g->alt_pos[a]; GR_KIND(g->elems[p]) != GR_END; p++) {
-                    if (GR_KIND(g->elems[p]) != GR_REF) continue;
-                    int b = (int)GR_ARG(g->elems[p]);
-                    uint32_t q = p + 1;
-                    for (; GR_KIND(g->elems[q]) != GR_END; q++) {
-                        uint32_t e = g->elems[q];
-                        if (GR_KIND(e) == GR_CLASS) { class_or(&g->follow[b], &g->classes[GR_ARG(e)], &changed); break; }
-                        class_or(&g->follow[b], &first[GR_ARG(e)], &changed);
-                        if (g->rule_min[GR_ARG(e)] != 0) break;
-                    }
-                    if (GR_KIND(g->elems[q]) == GR_END) {
-                        class_or(&g->follow[b], &g->follow[r], &changed);
-                        if (g->follow_end[r] && !g->follow_end[b]) g->follow_end[b] = 1, changed = 1;
-                    }
-                }
+    gr_wl_push_all(w);
+    while (w->len) {
+        int r = gr_wl_pop(w);
+        for (uint32_t p = g->alt_pos[g->rule_alt[r]]; p < g->alt_pos[g->rule_alt[r + 1]]; p++) {
+            if (GR_KIND(g->elems[p]) != GR_REF) continue;
+            int b = (int)GR_ARG(g->elems[p]), changed = 0;
+            if (GR_KIND(g->elems[first_from(g, first, p + 1, &g->follow[b], &changed)]) == GR_END) {
+                class_or(&g->follow[b], &g->follow[r], &changed);
+                if (g->follow_end[r] && !g->follow_end[b]) g->follow_end[b] = 1, changed = 1;
+            }
+            if (changed) gr_wl_push(w, b);
+        }
     }
     free(first);
     return 0;
@@ -203,8 +213,9 @@ int gr_finish(gr_grammar *g, int root, tern_error *err) {
         for (int a = 0; a < g->rules[r].n_alts; a++) n_elems += (size_t)g->rules[r].alts[a].n + 1;
     if (n_elems > GR_MAX_ELEMS || g->n_rules > GR_MAX_ELEMS)
         return tern_fail(err, "grammar: larger than %d elements", GR_MAX_ELEMS);
-    if (flatten(g)) return tern_fail(err, "out of memory building the grammar");
-    min_lengths(g);
+    gr_worklist w;
+    if (flatten(g) || gr_wl_init(&w, g)) return tern_fail(err, "out of memory building the grammar");
+    min_lengths(g, &w);
     uint8_t *mark = calloc((size_t)g->n_rules + 1, 1);
     size_t total = 0;
     for (int a = 0; a < (int)g->rule_alt[g->n_rules]; a++) total += g->alt_pos[a + 1] - g->alt_pos[a];
@@ -229,6 +240,7 @@ int gr_finish(gr_grammar *g, int root, tern_error *err) {
     free(d.color);
     free(d.depth);
     free(d.next);
-    if (rc == 0 && follow_sets(g)) rc = tern_fail(err, "out of memory building the grammar");
+    if (rc == 0 && follow_sets(g, &w)) rc = tern_fail(err, "out of memory building the grammar");
+    gr_wl_free(&w);
     return rc;
 }

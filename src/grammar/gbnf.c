@@ -325,8 +325,6 @@ static int alternates(gp *c, int rule) {
 
 int gbnf_parse(gr_grammar *g, const char *text, tern_error *err) {
     gp c = {.g = g, .s = text, .p = text, .err = err};
-    uint8_t *defined = NULL;
-    int cap = 0;
     for (;;) {
         skip_space(&c);
         if (!*c.p) break;
@@ -337,27 +335,18 @@ int gbnf_parse(gr_grammar *g, const char *text, tern_error *err) {
         memcpy(name, c.p, n);
         name[n] = '\0';
         int r = gr_rule_named(g, name);
-        if (r >= cap) {
-            int nc = r * 2 + 16;
-            uint8_t *d = realloc(defined, (size_t)nc);
-            if (!d) { free(defined); return tern_fail(err, "out of memory"); }
-            memset(d + cap, 0, (size_t)(nc - cap));
-            defined = d;
-            cap = nc;
-        }
-        if (defined[r]) {
-            free(defined);
+        if (g->oom) return tern_fail(err, "out of memory");
+        /* (only a definition gives a named rule alternatives) */
+        if (g->rules[r].defined) {
             char msg[200];
             snprintf(msg, sizeof msg, "rule '%s' is defined twice", name);
             return fail(&c, msg);
         }
-        defined[r] = 1;
         c.p = strstr(c.p, "::=") + 3;
-        if (alternates(&c, r)) { free(defined); return -1; }
+        if (alternates(&c, r)) return -1;
         skip_space(&c);
-        if (*c.p && !at_rule_start(&c)) { free(defined); return fail(&c, "unexpected character"); }
+        if (*c.p && !at_rule_start(&c)) return fail(&c, "unexpected character");
     }
-    free(defined);
     for (int r = 0; r < g->n_rules; r++)
         if (!strcmp(g->rules[r].name, "root")) return r;
     return tern_fail(err, "grammar: no rule named root");

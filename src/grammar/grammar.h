@@ -46,10 +46,13 @@ typedef struct gr_rule {
     int defined;                 /* has a definition (GBNF may reference before defining) */
 } gr_rule;
 
+typedef struct tern_strmap tern_strmap;
+
 typedef struct gr_grammar {
     /* built */
     gr_rule *rules;
     int n_rules, cap_rules;
+    tern_strmap *names;          /* rule ids (+1) of the named rules (gr_rule_named), made on first use */
     gr_class *classes;
     int n_classes, cap_classes;
     int root;

@@ -49,6 +49,7 @@ struct gt_table {
                                   * that cuts them, the way out may still end in time */
     size_t bytes;                /* memory held */
     int cached;                  /* owned by the vocabulary's cache */
+    int slot;                    /* then its entry there */
 };
 
 #define GT_UNC_FIELDS 5

@@ -69,7 +69,7 @@ int gt_signature(const gr_grammar *g, uint32_t p, int32_t *local, uint32_t *queu
 }
 
 
-/* ---- the cache ------------------------------------------------------------- */
+/* ---- the cache, its entries indexed by signature ---------------------------- */
 
 struct gv_entry {
     uint64_t h;
@@ -80,55 +80,92 @@ struct gv_entry {
     unsigned long long used;
 };
 
+static void index_add(tern_grammar_vocab *v, int i) {
+    uint32_t m = v->index_cap - 1, k = (uint32_t)v->cache[i].h & m;
+    while (v->index[k]) k = (k + 1) & m;
+    v->index[k] = (uint32_t)i + 1;
+}
+
+/* Every entry indexed afresh: after removals, or into a larger index. */
+static int index_rebuild(tern_grammar_vocab *v, uint32_t cap) {
+    if (cap != v->index_cap) {
+        uint32_t *ix = malloc((size_t)cap * sizeof *ix);
+        if (!ix) return -1;
+        free(v->index);
+        v->index = ix;
+        v->index_cap = cap;
+    }
+    memset(v->index, 0, (size_t)v->index_cap * sizeof *v->index);
+    for (int i = 0; i < v->n_cache; i++) index_add(v, i);
+    return 0;
+}
+
+static gv_entry *index_find(const tern_grammar_vocab *v, const gt_sig *s) {
+    uint32_t m = v->index_cap - 1;
+    for (uint32_t k = (uint32_t)s->h & m; v->index_cap && v->index[k]; k = (k + 1) & m) {
+        gv_entry *e = &v->cache[v->index[k] - 1];
+        if (e->h == s->h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) return e;
+    }
+    return NULL;
+}
+
+/* Room for one more entry, in the array and in the index. */
+static int make_room(tern_grammar_vocab *v) {
+    if (v->n_cache == v->cap_cache) {
+        int cap = v->cap_cache ? v->cap_cache * 2 : 64;
+        gv_entry *c = realloc(v->cache, (size_t)cap * sizeof *c);
+        if (!c) return -1;
+        v->cache = c;
+        v->cap_cache = cap;
+    }
+    if (((uint32_t)v->n_cache + 1) * 2 > v->index_cap) return index_rebuild(v, v->index_cap ? v->index_cap * 2 : 128);
+    return 0;
+}
+
 gt_table *gt_cache_get(tern_grammar_vocab *v, const gt_sig *s) {
-    uint64_t h = s->h;
     gt_table *t = NULL;
     pthread_mutex_lock(&v->mu);
-    for (int i = 0; i < v->n_cache; i++) {
-        gv_entry *e = &v->cache[i];
-        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) {
-            e->refs++;
-            e->used = ++v->clock;
-            t = e->t;
-            break;
-        }
+    gv_entry *e = index_find(v, s);
+    if (e) {
+        e->refs++;
+        e->used = ++v->clock;
+        t = e->t;
     }
     pthread_mutex_unlock(&v->mu);
     return t;
 }
 
 static void cache_evict(tern_grammar_vocab *v) {
+    int removed = 0;
     while (v->cache_bytes > v->cache_budget) {
         int victim = -1;
         for (int i = 0; i < v->n_cache; i++)
             if (!v->cache[i].refs && (victim < 0 || v->cache[i].used < v->cache[victim].used)) victim = i;
-        if (victim < 0) return;
+        if (victim < 0) break;
         v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
         gt_table_free(v->cache[victim].t);
         free(v->cache[victim].key);
         v->cache[victim] = v->cache[--v->n_cache];
+        v->cache[victim].t->slot = victim;
+        removed = 1;
     }
+    if (removed) index_rebuild(v, v->index_cap);   /* (the same size: it cannot fail) */
 }
 
 gt_table *gt_cache_put(tern_grammar_vocab *v, const gt_sig *s, gt_table *t) {
-    uint64_t h = s->h;
     uint8_t *key = malloc(s->n);
     if (!key) return t;
     memcpy(key, s->b, s->n);
-    gt_table *found = NULL;
     pthread_mutex_lock(&v->mu);
-    for (int i = 0; i < v->n_cache && !found; i++) {
-        gv_entry *e = &v->cache[i];
-        if (e->h == h && e->klen == s->n && !memcmp(e->key, s->b, s->n)) e->refs++, found = e->t;
-    }
-    if (!found && v->n_cache == v->cap_cache) {
-        int cap = v->cap_cache ? v->cap_cache * 2 : 64;
-        gv_entry *c = realloc(v->cache, (size_t)cap * sizeof *c);
-        if (c) v->cache = c, v->cap_cache = cap;
-    }
-    if (!found && v->n_cache < v->cap_cache) {
+    gv_entry *e = index_find(v, s);
+    gt_table *found = e ? e->t : NULL;
+    if (e) {
+        e->refs++;
+    } else if (make_room(v) == 0) {   /* (else it stays the grammar's own) */
         t->cached = 1;
-        v->cache[v->n_cache++] = (gv_entry){h, key, s->n, t, 1, ++v->clock};
+        t->slot = v->n_cache;
+        v->cache[v->n_cache++] = (gv_entry){s->h, key, s->n, t, 1, ++v->clock};
+        index_add(v, t->slot);
         v->cache_bytes += t->bytes + s->n;
         key = NULL;
         cache_evict(v);
@@ -145,9 +182,8 @@ void gt_release(tern_grammar_vocab *v, gt_table **tabs, int n) {
     for (int p = 0; p < n; p++) {
         gt_table *t = tabs[p];
         if (!t) continue;
-        if (!t->cached) { gt_table_free(t); continue; }
-        for (int i = 0; i < v->n_cache; i++)
-            if (v->cache[i].t == t) { v->cache[i].refs--; break; }
+        if (t->cached) v->cache[t->slot].refs--;
+        else gt_table_free(t);
     }
     cache_evict(v);
     pthread_mutex_unlock(&v->mu);
@@ -160,8 +196,10 @@ void gt_cache_clear(tern_grammar_vocab *v) {
         free(v->cache[i].key);
     }
     free(v->cache);
+    free(v->index);
     v->cache = NULL;
+    v->index = NULL;
     v->n_cache = v->cap_cache = 0;
+    v->index_cap = 0;
     v->cache_bytes = 0;
 }
-

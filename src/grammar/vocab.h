@@ -37,6 +37,8 @@ struct tern_grammar_vocab {
     pthread_mutex_t mu;
     gv_entry *cache;
     int n_cache, cap_cache;
+    uint32_t *index;             /* open addressing by signature hash: entry + 1, 0 empty */
+    uint32_t index_cap;          /* a power of two, over twice n_cache */
     size_t cache_bytes, cache_budget;
     unsigned long long clock;
 };

@@ -590,15 +590,20 @@ int srv_build_grammar(srv_ctx *c, const srv_constraint *k, json_t *tools, int pa
                               .parallel_tool_calls = parallel, .after_think = j->start_in_reasoning};
     tern_error err;
     int rc = 0;
-    /* optional calls beside an answer form: a tool the grammar cannot
-     * write is the tools' fault, not the form's */
-    tern_grammar_spec calls = {.tools_json = tj, .tools_required = 1};
-    tern_grammar *probe = tj && !k->tools_required ? tern_grammar_create(&calls, NULL, &err) : NULL;
-    if ((k->schema && !schema) || (tools && !tj)) rc = srv_fail(e, 500, NULL, "out of memory");
-    else if (tj && !k->tools_required && !probe)
-        rc = srv_fail(e, 400, "tools", "%s (with %s, tool calls follow their schemas too)", err.msg, param);
-    else if (!(j->grammar = tern_grammar_create(&spec, c->gvocab, &err))) rc = srv_fail(e, 400, param, "%s: %s", param, err.msg);
-    tern_grammar_destroy(probe);
+    if ((k->schema && !schema) || (tools && !tj)) {
+        rc = srv_fail(e, 500, NULL, "out of memory");
+    } else if (!(j->grammar = tern_grammar_create(&spec, c->gvocab, &err))) {
+        /* optional calls beside an answer form: a tool the grammar cannot
+         * write is the tools' fault, not the form's */
+        tern_grammar_spec calls = {.tools_json = tj, .tools_required = 1};
+        tern_error terr;
+        tern_grammar *probe = tj && !k->tools_required ? tern_grammar_create(&calls, NULL, &terr) : NULL;
+        if (tj && !k->tools_required && !probe)
+            rc = srv_fail(e, 400, "tools", "%s (with %s, tool calls follow their schemas too)", terr.msg, param);
+        else
+            rc = srv_fail(e, 400, param, "%s: %s", param, err.msg);
+        tern_grammar_destroy(probe);
+    }
     free(schema);
     free(tj);
     return rc;
