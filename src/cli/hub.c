@@ -1,17 +1,17 @@
-/* The hub client: requests, retries and their errors. The response
- * headers that matter are kept per response (a redirect's headers replace
- * the ones before), the body goes to a sink or a capped buffer. */
+/* The hub client: requests, retries and their errors. Headers are read
+ * through libcurl (those of the last response of a request, after
+ * redirects); the body goes to a sink or a capped buffer. */
 #include "cli/hub.h"
 
 #include <ctype.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include "util/err.h"
@@ -30,20 +30,11 @@ struct hub {
     atomic_int cancelled;
 };
 
-/* What one response said (reset on every status line). */
-typedef struct resp {
-    char location[2048], etag[160], linked_etag[160], commit[64], error_code[64], error_msg[256], range[128];
-    uint64_t linked_size, length;
-    int has_linked_size, has_length;
-    long retry_after;
-} resp;
-
 struct hub_conn {
     hub *h;
     CURL *curl;
     struct curl_slist *hdrs;
     char errbuf[CURL_ERROR_SIZE];
-    resp r;
     /* the body: to the sink when 2xx and one is set, else to buf */
     hub_sink *sink;
     uint64_t start;
@@ -103,60 +94,36 @@ const char *hub_endpoint(const hub *h) { return h->endpoint; }
 
 /* ---- callbacks ---------------------------------------------------------- */
 
-static void copy_value(char *dst, size_t cap, const char *v, size_t n) {
-    if (n >= cap) n = cap - 1;
-    memcpy(dst, v, n);
-    dst[n] = '\0';
+/* A header of the last response (after redirects), copied with control
+ * characters as '?': the values reach messages on a terminal. "" if absent. */
+static const char *header(hub_conn *c, const char *name, char *buf, size_t cap) {
+    struct curl_header *h;
+    const char *v = curl_easy_header(c->curl, name, 0, CURLH_HEADER, -1, &h) == CURLHE_OK ? h->value : "";
+    size_t i = 0;
+    for (; v[i] && i + 1 < cap; i++) buf[i] = (unsigned char)v[i] < 0x20 || v[i] == 0x7f ? '?' : v[i];
+    buf[i] = '\0';
+    return buf;
 }
 
-static uint64_t parse_u64(const char *v, size_t n, int *ok) {
-    char tmp[32];
-    if (n == 0 || n >= sizeof tmp) { *ok = 0; return 0; }
-    memcpy(tmp, v, n);
-    tmp[n] = '\0';
-    char *end;
-    unsigned long long x = strtoull(tmp, &end, 10);
-    *ok = *end == '\0' && isdigit((unsigned char)tmp[0]);
-    return *ok ? (uint64_t)x : 0;
-}
-
-static size_t on_header(char *line, size_t size, size_t count, void *ud) {
-    hub_conn *c = ud;
-    size_t len = size * count;
-    if (len >= 5 && !strncmp(line, "HTTP/", 5)) {
-        memset(&c->r, 0, sizeof c->r);
-        return len;
-    }
-    const char *colon = memchr(line, ':', len);
-    if (!colon) return len;
-    size_t nlen = (size_t)(colon - line);
-    const char *v = colon + 1, *end = line + len;
-    while (v < end && (*v == ' ' || *v == '\t')) v++;
-    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ')) end--;
-    size_t vlen = (size_t)(end - v);
-    resp *r = &c->r;
-#define NAME(s) (nlen == strlen(s) && !strncasecmp(line, s, nlen))
-    int ok;
-    if (NAME("location")) copy_value(r->location, sizeof r->location, v, vlen);
-    else if (NAME("etag")) copy_value(r->etag, sizeof r->etag, v, vlen);
-    else if (NAME("x-linked-etag")) copy_value(r->linked_etag, sizeof r->linked_etag, v, vlen);
-    else if (NAME("x-repo-commit")) copy_value(r->commit, sizeof r->commit, v, vlen);
-    else if (NAME("x-error-code")) copy_value(r->error_code, sizeof r->error_code, v, vlen);
-    else if (NAME("x-error-message")) copy_value(r->error_msg, sizeof r->error_msg, v, vlen);
-    else if (NAME("content-range")) copy_value(r->range, sizeof r->range, v, vlen);
-    else if (NAME("x-linked-size")) { r->linked_size = parse_u64(v, vlen, &ok); r->has_linked_size = ok; }
-    else if (NAME("content-length")) { r->length = parse_u64(v, vlen, &ok); r->has_length = ok; }
-    else if (NAME("retry-after")) { uint64_t s = parse_u64(v, vlen, &ok); r->retry_after = ok ? (long)(s > 3600 ? 3600 : s) : 0; }
-#undef NAME
-    return len;
+/* A header holding a decimal number: 1 with *out, 0 if absent or not one. */
+static int header_u64(hub_conn *c, const char *name, uint64_t *out) {
+    char v[32], *end;
+    header(c, name, v, sizeof v);
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!isdigit((unsigned char)v[0]) || *end || errno) return 0;
+    *out = x;
+    return 1;
 }
 
 /* A 206 must start where we asked ("bytes START-END/TOTAL"). */
-static int range_starts_at(const char *range, uint64_t start) {
-    if (strncmp(range, "bytes ", 6) != 0) return 0;
-    int ok;
-    const char *dash = strchr(range + 6, '-');
-    return dash && parse_u64(range + 6, (size_t)(dash - range - 6), &ok) == start && ok;
+static int range_starts_at(hub_conn *c, uint64_t start) {
+    char range[128], *end;
+    header(c, "Content-Range", range, sizeof range);
+    if (strncmp(range, "bytes ", 6) != 0 || !isdigit((unsigned char)range[6])) return 0;
+    errno = 0;
+    unsigned long long x = strtoull(range + 6, &end, 10);
+    return *end == '-' && !errno && x == start;
 }
 
 static size_t to_sink(hub_conn *c, long code, char *data, size_t len) {
@@ -166,7 +133,7 @@ static size_t to_sink(hub_conn *c, long code, char *data, size_t len) {
             c->sink_failed = 1;
             return 0;
         }
-        if (code == 206 && !range_starts_at(c->r.range, c->start)) {
+        if (code == 206 && !range_starts_at(c, c->start)) {
             c->range_bad = 1;
             return 0;
         }
@@ -229,8 +196,6 @@ hub_conn *hub_conn_create(hub *h, tern_error *err) {
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
     curl_easy_setopt(e, CURLOPT_USERAGENT, "tern/1 (libcurl)");
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, c->errbuf);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
     curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
@@ -266,7 +231,6 @@ static CURLcode perform(hub_conn *c, const char *url, int head, int follow, cons
     else curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     curl_easy_setopt(e, CURLOPT_RANGE, range);
-    memset(&c->r, 0, sizeof c->r);
     c->errbuf[0] = '\0';
     c->len = 0;
     c->max = c->sink ? ERROR_BODY_MAX : LISTING_MAX;
@@ -282,7 +246,9 @@ static long status(hub_conn *c) {
 
 /* One line for an HTTP error, in the hub's terms (X-Error-Code). */
 static void http_fail(hub_conn *c, long code, const char *what, tern_error *err) {
-    const char *ec = c->r.error_code;
+    char ec[64], msg[256];
+    header(c, "X-Error-Code", ec, sizeof ec);
+    header(c, "X-Error-Message", msg, sizeof msg);
     int token = c->h->auth != NULL;
     if (!strcmp(ec, "GatedRepo"))
         tern_fail(err, "%s: gated repository: accept its terms on the hub, then set HF_TOKEN to a token of that account",
@@ -296,7 +262,7 @@ static void http_fail(hub_conn *c, long code, const char *what, tern_error *err)
     else if (!strcmp(ec, "EntryNotFound") || (code == 404 && c->file_req && strcmp(ec, "RepoNotFound") != 0))
         tern_fail(err, "%s: no such file at this revision", what);
     else if (code == 404) tern_fail(err, "%s: repository not found on %s", what, c->h->endpoint);
-    else tern_fail(err, "%s: HTTP %ld%s%s", what, code, c->r.error_msg[0] ? ": " : "", c->r.error_msg);
+    else tern_fail(err, "%s: HTTP %ld%s%s", what, code, msg[0] ? ": " : "", msg);
 }
 
 static outcome classify(hub_conn *c, CURLcode rc, const char *what, tern_error *err) {
@@ -304,7 +270,9 @@ static outcome classify(hub_conn *c, CURLcode rc, const char *what, tern_error *
     if (atomic_load(&c->h->cancelled)) { tern_fail(err, "%s: cancelled", what); return R_FAIL; }
     if (c->sink_failed) return R_FAIL;
     if (c->range_bad) {
-        tern_fail(err, "%s: the server answered a Range request with other bytes (%s)", what, c->r.range);
+        char range[128];
+        tern_fail(err, "%s: the server answered a Range request with other bytes (%s)", what,
+                  header(c, "Content-Range", range, sizeof range));
         return R_FAIL;
     }
     if (c->too_big) { tern_fail(err, "%s: answer larger than %zu bytes", what, c->max); return R_FAIL; }
@@ -331,10 +299,12 @@ static outcome classify(hub_conn *c, CURLcode rc, const char *what, tern_error *
 /* Sleeps before retry n (1, 2, 4 ... s, or the server's Retry-After),
  * waking early when the pull is cancelled. why: the failure, told. */
 static int backoff(hub_conn *c, int n, const tern_error *why) {
-    long cap = c->r.retry_after > 0 ? RETRY_AFTER_CAP_S : BACKOFF_CAP_S;
-    long s = c->r.retry_after > 0 ? c->r.retry_after : 1L << (n < 5 ? n : 5);
+    curl_off_t after = 0;
+    curl_easy_getinfo(c->curl, CURLINFO_RETRY_AFTER, &after);
+    long cap = after > 0 ? RETRY_AFTER_CAP_S : BACKOFF_CAP_S;
+    curl_off_t s = after > 0 ? after : 1L << (n < 5 ? n : 5);
     if (s > cap) s = cap;
-    if (c->h->notes) fprintf(c->h->notes, "tern pull: %s; retrying in %ld s\n", why->msg, s);
+    if (c->h->notes) fprintf(c->h->notes, "tern pull: %s; retrying in %ld s\n", why->msg, (long)s);
     for (long t = 0; t < s * 10; t++) {
         if (atomic_load(&c->h->cancelled)) return -1;
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
@@ -437,23 +407,23 @@ static void bare_etag(const char *in, char *out, size_t cap) {
     if (!strncmp(in, "W/", 2)) in += 2;
     size_t n = strlen(in);
     if (n >= 2 && in[0] == '"' && in[n - 1] == '"') { in++; n -= 2; }
-    copy_value(out, cap, in, n);
+    snprintf(out, cap, "%.*s", (int)n, in);
 }
 
 static int head_result(hub_conn *c, const char *what, hub_file *out, tern_error *err) {
-    char tag[160];
+    char etag[160], tag[160];
     memset(out, 0, sizeof *out);
-    if (c->r.linked_etag[0] || c->r.has_linked_size) {
+    header(c, "X-Linked-Etag", etag, sizeof etag);
+    int linked_size = header_u64(c, "X-Linked-Size", &out->size);
+    if (etag[0] || linked_size) {
         out->lfs = 1;
-        if (!c->r.has_linked_size) return tern_fail(err, "%s: the hub gave no X-Linked-Size", what);
-        out->size = c->r.linked_size;
-        bare_etag(c->r.linked_etag, tag, sizeof tag);
+        if (!linked_size) return tern_fail(err, "%s: the hub gave no X-Linked-Size", what);
+        bare_etag(etag, tag, sizeof tag);
         if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
         return 0;
     }
-    if (!c->r.has_length) return tern_fail(err, "%s: the hub gave no size", what);
-    out->size = c->r.length;
-    bare_etag(c->r.etag, tag, sizeof tag);
+    if (!header_u64(c, "Content-Length", &out->size)) return tern_fail(err, "%s: the hub gave no size", what);
+    bare_etag(header(c, "ETag", etag, sizeof etag), tag, sizeof tag);
     if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
     else if (is_hex(tag, 40)) memcpy(out->git_sha1, tag, 41);
     return 0;
@@ -474,12 +444,13 @@ int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file
             break;
         }
         if (request(c, url, 1, 0, what, err) != 0) break;
-        if (c->r.commit[0] && strcmp(c->r.commit, commit) != 0) {
-            tern_fail(err, "%s: the hub answered for commit %.40s, not %s", what, c->r.commit, commit);
+        char at[64], loc[2048];
+        if (header(c, "X-Repo-Commit", at, sizeof at)[0] && strcmp(at, commit) != 0) {
+            tern_fail(err, "%s: the hub answered for commit %.40s, not %s", what, at, commit);
             break;
         }
         long code = status(c);
-        const char *loc = c->r.location;
+        header(c, "Location", loc, sizeof loc);
         char *next = NULL;
         if (code >= 300 && code < 400 && loc[0] == '/' && loc[1] != '/') {
             curl_easy_getinfo(c->curl, CURLINFO_REDIRECT_URL, &next);
@@ -487,7 +458,7 @@ int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file
             tern_fail(err, "%s: cannot follow the hub's redirect to %s", what, loc);
             break;
         }
-        if (code >= 300 && code < 400 && !c->r.has_linked_size) {
+        if (code >= 300 && code < 400 && !header_u64(c, "X-Linked-Size", &(uint64_t){0})) {
             tern_fail(err, "%s: redirected to %s without the file's size (X-Linked-Size)", what, loc);
             break;
         }

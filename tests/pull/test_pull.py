@@ -191,6 +191,13 @@ def test_dropped_connection_is_resumed(hub, tmp_path, source, local_pack):
     assert_same_model(out, local_pack)
 
 
+def test_busy_hub_is_retried_after_its_retry_after(hub, tmp_path, source):
+    hub.busy = 2
+    p = run_tern("pull", REPO_ID, tmp_path / "hf", "--no-pack", hub=hub, check_rc=0)
+    assert p.stderr.count("HTTP 503; retrying in 1 s") == 2, p.stderr
+    assert (tmp_path / "hf" / SHARD1).read_bytes() == (source / SHARD1).read_bytes()
+
+
 def test_server_ignoring_range_restarts_the_file(hub, tmp_path, local_pack):
     hub.drop.add(SHARD2)
     hub.norange.add(SHARD2)
