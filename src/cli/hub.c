@@ -429,6 +429,13 @@ static int head_result(hub_conn *c, const char *what, hub_file *out, tern_error 
     return 0;
 }
 
+/* Sizes are file offsets (off_t) and JSON integers in the receipt. */
+static int head_checked(hub_conn *c, const char *what, hub_file *out, tern_error *err) {
+    if (head_result(c, what, out, err) != 0) return -1;
+    if (out->size > INT64_MAX) return tern_fail(err, "%s: the hub announced an impossible size", what);
+    return 0;
+}
+
 int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file, hub_file *out, tern_error *err) {
     char what[1200];
     snprintf(what, sizeof what, "%s/%s", repo, file);
@@ -462,7 +469,7 @@ int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file
             tern_fail(err, "%s: redirected to %s without the file's size (X-Linked-Size)", what, loc);
             break;
         }
-        rc = head_result(c, what, out, err);
+        rc = head_checked(c, what, out, err);
         break;
     }
     c->file_req = 0;

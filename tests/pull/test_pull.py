@@ -298,10 +298,21 @@ def test_unsafe_shard_in_index_is_refused(hub, tmp_path):
     assert not hub.requests("GET", "/cdn/")
 
 
-def test_not_enough_space_stops_before_downloading(hub, tmp_path):
-    hub.huge.add(SHARD2)
-    p = run_tern("pull", REPO_ID, tmp_path / "m", hub=hub)
+@pytest.mark.parametrize("shards,size,args", [((SHARD2,), 1 << 60, ()),
+                                              ((SHARD1, SHARD2), (1 << 63) - 1, ("--no-pack",))])
+def test_not_enough_space_stops_before_downloading(hub, tmp_path, shards, size, args):
+    hub.huge.update(shards)
+    hub.huge_size = size   # two such sizes and the other files add up past 2^64
+    p = run_tern("pull", REPO_ID, tmp_path / "m", *args, hub=hub)
     one_line_error(p, "not enough disk space")
+    assert not hub.requests("GET", "/cdn/")
+
+
+def test_impossible_size_is_refused(hub, tmp_path):
+    hub.huge.add(SHARD1)
+    hub.huge_size = 1 << 63
+    p = run_tern("pull", REPO_ID, tmp_path / "m", hub=hub)
+    one_line_error(p, SHARD1, "impossible size")
     assert not hub.requests("GET", "/cdn/")
 
 
