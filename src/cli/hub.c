@@ -419,13 +419,15 @@ static int head_result(hub_conn *c, const char *what, hub_file *out, tern_error 
         out->lfs = 1;
         if (!linked_size) return tern_fail(err, "%s: the hub gave no X-Linked-Size", what);
         bare_etag(etag, tag, sizeof tag);
-        if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
+        if (!is_hex(tag, 64)) return tern_fail(err, "%s: the hub gave no SHA-256 (X-Linked-Etag)", what);
+        memcpy(out->sha256, tag, 65);
         return 0;
     }
     if (!header_u64(c, "Content-Length", &out->size)) return tern_fail(err, "%s: the hub gave no size", what);
     bare_etag(header(c, "ETag", etag, sizeof etag), tag, sizeof tag);
     if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
     else if (is_hex(tag, 40)) memcpy(out->git_sha1, tag, 41);
+    else return tern_fail(err, "%s: the hub gave no hash of the file (ETag)", what);
     return 0;
 }
 

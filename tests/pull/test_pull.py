@@ -308,6 +308,14 @@ def test_not_enough_space_stops_before_downloading(hub, tmp_path, shards, size, 
     assert not hub.requests("GET", "/cdn/")
 
 
+@pytest.mark.parametrize("name", [SHARD1, "config.json"])
+def test_file_without_hash_is_refused(hub, tmp_path, name):
+    hub.nohash.add(name)
+    p = run_tern("pull", REPO_ID, tmp_path / "m", "--no-pack", hub=hub)
+    one_line_error(p, name, "no SHA-256" if name == SHARD1 else "no hash")
+    assert not hub.requests("GET", "/cdn/")
+
+
 def test_impossible_size_is_refused(hub, tmp_path):
     hub.huge.add(SHARD1)
     hub.huge_size = 1 << 63
