@@ -355,6 +355,8 @@ static int is_hex(const char *s, size_t n) {
     return 1;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 static int parse_listing(const char *body, const char *what, hub_listing *out, tern_error *err) {
     json_error_t je;
     json_t *root = json_loads(body, 0, &je);
@@ -374,6 +376,7 @@ static int parse_listing(const char *body, const char *what, hub_listing *out, t
         if (!name) rc = tern_fail(err, "%s: the hub's listing has a file without 'rfilename'", what);
         else if (!(out->names[out->n++] = strdup(name))) rc = tern_fail(err, "out of memory");
     }
+    if (rc == 0) qsort(out->names, (size_t)out->n, sizeof *out->names, cmp_str);
     json_decref(root);
     return rc;
 }

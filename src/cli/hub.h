@@ -35,7 +35,7 @@ int hub_repo_ok(const char *repo);
 
 typedef struct hub_listing {
     char commit[41];             /* the revision, resolved to its commit hash */
-    char **names;                /* every file of the repository at that commit */
+    char **names;                /* every file of the repository at that commit, sorted (strcmp) */
     int n;
 } hub_listing;
 
