@@ -110,11 +110,12 @@ int pull_add_shards(pull_job *j, const hub_listing *l, tern_error *err) {
     json_object_foreach(map, key, v) {
         const char *shard = json_string_value(v);
         if (rc != 0) break;
-        char shown[256];
+        char shown[256], tensor[201];
         printable(shard ? shard : "", shown, sizeof shown);
+        printable(key, tensor, sizeof tensor);
         size_t len = shard ? strlen(shard) : 0;
         if (!shard || !pull_name_ok(shard) || len < 12 || strcmp(shard + len - 12, ".safetensors") != 0)
-            rc = tern_fail(err, "%s: tensor '%.200s' maps to an unsafe or odd file name '%s' (refused)", label, key,
+            rc = tern_fail(err, "%s: tensor '%s' maps to an unsafe or odd file name '%s' (refused)", label, tensor,
                            shown);
         else if (!listed(l, shard)) rc = tern_fail(err, "%s: shard '%s' is not in the repository", label, shown);
         else names[k++] = shard;
