@@ -142,22 +142,25 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
+/* Sizes come from the network: their sums saturate rather than wrap. */
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
 /* Free space for what is still to download, the pack (at most the
  * weights' size: tern pack never makes them larger) and a reserve. */
 static int check_space(pull_job *j, int pack, uint64_t held, tern_error *err) {
     uint64_t total = 0, weights = 0;
     for (int i = 0; i < j->n_files; i++) {
-        total += j->files[i].meta.size;
-        if (ends_with(j->files[i].name, ".safetensors")) weights += j->files[i].meta.size;
+        total = add_sat(total, j->files[i].meta.size);
+        if (ends_with(j->files[i].name, ".safetensors")) weights = add_sat(weights, j->files[i].meta.size);
     }
     uint64_t download = total - (held < total ? held : total), packed = pack ? weights : 0;
+    uint64_t need = add_sat(add_sat(download, packed), SPACE_RESERVE);
     struct statvfs sv;
     if (fstatvfs(j->root, &sv) != 0) return tern_fail(err, "%s: cannot read its free space: %s", j->dir, strerror(errno));
     uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
-    if (avail >= download + packed + SPACE_RESERVE && download + packed >= download) return 0;
+    if (avail >= need) return 0;
     return tern_fail(err, "not enough disk space in %s: need %.2f GB (download %.2f GB, pack %.2f GB, reserve %.2f GB), "
-                     "have %.2f GB", j->dir, (download + packed + SPACE_RESERVE) / 1e9, download / 1e9, packed / 1e9,
-                     SPACE_RESERVE / 1e9, avail / 1e9);
+                     "have %.2f GB", j->dir, need / 1e9, download / 1e9, packed / 1e9, SPACE_RESERVE / 1e9, avail / 1e9);
 }
 
 /* The listing, the files to fetch (the index first, for its shards), their

@@ -1,58 +1,16 @@
-/* The hub client: requests, retries and their errors. The response
- * headers that matter are kept per response (a redirect's headers replace
- * the ones before), the body goes to a sink or a capped buffer. */
-#include "cli/hub.h"
+/* The hub's API over the transport of hub_http.c: repository ids, the
+ * listing of a revision, a file's size and hash, and download URLs. */
+#include "cli/hub_http.h"
 
 #include <ctype.h>
-#include <curl/curl.h>
-#include <inttypes.h>
 #include <jansson.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <time.h>
 
 #include "util/err.h"
 
-#define LISTING_MAX ((size_t)64 << 20)
-#define ERROR_BODY_MAX 4096
-#define BACKOFF_CAP_S 30
-#define RETRY_AFTER_CAP_S 60
 #define MAX_HOPS 5
-
-struct hub {
-    char *endpoint;
-    char *auth;                  /* the Authorization header line, or NULL */
-    int retries;
-    FILE *notes;
-    atomic_int cancelled;
-};
-
-/* What one response said (reset on every status line). */
-typedef struct resp {
-    char location[2048], etag[160], linked_etag[160], commit[64], error_code[64], error_msg[256], range[128];
-    uint64_t linked_size, length;
-    int has_linked_size, has_length;
-    long retry_after;
-} resp;
-
-struct hub_conn {
-    hub *h;
-    CURL *curl;
-    struct curl_slist *hdrs;
-    char errbuf[CURL_ERROR_SIZE];
-    resp r;
-    /* the body: to the sink when 2xx and one is set, else to buf */
-    hub_sink *sink;
-    uint64_t start;
-    int started, sink_failed, range_bad, too_big;
-    tern_error *sink_err;
-    int file_req;                /* a file's request (a 404 is the file's), not the listing */
-    char *buf;
-    size_t len, cap, max;
-};
 
 int hub_repo_ok(const char *repo) {
     size_t n = strlen(repo);
@@ -64,296 +22,6 @@ int hub_repo_ok(const char *repo) {
         else if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_' && *p != '.') return 0;
     }
     return slashes <= 1 && repo[0] != '.' && !strstr(repo, "/.");
-}
-
-hub *hub_create(const char *endpoint, const char *token, int retries, FILE *notes, tern_error *err) {
-    if (strncmp(endpoint, "http://", 7) != 0 && strncmp(endpoint, "https://", 8) != 0) {
-        tern_fail(err, "the hub endpoint must be an http:// or https:// URL, got '%s'", endpoint);
-        return NULL;
-    }
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        tern_fail(err, "libcurl failed to initialize");
-        return NULL;
-    }
-    hub *h = calloc(1, sizeof *h);
-    if (h && token && *token && asprintf(&h->auth, "Authorization: Bearer %s", token) < 0) h->auth = NULL;
-    if (!h || !(h->endpoint = strdup(endpoint)) || (token && *token && !h->auth)) {
-        hub_destroy(h);
-        if (!h) curl_global_cleanup();
-        tern_fail(err, "out of memory");
-        return NULL;
-    }
-    size_t n = strlen(h->endpoint);
-    while (n > 0 && h->endpoint[n - 1] == '/') h->endpoint[--n] = '\0';
-    h->retries = retries;
-    h->notes = notes;
-    return h;
-}
-
-void hub_destroy(hub *h) {
-    if (!h) return;
-    free(h->endpoint);
-    free(h->auth);
-    free(h);
-    curl_global_cleanup();
-}
-
-void hub_cancel(hub *h) { atomic_store(&h->cancelled, 1); }
-const char *hub_endpoint(const hub *h) { return h->endpoint; }
-
-/* ---- callbacks ---------------------------------------------------------- */
-
-static void copy_value(char *dst, size_t cap, const char *v, size_t n) {
-    if (n >= cap) n = cap - 1;
-    memcpy(dst, v, n);
-    dst[n] = '\0';
-}
-
-static uint64_t parse_u64(const char *v, size_t n, int *ok) {
-    char tmp[32];
-    if (n == 0 || n >= sizeof tmp) { *ok = 0; return 0; }
-    memcpy(tmp, v, n);
-    tmp[n] = '\0';
-    char *end;
-    unsigned long long x = strtoull(tmp, &end, 10);
-    *ok = *end == '\0' && isdigit((unsigned char)tmp[0]);
-    return *ok ? (uint64_t)x : 0;
-}
-
-static size_t on_header(char *line, size_t size, size_t count, void *ud) {
-    hub_conn *c = ud;
-    size_t len = size * count;
-    if (len >= 5 && !strncmp(line, "HTTP/", 5)) {
-        memset(&c->r, 0, sizeof c->r);
-        return len;
-    }
-    const char *colon = memchr(line, ':', len);
-    if (!colon) return len;
-    size_t nlen = (size_t)(colon - line);
-    const char *v = colon + 1, *end = line + len;
-    while (v < end && (*v == ' ' || *v == '\t')) v++;
-    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ')) end--;
-    size_t vlen = (size_t)(end - v);
-    resp *r = &c->r;
-#define NAME(s) (nlen == strlen(s) && !strncasecmp(line, s, nlen))
-    int ok;
-    if (NAME("location")) copy_value(r->location, sizeof r->location, v, vlen);
-    else if (NAME("etag")) copy_value(r->etag, sizeof r->etag, v, vlen);
-    else if (NAME("x-linked-etag")) copy_value(r->linked_etag, sizeof r->linked_etag, v, vlen);
-    else if (NAME("x-repo-commit")) copy_value(r->commit, sizeof r->commit, v, vlen);
-    else if (NAME("x-error-code")) copy_value(r->error_code, sizeof r->error_code, v, vlen);
-    else if (NAME("x-error-message")) copy_value(r->error_msg, sizeof r->error_msg, v, vlen);
-    else if (NAME("content-range")) copy_value(r->range, sizeof r->range, v, vlen);
-    else if (NAME("x-linked-size")) { r->linked_size = parse_u64(v, vlen, &ok); r->has_linked_size = ok; }
-    else if (NAME("content-length")) { r->length = parse_u64(v, vlen, &ok); r->has_length = ok; }
-    else if (NAME("retry-after")) { uint64_t s = parse_u64(v, vlen, &ok); r->retry_after = ok ? (long)(s > 3600 ? 3600 : s) : 0; }
-#undef NAME
-    return len;
-}
-
-/* A 206 must start where we asked ("bytes START-END/TOTAL"). */
-static int range_starts_at(const char *range, uint64_t start) {
-    if (strncmp(range, "bytes ", 6) != 0) return 0;
-    int ok;
-    const char *dash = strchr(range + 6, '-');
-    return dash && parse_u64(range + 6, (size_t)(dash - range - 6), &ok) == start && ok;
-}
-
-static size_t to_sink(hub_conn *c, long code, char *data, size_t len) {
-    if (!c->started) {
-        c->started = 1;
-        if (code == 200 && c->start > 0 && c->sink->restart(c->sink->ctx, c->sink_err) != 0) {
-            c->sink_failed = 1;
-            return 0;
-        }
-        if (code == 206 && !range_starts_at(c->r.range, c->start)) {
-            c->range_bad = 1;
-            return 0;
-        }
-    }
-    if (c->sink->write(c->sink->ctx, data, len, c->sink_err) != 0) {
-        c->sink_failed = 1;
-        return 0;
-    }
-    return len;
-}
-
-static size_t on_body(char *data, size_t size, size_t count, void *ud) {
-    hub_conn *c = ud;
-    size_t len = size * count;
-    if (atomic_load(&c->h->cancelled)) return 0;
-    long code = 0;
-    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &code);
-    if (c->sink && (code == 200 || code == 206)) return to_sink(c, code, data, len);
-    int success = code >= 200 && code < 300;
-    size_t room = c->max - c->len;
-    if (len > room) {
-        if (success) { c->too_big = 1; return 0; }
-        len = room;   /* an error page: its start is enough */
-    }
-    if (c->len + len + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 4096;
-        while (cap < c->len + len + 1) cap *= 2;
-        char *grown = realloc(c->buf, cap);
-        if (!grown) return 0;
-        c->buf = grown;
-        c->cap = cap;
-    }
-    memcpy(c->buf + c->len, data, len);
-    c->len += len;
-    c->buf[c->len] = '\0';
-    return size * count;
-}
-
-static int on_progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t x, curl_off_t y) {
-    hub_conn *c = ud;
-    return atomic_load(&c->h->cancelled) ? 1 : 0;
-}
-
-/* ---- connections and requests ------------------------------------------- */
-
-hub_conn *hub_conn_create(hub *h, tern_error *err) {
-    hub_conn *c = calloc(1, sizeof *c);
-    if (!c || !(c->curl = curl_easy_init())) {
-        free(c);
-        tern_fail(err, "cannot start a libcurl handle");
-        return NULL;
-    }
-    c->h = h;
-    if (h->auth && !(c->hdrs = curl_slist_append(NULL, h->auth))) {
-        hub_conn_destroy(c);
-        tern_fail(err, "out of memory");
-        return NULL;
-    }
-    CURL *e = c->curl;
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, c->hdrs);
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "tern/1 (libcurl)");
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, c->errbuf);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, c);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(e, CURLOPT_XFERINFODATA, c);
-    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 30L);
-    /* a connection that stalls is a dropped one: retried, then resumed */
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 60L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L << 10);   /* fewer, larger writes of the shards */
-    return c;
-}
-
-void hub_conn_destroy(hub_conn *c) {
-    if (!c) return;
-    curl_easy_cleanup(c->curl);
-    curl_slist_free_all(c->hdrs);
-    free(c->buf);
-    free(c);
-}
-
-typedef enum { R_OK, R_RETRY, R_FAIL } outcome;
-
-static CURLcode perform(hub_conn *c, const char *url, int head, int follow, const char *range) {
-    CURL *e = c->curl;
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    if (head) curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-    else curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
-    curl_easy_setopt(e, CURLOPT_RANGE, range);
-    memset(&c->r, 0, sizeof c->r);
-    c->errbuf[0] = '\0';
-    c->len = 0;
-    c->max = c->sink ? ERROR_BODY_MAX : LISTING_MAX;
-    c->started = c->sink_failed = c->range_bad = c->too_big = 0;
-    return curl_easy_perform(e);
-}
-
-static long status(hub_conn *c) {
-    long code = 0;
-    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &code);
-    return code;
-}
-
-/* One line for an HTTP error, in the hub's terms (X-Error-Code). */
-static void http_fail(hub_conn *c, long code, const char *what, tern_error *err) {
-    const char *ec = c->r.error_code;
-    int token = c->h->auth != NULL;
-    if (!strcmp(ec, "GatedRepo"))
-        tern_fail(err, "%s: gated repository: accept its terms on the hub, then set HF_TOKEN to a token of that account",
-                  what);
-    else if ((code == 401 || code == 403) && !token)
-        tern_fail(err, "%s: not found, or private or gated (HTTP %ld): set HF_TOKEN to a Hugging Face access token",
-                  what, code);
-    else if (code == 401 || code == 403)
-        tern_fail(err, "%s: access denied (HTTP %ld) with the token in HF_TOKEN", what, code);
-    else if (!strcmp(ec, "RevisionNotFound")) tern_fail(err, "%s: revision not found", what);
-    else if (!strcmp(ec, "EntryNotFound") || (code == 404 && c->file_req && strcmp(ec, "RepoNotFound") != 0))
-        tern_fail(err, "%s: no such file at this revision", what);
-    else if (code == 404) tern_fail(err, "%s: repository not found on %s", what, c->h->endpoint);
-    else tern_fail(err, "%s: HTTP %ld%s%s", what, code, c->r.error_msg[0] ? ": " : "", c->r.error_msg);
-}
-
-static outcome classify(hub_conn *c, CURLcode rc, const char *what, tern_error *err) {
-    long code = status(c);
-    if (atomic_load(&c->h->cancelled)) { tern_fail(err, "%s: cancelled", what); return R_FAIL; }
-    if (c->sink_failed) return R_FAIL;
-    if (c->range_bad) {
-        tern_fail(err, "%s: the server answered a Range request with other bytes (%s)", what, c->r.range);
-        return R_FAIL;
-    }
-    if (c->too_big) { tern_fail(err, "%s: answer larger than %zu bytes", what, c->max); return R_FAIL; }
-    if (rc == CURLE_OK) {
-        if (code >= 200 && code < 400) return R_OK;
-        if (code == 408 || code == 429 || code >= 500) {
-            tern_fail(err, "%s: HTTP %ld", what, code);
-            return R_RETRY;
-        }
-        http_fail(c, code, what, err);
-        return R_FAIL;
-    }
-    tern_fail(err, "%s: %s", what, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
-    switch (rc) {
-    case CURLE_UNSUPPORTED_PROTOCOL: case CURLE_URL_MALFORMAT: case CURLE_TOO_MANY_REDIRECTS:
-    case CURLE_OUT_OF_MEMORY: case CURLE_PEER_FAILED_VERIFICATION: case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_BAD_FUNCTION_ARGUMENT:
-        return R_FAIL;
-    default:
-        return R_RETRY;
-    }
-}
-
-/* Sleeps before retry n (1, 2, 4 ... s, or the server's Retry-After),
- * waking early when the pull is cancelled. why: the failure, told. */
-static int backoff(hub_conn *c, int n, const tern_error *why) {
-    long cap = c->r.retry_after > 0 ? RETRY_AFTER_CAP_S : BACKOFF_CAP_S;
-    long s = c->r.retry_after > 0 ? c->r.retry_after : 1L << (n < 5 ? n : 5);
-    if (s > cap) s = cap;
-    if (c->h->notes) fprintf(c->h->notes, "tern pull: %s; retrying in %ld s\n", why->msg, s);
-    for (long t = 0; t < s * 10; t++) {
-        if (atomic_load(&c->h->cancelled)) return -1;
-        nanosleep(&(struct timespec){0, 100000000L}, NULL);
-    }
-    return 0;
-}
-
-/* One request with retries: 0, or -1 with err set. */
-static int request(hub_conn *c, const char *url, int head, int follow, const char *what, tern_error *err) {
-    for (int attempt = 0;; attempt++) {
-        outcome o = classify(c, perform(c, url, head, follow, NULL), what, err);
-        if (o == R_OK) return 0;
-        if (o == R_FAIL) return -1;
-        if (attempt >= c->h->retries) {
-            tern_err_prefix(err, "network failure after %d attempts", attempt + 1);
-            return -1;
-        }
-        if (backoff(c, attempt, err) != 0) return tern_fail(err, "%s: cancelled", what);
-    }
 }
 
 /* ---- URLs --------------------------------------------------------------- */
@@ -385,6 +53,8 @@ static int is_hex(const char *s, size_t n) {
     return 1;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 static int parse_listing(const char *body, const char *what, hub_listing *out, tern_error *err) {
     json_error_t je;
     json_t *root = json_loads(body, 0, &je);
@@ -404,6 +74,7 @@ static int parse_listing(const char *body, const char *what, hub_listing *out, t
         if (!name) rc = tern_fail(err, "%s: the hub's listing has a file without 'rfilename'", what);
         else if (!(out->names[out->n++] = strdup(name))) rc = tern_fail(err, "out of memory");
     }
+    if (rc == 0) qsort(out->names, (size_t)out->n, sizeof *out->names, cmp_str);
     json_decref(root);
     return rc;
 }
@@ -416,7 +87,7 @@ int hub_list(hub_conn *c, const char *repo, const char *revision, hub_listing *o
     if (!rev || asprintf(&url, "%s/api/models/%s/revision/%s", c->h->endpoint, repo, rev) < 0) url = NULL;
     curl_free(rev);
     if (!url) return tern_fail(err, "out of memory");
-    int rc = request(c, url, 0, 1, what, err);
+    int rc = hub_request(c, url, 0, 1, what, err);
     free(url);
     if (rc == 0) rc = parse_listing(c->buf ? c->buf : "", what, out, err);
     if (rc != 0) hub_listing_free(out);
@@ -437,25 +108,34 @@ static void bare_etag(const char *in, char *out, size_t cap) {
     if (!strncmp(in, "W/", 2)) in += 2;
     size_t n = strlen(in);
     if (n >= 2 && in[0] == '"' && in[n - 1] == '"') { in++; n -= 2; }
-    copy_value(out, cap, in, n);
+    snprintf(out, cap, "%.*s", (int)n, in);
 }
 
 static int head_result(hub_conn *c, const char *what, hub_file *out, tern_error *err) {
-    char tag[160];
+    char etag[160], tag[160];
     memset(out, 0, sizeof *out);
-    if (c->r.linked_etag[0] || c->r.has_linked_size) {
+    hub_header(c, "X-Linked-Etag", etag, sizeof etag);
+    int linked_size = hub_header_u64(c, "X-Linked-Size", &out->size);
+    if (etag[0] || linked_size) {
         out->lfs = 1;
-        if (!c->r.has_linked_size) return tern_fail(err, "%s: the hub gave no X-Linked-Size", what);
-        out->size = c->r.linked_size;
-        bare_etag(c->r.linked_etag, tag, sizeof tag);
-        if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
+        if (!linked_size) return tern_fail(err, "%s: the hub gave no X-Linked-Size", what);
+        bare_etag(etag, tag, sizeof tag);
+        if (!is_hex(tag, 64)) return tern_fail(err, "%s: the hub gave no SHA-256 (X-Linked-Etag)", what);
+        memcpy(out->sha256, tag, 65);
         return 0;
     }
-    if (!c->r.has_length) return tern_fail(err, "%s: the hub gave no size", what);
-    out->size = c->r.length;
-    bare_etag(c->r.etag, tag, sizeof tag);
+    if (!hub_header_u64(c, "Content-Length", &out->size)) return tern_fail(err, "%s: the hub gave no size", what);
+    bare_etag(hub_header(c, "ETag", etag, sizeof etag), tag, sizeof tag);
     if (is_hex(tag, 64)) memcpy(out->sha256, tag, 65);
     else if (is_hex(tag, 40)) memcpy(out->git_sha1, tag, 41);
+    else return tern_fail(err, "%s: the hub gave no hash of the file (ETag)", what);
+    return 0;
+}
+
+/* Sizes are file offsets (off_t) and JSON integers in the receipt. */
+static int head_checked(hub_conn *c, const char *what, hub_file *out, tern_error *err) {
+    if (head_result(c, what, out, err) != 0) return -1;
+    if (out->size > INT64_MAX) return tern_fail(err, "%s: the hub announced an impossible size", what);
     return 0;
 }
 
@@ -473,13 +153,14 @@ int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file
             tern_fail(err, "%s: more than %d redirects", what, MAX_HOPS);
             break;
         }
-        if (request(c, url, 1, 0, what, err) != 0) break;
-        if (c->r.commit[0] && strcmp(c->r.commit, commit) != 0) {
-            tern_fail(err, "%s: the hub answered for commit %.40s, not %s", what, c->r.commit, commit);
+        if (hub_request(c, url, 1, 0, what, err) != 0) break;
+        char at[64], loc[2048];
+        if (hub_header(c, "X-Repo-Commit", at, sizeof at)[0] && strcmp(at, commit) != 0) {
+            tern_fail(err, "%s: the hub answered for commit %.40s, not %s", what, at, commit);
             break;
         }
-        long code = status(c);
-        const char *loc = c->r.location;
+        long code = hub_status(c);
+        hub_header(c, "Location", loc, sizeof loc);
         char *next = NULL;
         if (code >= 300 && code < 400 && loc[0] == '/' && loc[1] != '/') {
             curl_easy_getinfo(c->curl, CURLINFO_REDIRECT_URL, &next);
@@ -487,11 +168,11 @@ int hub_head(hub_conn *c, const char *repo, const char *commit, const char *file
             tern_fail(err, "%s: cannot follow the hub's redirect to %s", what, loc);
             break;
         }
-        if (code >= 300 && code < 400 && !c->r.has_linked_size) {
+        if (code >= 300 && code < 400 && !hub_header_u64(c, "X-Linked-Size", &(uint64_t){0})) {
             tern_fail(err, "%s: redirected to %s without the file's size (X-Linked-Size)", what, loc);
             break;
         }
-        rc = head_result(c, what, out, err);
+        rc = head_checked(c, what, out, err);
         break;
     }
     c->file_req = 0;
@@ -507,38 +188,7 @@ int hub_get(hub_conn *c, const char *repo, const char *commit, const char *file,
     snprintf(what, sizeof what, "%s/%s", repo, file);
     char *url = resolve_url(c, repo, commit, file);
     if (!url) return tern_fail(err, "out of memory");
-    c->sink = s;
-    c->sink_err = err;
-    c->file_req = 1;
-    int rc = -1;
-    for (int fails = 0;;) {
-        uint64_t off = s->offset(s->ctx);
-        if (off == size) { rc = 0; break; }
-        if (off > size) {
-            tern_fail(err, "%s: the server sent more than the %" PRIu64 " bytes the hub announced", what, size);
-            break;
-        }
-        char range[48];
-        snprintf(range, sizeof range, "%" PRIu64 "-", off);
-        c->start = off;
-        outcome o = classify(c, perform(c, url, 0, 1, off ? range : NULL), what, err);
-        uint64_t now = s->offset(s->ctx);
-        if (o == R_OK && now < size) {
-            tern_fail(err, "%s: the connection ended after %" PRIu64 " of %" PRIu64 " bytes", what, now, size);
-            o = R_RETRY;
-        }
-        if (o == R_FAIL) break;
-        if (o == R_OK) continue;
-        fails = now > off ? 0 : fails + 1;   /* an attempt that made progress costs no retry */
-        if (fails > c->h->retries) {
-            tern_err_prefix(err, "network failure after %d attempts", fails);
-            break;
-        }
-        if (backoff(c, fails > 0 ? fails - 1 : 0, err) != 0) { tern_fail(err, "%s: cancelled", what); break; }
-    }
-    c->sink = NULL;
-    c->sink_err = NULL;
-    c->file_req = 0;
+    int rc = hub_download(c, url, what, size, s, err);
     free(url);
     return rc;
 }

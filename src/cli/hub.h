@@ -35,7 +35,7 @@ int hub_repo_ok(const char *repo);
 
 typedef struct hub_listing {
     char commit[41];             /* the revision, resolved to its commit hash */
-    char **names;                /* every file of the repository at that commit */
+    char **names;                /* every file of the repository at that commit, sorted (strcmp) */
     int n;
 } hub_listing;
 
@@ -45,6 +45,7 @@ void hub_listing_free(hub_listing *l);
 typedef struct hub_file {
     uint64_t size;
     int lfs;                     /* stored in LFS: size and sha256 from the X-Linked-* headers */
+    /* one of the two is set: a file without a hash is refused */
     char sha256[65];             /* the hub's SHA-256 of the content, or "" */
     char git_sha1[41];           /* a plain git file's blob id (its ETag), or "" */
 } hub_file;

@@ -67,7 +67,7 @@ static void hash_discard(fetch *x) {
     x->git = NULL;
 }
 
-/* 0 if the content matches the hub's hash (or the hub gave none). */
+/* 0 if the content matches the hub's hash. */
 static int hash_check(fetch *x, char sha256[65], tern_error *err) {
     tern_sha256_final(&x->sha, sha256);
     const hub_file *m = &x->f->meta;

@@ -48,26 +48,31 @@ static void printable(const char *in, char *out, size_t cap) {
     out[i] = '\0';
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The listing is sorted: a hub listing many files must not make the
+ * lookups of an index's many tensors quadratic. */
 static int listed(const hub_listing *l, const char *name) {
-    for (int i = 0; i < l->n; i++)
-        if (!strcmp(l->names[i], name)) return 1;
-    return 0;
+    return l->n > 0 && bsearch(&name, l->names, (size_t)l->n, sizeof *l->names, cmp_str) != NULL;
 }
 
-static int add_file(pull_job *j, const char *name, tern_error *err) {
-    for (int i = 0; i < j->n_files; i++)
-        if (!strcmp(j->files[i].name, name)) return 0;
-    pull_file *grown = realloc(j->files, (size_t)(j->n_files + 1) * sizeof *grown);
+/* Appends files (names distinct, and distinct from the files held). */
+static int add_files(pull_job *j, const char *const *names, size_t n, tern_error *err) {
+    pull_file *grown = realloc(j->files, ((size_t)j->n_files + n) * sizeof *grown);
     if (!grown) return tern_fail(err, "out of memory");
     j->files = grown;
-    memset(&j->files[j->n_files], 0, sizeof *grown);
-    if (!(j->files[j->n_files].name = strdup(name))) return tern_fail(err, "out of memory");
-    j->n_files++;
+    for (size_t i = 0; i < n; i++) {
+        memset(&j->files[j->n_files], 0, sizeof *grown);
+        if (!(j->files[j->n_files].name = strdup(names[i]))) return tern_fail(err, "out of memory");
+        j->n_files++;
+    }
     return 0;
 }
 
 int pull_select(pull_job *j, const hub_listing *l, tern_error *err) {
     char shown[256];
+    const char *want[1 + sizeof sidecars / sizeof *sidecars];
+    size_t n = 0;
     for (int i = 0; i < l->n; i++)
         if (!pull_name_ok(l->names[i])) {
             printable(l->names[i], shown, sizeof shown);
@@ -76,19 +81,13 @@ int pull_select(pull_job *j, const hub_listing *l, tern_error *err) {
         }
     if (!listed(l, "config.json")) return tern_fail(err, "%s@%.12s: no config.json in the repository", j->repo, j->commit);
     /* the index first: its shards are known once it is fetched */
-    if (listed(l, INDEX_NAME) && add_file(j, INDEX_NAME, err) != 0) return -1;
-    else if (!listed(l, INDEX_NAME)) {
-        if (!listed(l, "model.safetensors"))
-            return tern_fail(err, "%s@%.12s: no model.safetensors or %s in the repository", j->repo, j->commit,
-                             INDEX_NAME);
-        if (add_file(j, "model.safetensors", err) != 0) return -1;
-    }
+    if (listed(l, INDEX_NAME)) want[n++] = INDEX_NAME;
+    else if (listed(l, "model.safetensors")) want[n++] = "model.safetensors";
+    else return tern_fail(err, "%s@%.12s: no model.safetensors or %s in the repository", j->repo, j->commit, INDEX_NAME);
     for (size_t i = 0; i < sizeof sidecars / sizeof *sidecars; i++)
-        if (listed(l, sidecars[i]) && add_file(j, sidecars[i], err) != 0) return -1;
-    return 0;
+        if (listed(l, sidecars[i])) want[n++] = sidecars[i];
+    return add_files(j, want, n, err);
 }
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int pull_add_shards(pull_job *j, const hub_listing *l, tern_error *err) {
     const char *base;
@@ -111,18 +110,23 @@ int pull_add_shards(pull_job *j, const hub_listing *l, tern_error *err) {
     json_object_foreach(map, key, v) {
         const char *shard = json_string_value(v);
         if (rc != 0) break;
-        char shown[256];
+        char shown[256], tensor[201];
         printable(shard ? shard : "", shown, sizeof shown);
+        printable(key, tensor, sizeof tensor);
         size_t len = shard ? strlen(shard) : 0;
         if (!shard || !pull_name_ok(shard) || len < 12 || strcmp(shard + len - 12, ".safetensors") != 0)
-            rc = tern_fail(err, "%s: tensor '%.200s' maps to an unsafe or odd file name '%s' (refused)", label, key,
+            rc = tern_fail(err, "%s: tensor '%s' maps to an unsafe or odd file name '%s' (refused)", label, tensor,
                            shown);
         else if (!listed(l, shard)) rc = tern_fail(err, "%s: shard '%s' is not in the repository", label, shown);
         else names[k++] = shard;
     }
     if (rc == 0 && k == 0) rc = tern_fail(err, "%s: the weight map is empty", label);
+    /* many tensors share a shard: each shard once, in order */
+    size_t u = 0;
     if (rc == 0) qsort(names, k, sizeof *names, cmp_str);
-    for (size_t i = 0; rc == 0 && i < k; i++) rc = add_file(j, names[i], err);
+    for (size_t i = 0; rc == 0 && i < k; i++)
+        if (u == 0 || strcmp(names[i], names[u - 1]) != 0) names[u++] = names[i];
+    if (rc == 0) rc = add_files(j, names, u, err);
     free(names);
     json_decref(root);
     return rc;

@@ -17,7 +17,9 @@ Faults, set per test on the server object (each keyed by file name):
   stall    first GET sends half, then waits until `release` is set (a client killed mid-file)
   corrupt  the blob's bytes differ from its advertised SHA-256
   norange  Range is ignored (200 and the whole body)
-  huge     X-Linked-Size far beyond any disk
+  huge     X-Linked-Size far beyond any disk (huge_size)
+  nohash   no X-Linked-Etag (an LFS file) or ETag (a plain file)
+The listing is answered 503 with Retry-After: 1 `busy` times first.
 """
 import hashlib
 import json
@@ -70,7 +72,9 @@ class Hub:
         self.repos = {}
         self.log = []
         self.lock = threading.Lock()
-        self.drop, self.stall, self.corrupt, self.norange, self.huge = set(), set(), set(), set(), set()
+        self.drop, self.stall, self.corrupt, self.norange, self.huge, self.nohash = (set() for _ in range(6))
+        self.huge_size = 1 << 60
+        self.busy = 0
         self.release = threading.Event()
         self.stalled = threading.Event()
         self.api, self.storage = _Server(self), _Server(self)
@@ -161,6 +165,11 @@ class Handler(BaseHTTPRequestHandler):
     # ---- the hub ------------------------------------------------------------------------------------------------
 
     def listing(self, repo_id, rev):
+        hub = self.server.hub
+        with hub.lock:
+            busy, hub.busy = hub.busy > 0, max(hub.busy - 1, 0)
+        if busy:
+            return self.send(503, [("Retry-After", "1")])
         repo = self.repo_for(repo_id, rev)
         if repo is None:
             return
@@ -175,14 +184,16 @@ class Handler(BaseHTTPRequestHandler):
         data = repo.files.get(name)
         if data is None:
             return self.error(404, "EntryNotFound", "Entry not found")
+        hub = self.server.hub
         common = [("X-Repo-Commit", repo.commit)]
         if repo.is_lfs(name):
             sha = hashlib.sha256(data).hexdigest()
-            size = 1 << 60 if name in self.server.hub.huge else len(data)
-            return self.send(302, common + [("Location", "%s/cdn/%s" % (self.server.hub.storage_url, sha)),
-                                            ("ETag", '"%s"' % sha), ("X-Linked-Etag", '"%s"' % sha),
-                                            ("X-Linked-Size", str(size))])
-        self.send(200, common + [("ETag", '"%s"' % git_blob_id(data))], data)
+            size = hub.huge_size if name in hub.huge else len(data)
+            tags = [] if name in hub.nohash else [("ETag", '"%s"' % sha), ("X-Linked-Etag", '"%s"' % sha)]
+            return self.send(302, common + [("Location", "%s/cdn/%s" % (hub.storage_url, sha)),
+                                            ("X-Linked-Size", str(size))] + tags)
+        tags = [] if name in hub.nohash else [("ETag", '"%s"' % git_blob_id(data))]
+        self.send(200, common + tags, data)
 
     # ---- the storage (CDN) --------------------------------------------------------------------------------------
 

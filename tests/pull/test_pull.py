@@ -191,6 +191,13 @@ def test_dropped_connection_is_resumed(hub, tmp_path, source, local_pack):
     assert_same_model(out, local_pack)
 
 
+def test_busy_hub_is_retried_after_its_retry_after(hub, tmp_path, source):
+    hub.busy = 2
+    p = run_tern("pull", REPO_ID, tmp_path / "hf", "--no-pack", hub=hub, check_rc=0)
+    assert p.stderr.count("HTTP 503; retrying in 1 s") == 2, p.stderr
+    assert (tmp_path / "hf" / SHARD1).read_bytes() == (source / SHARD1).read_bytes()
+
+
 def test_server_ignoring_range_restarts_the_file(hub, tmp_path, local_pack):
     hub.drop.add(SHARD2)
     hub.norange.add(SHARD2)
@@ -291,10 +298,29 @@ def test_unsafe_shard_in_index_is_refused(hub, tmp_path):
     assert not hub.requests("GET", "/cdn/")
 
 
-def test_not_enough_space_stops_before_downloading(hub, tmp_path):
-    hub.huge.add(SHARD2)
-    p = run_tern("pull", REPO_ID, tmp_path / "m", hub=hub)
+@pytest.mark.parametrize("shards,size,args", [((SHARD2,), 1 << 60, ()),
+                                              ((SHARD1, SHARD2), (1 << 63) - 1, ("--no-pack",))])
+def test_not_enough_space_stops_before_downloading(hub, tmp_path, shards, size, args):
+    hub.huge.update(shards)
+    hub.huge_size = size   # two such sizes and the other files add up past 2^64
+    p = run_tern("pull", REPO_ID, tmp_path / "m", *args, hub=hub)
     one_line_error(p, "not enough disk space")
+    assert not hub.requests("GET", "/cdn/")
+
+
+@pytest.mark.parametrize("name", [SHARD1, "config.json"])
+def test_file_without_hash_is_refused(hub, tmp_path, name):
+    hub.nohash.add(name)
+    p = run_tern("pull", REPO_ID, tmp_path / "m", "--no-pack", hub=hub)
+    one_line_error(p, name, "no SHA-256" if name == SHARD1 else "no hash")
+    assert not hub.requests("GET", "/cdn/")
+
+
+def test_impossible_size_is_refused(hub, tmp_path):
+    hub.huge.add(SHARD1)
+    hub.huge_size = 1 << 63
+    p = run_tern("pull", REPO_ID, tmp_path / "m", hub=hub)
+    one_line_error(p, SHARD1, "impossible size")
     assert not hub.requests("GET", "/cdn/")
 
 
