@@ -145,8 +145,11 @@ static void cache_evict(tern_grammar_vocab *v) {
         v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
         gt_table_free(v->cache[victim].t);
         free(v->cache[victim].key);
-        v->cache[victim] = v->cache[--v->n_cache];
-        v->cache[victim].t->slot = victim;
+        /* the last entry takes the victim's place (unless it was the last) */
+        if (victim != --v->n_cache) {
+            v->cache[victim] = v->cache[v->n_cache];
+            v->cache[victim].t->slot = victim;
+        }
         removed = 1;
     }
     if (removed) index_rebuild(v, v->index_cap);   /* (the same size: it cannot fail) */
