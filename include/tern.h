@@ -83,7 +83,7 @@ typedef struct tern_load_params {
     int rope_scaling;
     double rope_factor;
     int rope_context;
-    /* Debugging aids of the GPU engine; all zero (the default) is the
+    /* Debugging aids of the engines; all zero (the default) is the
      * production path. None changes the results beyond rounding. */
     struct {
         int no_graphs;       /* 1: decode steps launched op by op, never captured as CUDA graphs */
@@ -98,6 +98,12 @@ typedef struct tern_load_params {
          * context caps it): small pieces put piece boundaries in short
          * prompts. */
         int piece;
+        /* 1: a speculative step (tern_gen_params.mtp_depth) that keeps
+         * fewer tokens than it verified restores the DeltaNet state saved
+         * before the verify and evaluates the kept tokens again, as on a
+         * backend that keeps no per-token state (0: the CPU keeps the
+         * state after each verified token). Same results, other costs. */
+        int mtp_recompute;
     } debug;
 } tern_load_params;
 
@@ -257,6 +263,15 @@ double tern_route_trace_simulate(const tern_route_trace *t, int slots, int polic
  * cache by one position. Fails if the model has no MTP weights. */
 int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits,
                            tern_error *err);
+
+/* on 1: every evaluation of the session also runs the MTP head over the
+ * positions it adds, so that the head's own KV rows follow the whole
+ * sequence (the context speculative decoding drafts with; snapshots keep
+ * them). Costs the head's layer per token. A generation with mtp_depth > 0
+ * turns it on. Where the head's rows fell behind (tokens evaluated while
+ * off), they restart at the session's position. Fails (on) for a model
+ * without an MTP head or a session on the GPU (not yet). */
+int tern_session_set_mtp(tern_session *s, int on, tern_error *err);
 
 /* Exact copy of the session state (KV rows, GDN conv + recurrent state, MTP
  * cache, last hidden state); restore brings a session of the same model back
@@ -537,7 +552,22 @@ typedef struct tern_gen_params {
      * and the context the answer is steered to end. The draw is then the
      * CPU sampler's. Not with ignore_eos. */
     const tern_grammar *grammar;
+    /* Speculative decoding with the model's MTP head: 0 off; 1..
+     * TERN_MTP_MAX_DEPTH drafts a step, drafted by the head one after
+     * another and verified by the model in one forward pass of depth + 1
+     * tokens. Greedy output is the one decoding without drafts gives, token
+     * for token; sampled output has the same distribution (speculative
+     * sampling: a draft x is kept with probability min(1, p(x) / q(x)), p
+     * and q the model's and the head's distributions after the same
+     * penalties, temperature and truncation; else the token is drawn from
+     * max(0, p - q) renormalised). Stops, EOS, n_predict and on_token behave
+     * as without. Needs an MTP head and the CPU engine; turns on
+     * tern_session_set_mtp for the session. With a grammar every step is
+     * a plain one (no drafts). */
+    int mtp_depth;
 } tern_gen_params;
+
+#define TERN_MTP_MAX_DEPTH 3
 
 enum tern_stop_reason { TERN_STOP_LENGTH, TERN_STOP_EOS, TERN_STOP_STRING, TERN_STOP_CALLER, TERN_STOP_CONTEXT };
 
@@ -548,6 +578,9 @@ typedef struct tern_gen_stats {
     int stop_reason;                 /* enum tern_stop_reason */
     int stop_index;                  /* TERN_STOP_STRING: which of p->stop matched; else -1 */
     int32_t last_token;              /* the last generated id (e.g. the EOS) */
+    /* speculative decoding (mtp_depth > 0): steps that verified drafts,
+     * drafts proposed, drafts taken */
+    int n_verify, n_drafted, n_accepted;
 } tern_gen_stats;
 
 /* Called with each piece of generated text (complete UTF-8, stop strings
@@ -578,6 +611,10 @@ tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *p
                           const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err);
 int tern_gen_input(const tern_gen *g, const int32_t **tokens);
 int tern_gen_take(tern_gen *g, const float *logits, tern_error *err);
+/* One step of this generation alone: its input evaluated and taken
+ * (tern_session_eval + tern_gen_take), or with mtp_depth > 0 a speculative
+ * step (drafts, their verify, every token it keeps taken). */
+int tern_gen_step(tern_gen *g, tern_error *err);
 /* One step of several generations of one model together, and of sessions
  * that only evaluate tokens this step (extra: a prompt prefilled in
  * chunks; NULL when n_extra is 0; logits: room for n_gen + n_extra rows
@@ -585,9 +622,10 @@ int tern_gen_take(tern_gen *g, const float *logits, tern_error *err);
  * (tern_session_eval_many), then each generation's next token drawn and
  * taken as tern_gen_take takes it, drawn in the step where the engine
  * can (a GPU session, for the sampling rules its kernels take) and from
- * the host's logits otherwise. Returns -1 when the pass failed (every
- * rc[i] -1 then); else rc[i] is generation i's take (err holds the last
- * failure's message). */
+ * the host's logits otherwise. A generation with mtp_depth > 0 takes a
+ * plain step here (no drafts; tern_gen_step drafts). Returns -1 when the
+ * pass failed (every rc[i] -1 then); else rc[i] is generation i's take
+ * (err holds the last failure's message). */
 int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra, const int32_t *const *extra_tokens,
                        const int *extra_n, int n_extra, float *logits, int *rc, tern_error *err);
 void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats);

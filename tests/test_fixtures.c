@@ -447,7 +447,7 @@ static void check_mtp(const char *name) {
     float *hidden = malloc((size_t)f.n_prompt * f.H * sizeof(float));
     float *lg = malloc((size_t)n * f.V * sizeof(float));
     cr_assert_eq(tern_forward(s, f.prompt, f.n_prompt, NULL, 0, hidden, &err), 0, "%s", err.msg);
-    cr_assert_eq(tern_mtp_forward(s, hidden, f.prompt + 1, n, lg, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_mtp_forward(s, hidden, f.prompt + 1, n, lg, NULL, &err), 0, "%s", err.msg);
     double e = rel_err(lg, ref, (size_t)n * f.V);
     cr_log_info("%s mtp: %.2e", name, e);
     cr_expect_lt(e, TOL, "%s: MTP draft logits rel err %.3e", name, e);
@@ -519,7 +519,7 @@ Test(fixture, tern_tiny_mtp_acceptance) {
         int w = n - start < (size_t)win ? (int)(n - start) : win;
         tern_session *s = new_session(&f, TERN_GDN_CHUNKED);
         cr_assert_eq(tern_forward(s, ids + start, w, logits, 1, hidden, &err), 0, "%s", err.msg);
-        cr_assert_eq(tern_mtp_forward(s, hidden, ids + start + 1, w - 1, draft, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_mtp_forward(s, hidden, ids + start + 1, w - 1, draft, NULL, &err), 0, "%s", err.msg);
         for (int t = 0; t + 2 < w; t++) {
             int32_t d = argmax(draft + (size_t)t * V, V), g = argmax(logits + (size_t)(t + 1) * V, V);
             vs_text += d == ids[start + t + 2];

@@ -34,6 +34,7 @@ typedef struct cli_opts {
     float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int top_k;
     int64_t seed;                /* -1 = time-based */
+    int mtp;                     /* --mtp: drafts a step (0: off) */
     const char *stop[CLI_MAX_STOP];
     int n_stop;
     const char *json_schema;     /* run: --json-schema FILE */

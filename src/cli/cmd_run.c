@@ -137,6 +137,10 @@ static void footer(const cli_opts *o, const tern_model *m, const tern_gen_stats 
     fprintf(stderr, "\nprompt %d tokens, prefill %.1f tok/s | generated %d tokens, decode %.1f tok/s | %s\n",
             st->n_prompt, st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, st->n_generated,
             st->decode_s > 0 ? st->n_generated / st->decode_s : 0.0, reason_name(st->stop_reason));
+    if (st->n_verify)
+        fprintf(stderr, "mtp: %d of %d drafts kept (%.1f%%), %.2f tokens a verify step\n", st->n_accepted,
+                st->n_drafted, 100.0 * st->n_accepted / st->n_drafted,
+                (double)(st->n_accepted + st->n_verify) / st->n_verify);
     if (!o->stats) return;
     tern_stream_stats ss;
     tern_model_stream_stats(m, &ss);
@@ -150,13 +154,15 @@ static void footer(const cli_opts *o, const tern_model *m, const tern_gen_stats 
 }
 
 static void print_json(const sink *k, const tern_gen_stats *st) {
-    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:s}", "text", k->answer.p ? k->answer.p : "",
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:s, s:i, s:i, s:i}",
+                          "text", k->answer.p ? k->answer.p : "",
                           "reasoning", k->reasoning.p ? k->reasoning.p : "",
                           "prompt_tokens", st->n_prompt, "generated_tokens", st->n_generated, "prefill_s",
                           st->prefill_s, "decode_s", st->decode_s, "prefill_tok_s",
                           st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0.0, "decode_tok_s",
                           st->decode_s > 0 ? st->n_generated / st->decode_s : 0.0, "stop_reason",
-                          reason_name(st->stop_reason));
+                          reason_name(st->stop_reason), "mtp_steps", st->n_verify, "mtp_drafted", st->n_drafted,
+                          "mtp_accepted", st->n_accepted);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     if (s) printf("%s\n", s);
     free(s);

@@ -202,5 +202,6 @@ int tern_cli_serve(int argc, char **argv) {
     p.fixed_seed = o.seed >= 0;
     if (o.n_predict != INT_MIN) p.max_tokens = o.n_predict;
     p.ignore_eos = o.ignore_eos;
+    p.mtp = o.mtp;
     return srv_run(&p);
 }

@@ -64,6 +64,13 @@ void tern_gdn_gated_norm(float *o, const float *z, const float *w, size_t rows, 
     }
 }
 
+/* Head j's state after token t, kept when asked for (not after the last). */
+static void keep_state(const tern_gdn_io *io, int j, int t, const float *S) {
+    if (!io->keep || t + 1 >= io->T) return;
+    size_t n = (size_t)io->dk * io->dv;
+    memcpy(io->keep + (size_t)t * io->keep_stride + (size_t)j * n, S, n * sizeof(float));
+}
+
 void tern_gdn_recurrent(const tern_gdn_io *io, int h0, int h1) {
     int dk = io->dk, dv = io->dv, group = io->nv / io->nk;
     float *mem = malloc((size_t)dv * sizeof(float));
@@ -90,6 +97,7 @@ void tern_gdn_recurrent(const tern_gdn_io *io, int h0, int h1) {
             memset(o, 0, (size_t)dv * sizeof(float));
             for (int kk = 0; kk < dk; kk++)
                 for (int vv = 0; vv < dv; vv++) o[vv] += S[kk * dv + vv] * q[kk];
+            keep_state(io, j, t, S);
         }
     }
     free(mem);
@@ -182,6 +190,7 @@ void tern_gdn_chunked(const tern_gdn_io *io, int h0, int h1, int chunk) {
         for (int t0 = 0; t0 < io->T; t0 += chunk) {
             int n = io->T - t0 < chunk ? io->T - t0 : chunk;
             gdn_chunk(io, j, j / group, t0, n, S, &s);
+            keep_state(io, j, t0 + n - 1, S);
         }
     }
     free(buf);

@@ -43,6 +43,11 @@ typedef struct tern_gdn_io {
     int T, nk, nv, dk, dv;
     const float *q, *k, *v, *g, *beta;
     float *S, *o;
+    /* NULL, or where the state after each token but the last goes (after
+     * each chunk's last token in the chunked form: every token with chunk
+     * 1): token t's at keep + t * keep_stride, laid out as S */
+    float *keep;
+    size_t keep_stride;
 } tern_gdn_io;
 
 /* Token by token:  S = S*exp(g);  delta = beta*(v - S^T k);  S += k delta^T;
@@ -51,7 +56,8 @@ void tern_gdn_recurrent(const tern_gdn_io *io, int h0, int h1);
 
 /* The same function computed in chunks of `chunk` tokens (64 in the
  * reference): within a chunk a unit-lower-triangular solve replaces the
- * sequential updates; the state passes between chunks. */
+ * sequential updates; the state passes between chunks. Chunks of 1 give,
+ * token for token, what one-token calls give. */
 void tern_gdn_chunked(const tern_gdn_io *io, int h0, int h1, int chunk);
 
 #endif

@@ -62,12 +62,28 @@ typedef struct tern_backend {
      * each checked and its rows reserved). draw and id may be NULL: a row
      * with draw[i].on is drawn in the step by its own rule, into id[i],
      * where the backend draws there (the GPU); every other row's id is -1
-     * and its logits go to logits + i * vocab (logits may be NULL). */
+     * and its logits go to logits + i * vocab (logits may be NULL).
+     * hidden (may be NULL): hidden[i], where not NULL, gets session i's
+     * n[i] final-normed hidden states (the CPU's; the GPU refuses). */
     int (*forward_many)(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                        const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+                        const tern_row_draw *draw, int32_t *id, float *logits, float *const *hidden,
+                        tern_error *err);
     /* tern_mtp_forward's head (fails where it does not run). */
     int (*mtp_forward)(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                       tern_error *err);
+                       float *hidden_out, tern_error *err);
+    /* A speculative step's verify (engine/speculate.c): T checked tokens at
+     * s->pos, the rows reserved, each computed as a one-token step computes
+     * it (so that greedy decoding with drafts gives the tokens it gives
+     * without), with the logits and final-normed hidden states of every
+     * row. keep: also keep the state after each token, for rollback. NULL
+     * where speculative decoding does not run (the GPU, not yet). */
+    int (*verify)(tern_session *s, const int32_t *tokens, int T, float *logits, float *hidden_out, int keep,
+                  tern_error *err);
+    /* Brings the layer state back to the first k (1..T) tokens of the
+     * verify just run with keep (the session's position and hidden state
+     * are the engine's). NULL: the engine saves the recurrent state before
+     * the verify (save/load) and evaluates the kept tokens again. */
+    int (*rollback)(tern_session *s, int k, tern_error *err);
 
     /* Sampling in the step (engine.h's tern_session_sample_*): whether rule
      * can be drawn there, and the step with its draw, whole or in two

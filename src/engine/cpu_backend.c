@@ -46,6 +46,7 @@ static void cpu_destroy(tern_session *s) {
     }
     free(st->kv);
     free(st->gdn);
+    free(st->keep);
     free(st);
     s->state = NULL;
 }
@@ -53,6 +54,7 @@ static void cpu_destroy(tern_session *s) {
 static int cpu_reset(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
     tern_cpu_state *st = s->state;
+    st->keep_T = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
         memset(st->gdn[l].conv, 0, tern_cfg_gdn_conv_floats(c) * sizeof(float));
@@ -118,6 +120,25 @@ static int cpu_save(const tern_session *s, uint8_t *buf, int from, int pos, int 
 
 static int cpu_load(tern_session *s, const uint8_t *buf, int from, int pos, int recurrent, tern_error *err) {
     walk_layers(s, (uint8_t *)buf, from, pos, recurrent, 0);
+    ((tern_cpu_state *)s->state)->keep_T = 0;
+    return 0;
+}
+
+/* ---- speculative steps: the verify's kept states -------------------------- */
+
+static int cpu_rollback(tern_session *s, int k, tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    tern_cpu_state *st = s->state;
+    int T = st->keep_T;
+    if (k < 1 || k > T) return tern_fail(err, "rollback to %d of the verify's %d tokens", k, T);
+    size_t per = tern_cpu_keep_floats(c), conv = tern_cfg_gdn_conv_floats(c);
+    for (int l = 0, g = 0; k < T && l < c->n_layers; l++) {
+        if (c->layer_kind[l] != TERN_LAYER_GDN) continue;
+        const float *kept = st->keep + ((size_t)g++ * (size_t)(T - 1) + (size_t)(k - 1)) * per;
+        memcpy(st->gdn[l].conv, kept, conv * sizeof(float));
+        memcpy(st->gdn[l].S, kept + conv, tern_cfg_gdn_state_floats(c) * sizeof(float));
+    }
+    st->keep_T = 0;
     return 0;
 }
 
@@ -140,13 +161,15 @@ static int cpu_wait(tern_error *err) { return 0; }
 
 /* The CPU draws no row in the step: every row's logits come back. */
 static int cpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                            const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+                            const tern_row_draw *draw, int32_t *id, float *logits, float *const *hidden,
+                            tern_error *err) {
     (void)draw;
     for (int i = 0; id && i < n_seq; i++) id[i] = -1;
     tern_cpu_seq *q = malloc((size_t)n_seq * sizeof *q);
     if (!q) return tern_fail(err, "out of memory");
     size_t V = (size_t)s[0]->m->cfg.vocab;
-    for (int i = 0; i < n_seq; i++) q[i] = (tern_cpu_seq){s[i], tokens[i], n[i], logits ? logits + i * V : NULL, 0, NULL};
+    for (int i = 0; i < n_seq; i++)
+        q[i] = (tern_cpu_seq){s[i], tokens[i], n[i], logits ? logits + i * V : NULL, 0, hidden ? hidden[i] : NULL, 0, 0};
     int rc = tern_cpu_forward_many(q, n_seq, err);
     free(q);
     return rc;
@@ -163,6 +186,8 @@ const tern_backend tern_cpu_backend = {
     .forward = tern_cpu_forward,
     .forward_many = cpu_forward_many,
     .mtp_forward = tern_cpu_mtp_forward,
+    .verify = tern_cpu_verify,
+    .rollback = cpu_rollback,
     .sample_ok = cpu_sample_ok,
     .forward_sample = cpu_forward_sample,
     .sample_launch = cpu_sample_launch,

@@ -25,6 +25,7 @@ struct tern_model {
     tern_pool *pool;
     float *inv_freq;          /* [rope_dim / 2] RoPE frequencies (model/rope.h) */
     int fast;                 /* SIMD kernels for decode-sized products */
+    int mtp_recompute;        /* tern_load_params.debug.mtp_recompute */
     int isa;                  /* tern_isa chosen at load */
     /* packed models */
     int packed;
@@ -102,8 +103,12 @@ struct tern_session {
     int max_ctx;
     tern_kv_format kvf;
     int pos;                  /* tokens held */
+    /* The MTP head's KV rows: row r holds the pair (hidden state at
+     * position mtp_base + r, the token after it), at RoPE position r;
+     * mtp_pos rows. mtp_track: every evaluation keeps them in step
+     * (engine/mtp.c). */
     tern_kv mtp_kv;
-    int mtp_pos, mtp_cap;
+    int mtp_pos, mtp_cap, mtp_base, mtp_track;
     float *hidden;            /* [hidden] final-normed state of the last token (MTP input) */
     const float *hidden_dev;  /* where the backend's memory holds it now (a GPU session's last step
                                * leaves it on the device; snapshots copy it from there), NULL when
@@ -193,8 +198,47 @@ int tern_session_eval_many_draw(tern_session *const *s, const int32_t *const *to
                                 const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
 
 /* The MTP head over n (hidden state, next token) pairs at its next n
- * positions; logits [n, vocab]. */
+ * positions; logits [n, vocab] and its final-normed output [n, hidden]
+ * (each may be NULL). */
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                     tern_error *err);
+                     float *hidden_out, tern_error *err);
+
+/* ---- the MTP head in step with the sequence, speculative steps (mtp.c) ---- */
+
+/* Brings the head's rows in step with the sequence before an evaluation:
+ * they must end at the last evaluated position (whose pair waits for the
+ * token after it). Rows past it are dropped; rows that fall short (tokens
+ * evaluated while the head was not tracked) restart there, the head then
+ * seeing the sequence from that position on. */
+void tern_mtp_align(tern_session *s);
+/* tern_forward; with the head tracked, also its rows for the pairs the
+ * tokens complete. */
+int tern_forward_tracked(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
+                         tern_error *err);
+/* tern_session_eval_many_draw's pass (checked) where some sessions track
+ * the head. */
+int tern_forward_many_tracked(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
+                              const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+
+/* A speculative step's verify: where it started and how to go back. */
+typedef struct tern_spec_verify {
+    int p, T;                 /* the session's position before it; tokens verified */
+    int keep;                 /* the backend kept each token's state (its rollback) */
+    uint8_t *ckpt;            /* else: the recurrent state at p (the backend's memory) */
+    const int32_t *tokens;
+} tern_spec_verify;
+
+/* Evaluates T tokens (the last taken token, then the drafts) at s->pos
+ * with tern_session_eval's checks, each as a one-token step computes it:
+ * logits [T, vocab] and hidden [T, hidden] of every row. */
+int tern_mtp_verify(tern_session *s, const int32_t *tokens, int T, float *logits, float *hidden, tern_spec_verify *v,
+                    tern_error *err);
+/* Keeps the first k (1..T) verified tokens: the layer state, position and
+ * hidden state as if only they had been evaluated, the MTP head's rows in
+ * step again (its draft rows replaced by the verified pairs). Frees v's
+ * checkpoint. */
+int tern_mtp_keep(tern_session *s, tern_spec_verify *v, int k, const float *hidden, tern_error *err);
+/* Frees v's checkpoint when the step ends early. */
+void tern_mtp_verify_free(tern_session *s, tern_spec_verify *v);
 
 #endif

@@ -52,6 +52,8 @@ typedef struct {
     tern_gdn_state *gs;
     int gdn_mode;
     route_obs obs;
+    int step;                 /* the recurrence token by token, as one-token steps run it */
+    float *keep;              /* step: the state after each token but the last goes here (or NULL) */
 } seg;
 
 typedef struct {
@@ -160,13 +162,43 @@ static void attn_block(tern_model *m, const tern_attn_w *w, const float *xn, int
 
 typedef struct {
     tern_gdn_io io;
-    int mode;
+    int mode, chunk;
 } gdn_job;
 
 static void gdn_heads(void *ctx, int64_t h0, int64_t h1) {
     const gdn_job *j = ctx;
     if (j->mode == TERN_GDN_RECURRENT) tern_gdn_recurrent(&j->io, (int)h0, (int)h1);
-    else tern_gdn_chunked(&j->io, (int)h0, (int)h1, 64);
+    else tern_gdn_chunked(&j->io, (int)h0, (int)h1, j->chunk);
+}
+
+/* The causal conv over one sequence's rows; stepwise, a token at a time,
+ * its window after each token kept (the conv of a token does not depend
+ * on how the rows are cut). */
+static void conv_seg(const tern_config *c, const tern_gdn_w *w, const seg *q, const float *qkv, float *conv) {
+    int C = tern_cfg_gdn_conv_dim(c), K = c->gdn_conv_kernel;
+    size_t t0 = (size_t)q->t0;
+    if (!q->step) {
+        tern_gdn_conv(w->conv, q->gs->conv, qkv + t0 * C, q->n, C, K, conv + t0 * C);
+        return;
+    }
+    for (int t = 0; t < q->n; t++) {
+        tern_gdn_conv(w->conv, q->gs->conv, qkv + (t0 + t) * C, 1, C, K, conv + (t0 + t) * C);
+        if (q->keep && t + 1 < q->n)
+            memcpy(q->keep + t * tern_cpu_keep_floats(c), q->gs->conv, tern_cfg_gdn_conv_floats(c) * sizeof(float));
+    }
+}
+
+/* The delta rule over one sequence's rows (io: its rows), value heads
+ * spread over the pool; stepwise, in chunks of one token (each as a
+ * decode step makes it), the state after each token kept. */
+static void recur_seg(tern_model *m, const seg *q, gdn_job job) {
+    const tern_config *c = &m->cfg;
+    if (q->step) {
+        job.chunk = 1;
+        job.io.keep = q->keep ? q->keep + tern_cfg_gdn_conv_floats(c) : NULL;
+        job.io.keep_stride = tern_cpu_keep_floats(c);
+    }
+    tern_pool_for(m->pool, c->gdn_v_heads, gdn_heads, &job);
 }
 
 static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T, const seg *sg, int n_seg,
@@ -180,23 +212,20 @@ static void gdn_block(tern_model *m, const tern_gdn_w *w, const float *xn, int T
     tern_mm(m, z, xn, T, &w->z);
     tern_mm(m, b, xn, T, &w->b);
     tern_mm(m, a, xn, T, &w->a);
-    for (int i = 0; i < n_seg; i++)
-        tern_gdn_conv(w->conv, sg[i].gs->conv, qkv + (size_t)sg[i].t0 * C, sg[i].n, C, c->gdn_conv_kernel,
-                      conv + (size_t)sg[i].t0 * C);
+    for (int i = 0; i < n_seg; i++) conv_seg(c, w, &sg[i], qkv, conv);
 
     /* q, k (L2-normed, q scaled), v heads; the decay g and the write strength beta */
     float *q = tern_scratch_f((size_t)T * kd), *k = tern_scratch_f((size_t)T * kd), *v = tern_scratch_f((size_t)T * vd);
     float *g = tern_scratch_f((size_t)T * nv), *beta = tern_scratch_f((size_t)T * nv);
     tern_gdn_inputs(conv, b, a, w->A_log, w->dt_bias, T, nk, nv, dk, dv, q, k, v, g, beta);
 
-    /* the delta rule over each sequence's rows, value heads spread over the pool */
     float *o = tern_scratch_f((size_t)T * vd);
     for (int i = 0; i < n_seg; i++) {
         size_t t0 = (size_t)sg[i].t0;
         gdn_job job = {{sg[i].n, nk, nv, dk, dv, q + t0 * kd, k + t0 * kd, v + t0 * vd, g + t0 * nv, beta + t0 * nv,
-                        sg[i].gs->S, o + t0 * vd},
-                       sg[i].gdn_mode};
-        tern_pool_for(m->pool, nv, gdn_heads, &job);
+                        sg[i].gs->S, o + t0 * vd, NULL, 0},
+                       sg[i].gdn_mode, 64};
+        recur_seg(m, &sg[i], job);
     }
 
     tern_gdn_gated_norm(o, z, w->norm, (size_t)T * nv, dv, c->norm_eps);
@@ -286,19 +315,24 @@ int tern_cpu_forward_many(const tern_cpu_seq *q, int n_seq, tern_error *err) {
     if (!sg) return tern_fail(err, "out of memory");
     for (int i = 0; i < n_seq; i++) {
         tern_session *s = q[i].s;
-        sg[i] = (seg){T, q[i].n, s->pos, NULL, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}};
+        sg[i] = (seg){T, q[i].n, s->pos, NULL, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}, q[i].step,
+                      NULL};
         T += q[i].n;
+        ((tern_cpu_state *)s->state)->keep_T = 0;
     }
     float *x = tern_scratch_f((size_t)T * H);
     for (int i = 0; i < n_seq; i++)
         for (int t = 0; t < q[i].n; t++) tern_mat_row(&m->w.embed, q[i].tokens[t], x + (size_t)(sg[i].t0 + t) * H);
     int rc = 0;
-    for (int l = 0; rc == 0 && l < c->n_layers; l++) {
+    for (int l = 0, n_gdn = 0; rc == 0 && l < c->n_layers; l++) {
         for (int i = 0; i < n_seq; i++) {
             tern_cpu_state *st = q[i].s->state;
             sg[i].kv = &st->kv[l];
             sg[i].gs = &st->gdn[l];
+            if (q[i].keep && c->layer_kind[l] == TERN_LAYER_GDN)
+                sg[i].keep = st->keep + (size_t)n_gdn * (size_t)(q[i].n - 1) * tern_cpu_keep_floats(c);
         }
+        n_gdn += c->layer_kind[l] == TERN_LAYER_GDN;
         rc = decoder_layer(m, &m->w.layers[l], l, x, T, sg, n_seq, err);
         for (int i = 0; rc == 0 && i < n_seq; i++)
             if (q[i].s->hook) q[i].s->hook(q[i].s->hook_ctx, l, x + (size_t)sg[i].t0 * H, q[i].n);
@@ -322,14 +356,37 @@ int tern_cpu_forward_many(const tern_cpu_seq *q, int n_seq, tern_error *err) {
 
 int tern_cpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      float *hidden_out, tern_error *err) {
-    tern_cpu_seq q = {s, tokens, T, logits, all_logits, hidden_out};
+    tern_cpu_seq q = {s, tokens, T, logits, all_logits, hidden_out, 0, 0};
     return tern_cpu_forward_many(&q, 1, err);
+}
+
+size_t tern_cpu_keep_floats(const tern_config *c) {
+    return tern_cfg_gdn_conv_floats(c) + tern_cfg_gdn_state_floats(c);
+}
+
+int tern_cpu_verify(tern_session *s, const int32_t *tokens, int T, float *logits, float *hidden_out, int keep,
+                    tern_error *err) {
+    const tern_config *c = &s->m->cfg;
+    tern_cpu_state *st = s->state;
+    int n_gdn = 0;
+    for (int l = 0; l < c->n_layers; l++) n_gdn += c->layer_kind[l] == TERN_LAYER_GDN;
+    size_t need = keep ? (size_t)n_gdn * (size_t)(T - 1) * tern_cpu_keep_floats(c) : 0;
+    if (need > st->keep_cap) {
+        float *k = realloc(st->keep, need * sizeof(float));
+        if (!k) return tern_fail(err, "out of memory keeping the verify's %d states", T);
+        st->keep = k;
+        st->keep_cap = need;
+    }
+    tern_cpu_seq q = {s, tokens, T, logits, 1, hidden_out, 1, keep && T > 1};
+    if (tern_cpu_forward_many(&q, 1, err)) return -1;
+    st->keep_T = keep ? T : 0;
+    return 0;
 }
 
 /* ---- MTP block (§2.8) ---------------------------------------------------- */
 
 int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                         tern_error *err) {
+                         float *hidden_out, tern_error *err) {
     tern_model *m = s->m;
     const tern_config *c = &m->cfg;
     const tern_mtp_w *w = &m->w.mtp;
@@ -348,7 +405,7 @@ int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *ne
         tern_rmsnorm_1p(ce + H, hidden + (size_t)i * H, w->pre_hidden_norm, H, c->norm_eps);
     }
     tern_mm(m, x, cat, n, &w->fc);
-    seg sg = {0, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}};
+    seg sg = {0, n, s->mtp_pos, &s->mtp_kv, &s->kvf, NULL, s->gdn_mode, {s->route_fn, s->route_ud}, 0, NULL};
     if (decoder_layer(m, &w->layer, m->cfg.n_layers, x, n, &sg, 1, err)) {
         free(cat);
         free(x);
@@ -357,6 +414,7 @@ int tern_cpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *ne
     }
     for (int i = 0; i < n; i++) tern_rmsnorm_1p(x + (size_t)i * H, x + (size_t)i * H, w->norm, H, c->norm_eps);
     if (logits) tern_mm(m, logits, x, n, &m->w.lm_head);
+    if (hidden_out) memcpy(hidden_out, x, (size_t)n * H * sizeof(float));
     s->mtp_pos += n;
     free(cat);
     free(x);

@@ -5,34 +5,10 @@
 #include <string.h>
 
 #include "cuda/sample_limits.h"   /* TERN_GPU_SAMPLE_MAX_K: the most top-k the GPU sampler keeps */
-#include "engine/engine.h"
-#include "engine/sampler.h"
-#include "text/detok.h"
-#include "text/stop.h"
+#include "engine/gen.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
 #include "util/clock.h"
-
-/* Sampling on the GPU (a GPU session, unless debug.cpu_sampling, and a rule
- * the kernels take): logits stay on the device and only the id comes back. */
-typedef struct {
-    int on;
-    tern_gpu_rule r;
-} gpu_rule;
-
-typedef struct {
-    tern_model *model;
-    tern_sampler *sampler;
-    gpu_rule gpu;
-    tern_detok *detok;
-    tern_stop *stop;
-    float *logits;
-    float *lp;                /* on_logprobs: the sampler's logits, then their log-softmax */
-    int32_t *history;         /* prompt + generated: the penalties' window */
-    int n_history;
-    tern_matcher *matcher;    /* the grammar's state, or NULL */
-    uint32_t *mask;           /* the tokens it allows next */
-} gen_state;
 
 static void gen_free(gen_state *g) {
     tern_sampler_destroy(g->sampler);
@@ -41,6 +17,7 @@ static void gen_free(gen_state *g) {
     free(g->logits);
     free(g->lp);
     free(g->history);
+    tern_spec_free(g);
     tern_matcher_destroy(g->matcher);
     free(g->mask);
 }
@@ -98,9 +75,12 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     if (n_valid > V) n_valid = V;
     if (p->on_logprobs && (p->top_logprobs < 0 || p->top_logprobs > TERN_MAX_TOP_LOGPROBS))
         return tern_fail(err, "top_logprobs must be in [0, %d], got %d", TERN_MAX_TOP_LOGPROBS, p->top_logprobs);
+    if (p->mtp_depth < 0 || p->mtp_depth > TERN_MTP_MAX_DEPTH)
+        return tern_fail(err, "mtp_depth must be in [0, %d], got %d", TERN_MTP_MAX_DEPTH, p->mtp_depth);
+    if (p->mtp_depth > 0 && tern_session_set_mtp(s, 1, err)) return -1;
     int max_new = s->max_ctx - s->pos - (int)n_prompt;
     size_t n_before = p->history ? p->n_history : 0;
-    size_t hist_cap = n_before + n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1;
+    size_t hist_cap = n_before + n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1 + TERN_MTP_MAX_DEPTH;
     g->logits = malloc((size_t)V * sizeof(float));
     g->history = malloc(hist_cap * sizeof(int32_t));
     g->lp = p->on_logprobs ? malloc((size_t)V * sizeof(float)) : NULL;
@@ -114,7 +94,8 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     tern_gpu_rule *r = &g->gpu.r;
     r->n_valid = tern_sampler_n_valid(g->sampler);
     /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
-    g->gpu.on = !p->on_logprobs && !p->grammar &&
+    if (tern_spec_init(g, s, p->mtp_depth, err)) return -1;
+    g->gpu.on = !p->on_logprobs && !p->grammar && !p->mtp_depth &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
                 tern_session_sample_ok(s, r);
@@ -153,9 +134,11 @@ static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int
 
 /* The log-probabilities of id under the sampler's distribution before
  * truncation, and the best top_logprobs ids (ties by id). */
-static int report_logprobs(gen_state *g, const tern_gen_params *p, int32_t id, void *ctx, tern_error *err) {
+int tern_gen_logprobs(tern_gen *gen, const float *logits, int32_t id, tern_error *err) {
+    gen_state *g = &gen->g;
+    const tern_gen_params *p = &gen->p;
     int V = tern_model_vocab_size(g->model);
-    if (tern_sampler_logits(g->sampler, g->logits, g->history, g->n_history, g->lp, err)) return -1;
+    if (tern_sampler_logits(g->sampler, logits, g->history, g->n_history, g->lp, err)) return -1;
     double mx = -INFINITY, sum = 0;
     for (int i = 0; i < V; i++) if (g->lp[i] > mx) mx = g->lp[i];
     for (int i = 0; i < V; i++) sum += isfinite(g->lp[i]) ? exp((double)g->lp[i] - mx) : 0.0;
@@ -176,13 +159,13 @@ static int report_logprobs(gen_state *g, const tern_gen_params *p, int32_t id, v
         out.top_ids[at] = i;
     }
     for (int k = 0; k < out.n_top; k++) out.top_logprobs[k] = (float)(out.top_logprobs[k] - lse);
-    p->on_logprobs(ctx, &out);
+    p->on_logprobs(gen->ctx, &out);
     return 0;
 }
 
 /* Whether the loop may not take another id (n generated, the session at
  * pos), and why (*reason). */
-static int limit_reached(const tern_gen_params *p, const tern_session *s, int n, int pos, int *reason) {
+int tern_gen_limit(const tern_gen_params *p, const tern_session *s, int n, int pos, int *reason) {
     if (p->n_predict >= 0 && n >= p->n_predict) *reason = TERN_STOP_LENGTH;
     else if (pos >= s->max_ctx) *reason = TERN_STOP_CONTEXT;
     else return 0;
@@ -200,7 +183,7 @@ static int gen_wait(gen_state *g, tern_session *s, const tern_gen_params *p, int
                     int *ahead, tern_error *err) {
     int why;
     *ahead = 0;
-    if (!limit_reached(p, s, n_generated, tern_session_pos(s), &why)) {
+    if (!tern_gen_limit(p, s, n_generated, tern_session_pos(s), &why)) {
         if (eval_id(g, s, -1, err)) return -1;
         *ahead = 1;
     }
@@ -215,23 +198,6 @@ static void gen_drain(tern_session *s) {
 }
 
 /* ---- generation in steps (tern_gen) ---------------------------------------- */
-
-enum { GEN_PROMPT, GEN_NEXT, GEN_DONE };
-
-struct tern_gen {
-    gen_state g;
-    tern_session *s;
-    tern_gen_params p;
-    tern_text_fn on_text;
-    void *ctx;
-    const int32_t *prompt;
-    int n_prompt, phase;
-    int32_t next;             /* the sampled id to evaluate next */
-    int last;                 /* next ended the generation: evaluated, then done */
-    int reason;
-    double t0, t1;
-    tern_gen_stats st;
-};
 
 tern_gen *tern_gen_create(tern_session *s, tern_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                           const tern_gen_params *p, tern_text_fn on_text, void *ctx, tern_error *err) {
@@ -267,7 +233,7 @@ int tern_gen_input(const tern_gen *g, const int32_t **tokens) {
  * emit's reason), 0 when not, -1 on an error. Every generated id still
  * enters the session (the EOS too), so the next turn continues exactly
  * what was generated. */
-static int accept(tern_gen *g, int32_t id, tern_error *err) {
+int tern_gen_accept(tern_gen *g, int32_t id, tern_error *err) {
     gen_state *gs = &g->g;
     const tern_gen_params *p = &g->p;
     gs->history[gs->n_history++] = id;
@@ -286,7 +252,7 @@ static int accept(tern_gen *g, int32_t id, tern_error *err) {
 
 /* A drawn id taken: accepted, and the next token to evaluate. */
 static int take_next(tern_gen *g, int32_t id, tern_error *err) {
-    int end = accept(g, id, err);
+    int end = tern_gen_accept(g, id, err);
     if (end < 0) return -1;
     g->next = id;
     g->last = end;
@@ -310,7 +276,7 @@ static int take_id(tern_gen *g, tern_error *err) {
     int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
     if (id < 0) return -1;
     if (gs->matcher && tern_matcher_accept(gs->matcher, id, err)) return -1;
-    if (g->p.on_logprobs && report_logprobs(gs, &g->p, id, g->ctx, err)) return -1;
+    if (g->p.on_logprobs && tern_gen_logprobs(g, gs->logits, id, err)) return -1;
     return take_next(g, id, err);
 }
 
@@ -325,7 +291,7 @@ static int take_ends(tern_gen *g) {
         g->reason = TERN_STOP_CALLER;
         return 1;
     }
-    return limit_reached(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &g->reason);
+    return tern_gen_limit(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &g->reason);
 }
 
 int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
@@ -333,6 +299,15 @@ int tern_gen_take(tern_gen *g, const float *logits, tern_error *err) {
     if (take_ends(g)) return 0;
     if (logits != g->g.logits) memcpy(g->g.logits, logits, (size_t)tern_model_vocab_size(g->s->m) * sizeof(float));
     return take_id(g, err);
+}
+
+int tern_gen_step(tern_gen *g, tern_error *err) {
+    const int32_t *tokens;
+    int n = tern_gen_input(g, &tokens);
+    if (n < 1) return tern_fail(err, "the generation is over");
+    /* (a grammar's mask follows each taken token: its steps are plain) */
+    if (g->phase == GEN_NEXT && g->p.mtp_depth > 0 && !g->p.grammar && !g->last) return tern_spec_step(g, err);
+    return tern_session_eval(g->s, tokens, n, g->g.logits, 0, err) || tern_gen_take(g, g->g.logits, err) ? -1 : 0;
 }
 
 /* An id drawn in the step (tern_gen_step_many). */
@@ -406,9 +381,8 @@ void tern_gen_end(tern_gen *g, int ok, tern_gen_stats *stats) {
 /* Host logits: tern_gen's steps, one session. */
 static int step_loop(tern_gen *g, tern_error *err) {
     const int32_t *tokens;
-    int n;
-    while ((n = tern_gen_input(g, &tokens)) > 0)
-        if (tern_session_eval(g->s, tokens, n, g->g.logits, 0, err) || tern_gen_take(g, g->g.logits, err)) return -1;
+    while (tern_gen_input(g, &tokens) > 0)
+        if (tern_gen_step(g, err)) return -1;
     return 0;
 }
 
@@ -426,9 +400,9 @@ static int gpu_loop(tern_gen *g, tern_error *err) {
         int32_t drawn = -1;   /* the next id, drawn by the step in flight */
         int ahead = 0;        /* and the step evaluating it launched already */
         if (gen_wait(gs, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
-        if (limit_reached(p, s, stats->n_generated, tern_session_pos(s) - ahead, &g->reason)) break;
+        if (tern_gen_limit(p, s, stats->n_generated, tern_session_pos(s) - ahead, &g->reason)) break;
         int32_t id = next_id(drawn, err);
-        int end = id < 0 ? -1 : accept(g, id, err);
+        int end = id < 0 ? -1 : tern_gen_accept(g, id, err);
         if (end < 0) { rc = -1; break; }
         if (!ahead) rc = eval_id(gs, s, id, err);
         if (rc != 0 || end) break;

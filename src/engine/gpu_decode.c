@@ -490,8 +490,11 @@ static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, 
  * logits copied back. Sessions that cannot share a pass run one after
  * another, drawn on the host. */
 int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                          const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
+                          const tern_row_draw *draw, int32_t *id, float *logits, float *const *hidden,
+                          tern_error *err) {
     size_t V = (size_t)s[0]->m->cfg.vocab;
+    for (int i = 0; hidden && i < n_seq; i++)
+        if (hidden[i]) return tern_fail(err, "the GPU pass gives no per-token hidden states");
     if (n_seq == 1 || !pass_fits(s, n, n_seq)) {
         for (int i = 0; i < n_seq; i++) {
             if (id) id[i] = -1;

@@ -249,9 +249,10 @@ int tern_gpu_layers(tern_session *s, int T, tern_error *err);
 int tern_gpu_forward(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,
                      float *hidden_out, tern_error *err);
 /* Several sessions' tokens in one pass, rows drawn on the device
- * (backend.h's forward_many). */
+ * (backend.h's forward_many; no hidden states). */
 int tern_gpu_forward_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
-                          const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err);
+                          const tern_row_draw *draw, int32_t *id, float *logits, float *const *hidden,
+                          tern_error *err);
 /* Sampling on the GPU (unless tern_load_params.debug.cpu_sampling):
  * tern_gpu_forward_sample is a decode step and the draw of the next id with
  * the sampler's rule (tern_sampler_gpu_rule) at u, together: one captured

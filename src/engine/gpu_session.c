@@ -251,7 +251,7 @@ static int gpu_reset(tern_session *s, tern_error *err) {
 }
 
 static int gpu_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                           tern_error *err) {
+                           float *hidden_out, tern_error *err) {
     return tern_fail(err, "the MTP head does not run on the GPU yet");
 }
 

@@ -140,6 +140,7 @@ tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err) {
         return NULL;
     }
     m->fast = !(params && params->reference_kernels);
+    m->mtp_recompute = params && params->debug.mtp_recompute;
     m->isa = tern_isa_best();
     return m;
 }

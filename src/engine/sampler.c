@@ -443,4 +443,21 @@ int tern_sampler_gpu_rule(const tern_sampler *s, int max_k, int *greedy, float *
 
 double tern_sampler_next_uniform(tern_sampler *s) { return uniform(s); }
 
+int tern_sampler_greedy(const tern_sampler *s) { return is_greedy(s); }
+
+int32_t tern_sampler_draw_probs(tern_sampler *s, const float *probs, int n) {
+    double total = 0, cum = 0;
+    for (int i = 0; i < n; i++) total += probs[i] > 0 ? probs[i] : 0;
+    if (!(total > 0)) return -1;
+    double u = uniform(s) * total;
+    int32_t last = -1;
+    for (int i = 0; i < n; i++) {
+        if (!(probs[i] > 0)) continue;
+        cum += probs[i];
+        last = i;
+        if (u < cum) return i;
+    }
+    return last;  /* u landed past the sum by rounding */
+}
+
 int tern_sampler_n_valid(const tern_sampler *s) { return s->n_valid; }

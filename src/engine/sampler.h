@@ -68,6 +68,11 @@ int tern_sampler_gpu_rule(const tern_sampler *s, int max_k, int *greedy, float *
                           float *top_p, float *min_p);
 /* The next number of the sampler's random sequence, in [0, 1): the draw's u. */
 double tern_sampler_next_uniform(tern_sampler *s);
+/* 1 when the sampler takes the argmax (step 3). */
+int tern_sampler_greedy(const tern_sampler *s);
+/* An id drawn from n probabilities (any total > 0) with the sampler's next
+ * random number, or -1 when none is positive. */
+int32_t tern_sampler_draw_probs(tern_sampler *s, const float *probs, int n);
 int tern_sampler_n_valid(const tern_sampler *s);
 
 #endif

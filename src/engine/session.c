@@ -77,7 +77,7 @@ int tern_session_reset(tern_session *s, tern_error *err) {
     if (tern_session_sample_in_flight(s) > 0) return tern_fail(err, "a step is still in flight");
     if (s->be->reset(s, err)) return -1;
     memset(s->hidden, 0, (size_t)s->m->cfg.hidden * sizeof(float));
-    s->pos = s->mtp_pos = 0;
+    s->pos = s->mtp_pos = s->mtp_base = 0;
     s->has_hidden = 0;
     s->hidden_dev = NULL;
     s->broken = 0;
@@ -105,9 +105,9 @@ int tern_forward(tern_session *s, const int32_t *tokens, int T, float *logits, i
 }
 
 int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, int n, float *logits,
-                     tern_error *err) {
+                     float *hidden_out, tern_error *err) {
     if (!s->m->w.has_mtp) return tern_fail(err, "%s: the model has no MTP weights (mtp.*)", s->m->dir);
-    return s->be->mtp_forward(s, hidden, next, n, logits, err);
+    return s->be->mtp_forward(s, hidden, next, n, logits, hidden_out, err);
 }
 
 int tern_session_sample_ok(const tern_session *s, const tern_gpu_rule *rule) { return s->be->sample_ok(s, rule); }
@@ -151,7 +151,7 @@ int tern_session_eval(tern_session *s, const int32_t *tokens, int n, float *logi
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * V;
         else if (logits && last) out = logits;
-        if (tern_forward(s, tokens + done, T, out, all_logits, NULL, err)) return -1;
+        if (tern_forward_tracked(s, tokens + done, T, out, all_logits, err)) return -1;
     }
     return 0;
 }
@@ -180,7 +180,10 @@ static int many_ok(tern_session *const *s, const int32_t *const *tokens, const i
 int tern_session_eval_many_draw(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
                                 const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
     if (many_ok(s, tokens, n, n_seq, err)) return -1;
-    return s[0]->be->forward_many(s, tokens, n, n_seq, draw, id, logits, err);
+    int tracked = 0;
+    for (int i = 0; i < n_seq; i++) tracked += s[i]->mtp_track;
+    if (!tracked) return s[0]->be->forward_many(s, tokens, n, n_seq, draw, id, logits, NULL, err);
+    return tern_forward_many_tracked(s, tokens, n, n_seq, draw, id, logits, err);
 }
 
 int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens, const int *n, int n_seq,
@@ -190,7 +193,7 @@ int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens,
 
 int tern_session_mtp_draft(tern_session *s, int32_t next_token, float *logits, tern_error *err) {
     if (!s->has_hidden) return tern_fail(err, "MTP draft needs at least one evaluated token");
-    return tern_mtp_forward(s, s->hidden, &next_token, 1, logits, err);
+    return tern_mtp_forward(s, s->hidden, &next_token, 1, logits, NULL, err);
 }
 
 void tern_session_set_route_observer(tern_session *s, tern_route_fn fn, void *ud) {

@@ -13,7 +13,7 @@
 struct tern_snapshot {
     const tern_model *m;
     const tern_backend *be;   /* whose memory data is (moved: host memory from be->host_alloc) */
-    int from, pos, mtp_pos, has_hidden, kv_bits, moved;
+    int from, pos, mtp_pos, mtp_base, has_hidden, kv_bits, moved;
     size_t n_bytes;
     /* the KV rows [from, pos) and the recurrent state (backend.h), then the
      * MTP head's KV rows and the hidden state */
@@ -77,6 +77,7 @@ tern_snapshot *tern_session_snapshot_after(const tern_session *s, const tern_sna
     snap->from = base ? base->pos : 0;
     snap->pos = s->pos;
     snap->mtp_pos = s->mtp_pos;
+    snap->mtp_base = s->mtp_base;
     snap->has_hidden = s->has_hidden;
     snap->kv_bits = s->kvf.bits;
     atomic_init(&snap->refs, 1);
@@ -128,6 +129,7 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     s->pos = snap->pos;
     s->broken = 0;
     s->mtp_pos = snap->mtp_pos;
+    s->mtp_base = snap->mtp_base;
     s->has_hidden = snap->has_hidden;
     s->hidden_dev = NULL;
     return 0;
@@ -179,7 +181,7 @@ int tern_snapshot_to_host(tern_snapshot *snap, tern_error *err) {
 typedef struct snap_header {
     char magic[8];
     char identity[64];           /* tern_model_identity, hex */
-    int32_t kv_bits, from, pos, mtp_pos, has_hidden, reserved;
+    int32_t kv_bits, from, pos, mtp_pos, has_hidden, mtp_base;   /* mtp_base: 0 in files before it */
     uint64_t n_bytes;
 } snap_header;
 
@@ -189,7 +191,8 @@ static size_t expected_bytes(const tern_model *m, const snap_header *h, tern_err
     const tern_config *c = &m->cfg;
     tern_kv_format f;
     int ctx = tern_model_max_context(m);
-    if (h->from < 0 || h->pos < h->from || h->pos > ctx || h->mtp_pos < 0 || h->mtp_pos > ctx ||
+    if (h->from < 0 || h->pos < h->from || h->pos > ctx || h->mtp_pos < 0 || h->mtp_pos > ctx || h->mtp_base < 0 ||
+        h->mtp_base > ctx ||
         (h->has_hidden != 0 && h->has_hidden != 1) || tern_kv_format_init(&f, c, h->kv_bits, err))
         return 0;
     return tern_state_bytes(c, f.row_bytes, h->from, h->pos, 1) + tail_bytes(c, f.row_bytes, h->mtp_pos);
@@ -197,7 +200,7 @@ static size_t expected_bytes(const tern_model *m, const snap_header *h, tern_err
 
 int tern_snapshot_write(const tern_snapshot *snap, FILE *f, tern_error *err) {
     snap_header h = {.kv_bits = snap->kv_bits, .from = snap->from, .pos = snap->pos, .mtp_pos = snap->mtp_pos,
-                     .has_hidden = snap->has_hidden, .n_bytes = snap->n_bytes};
+                     .has_hidden = snap->has_hidden, .mtp_base = snap->mtp_base, .n_bytes = snap->n_bytes};
     memcpy(h.magic, SNAP_MAGIC, 8);
     char id[65], hex[65];
     tern_sha256 sh;
@@ -259,6 +262,7 @@ tern_snapshot *tern_snapshot_read(const tern_model *m, FILE *f, const tern_snaps
     snap->from = h.from;
     snap->pos = h.pos;
     snap->mtp_pos = h.mtp_pos;
+    snap->mtp_base = h.mtp_base;
     snap->has_hidden = h.has_hidden;
     snap->kv_bits = h.kv_bits;
     snap->n_bytes = h.n_bytes;

@@ -35,6 +35,8 @@ typedef struct srv_ctx {
     int fixed_seed;                  /* sampling.seed seeds every request that gives none (else a random one) */
     int max_tokens;                  /* default limit (< 0: the context's end) */
     int ignore_eos;                  /* default for the ignore_eos request field */
+    int mtp;                         /* default for the mtp request field (tern serve --mtp) */
+    const char *mtp_why;             /* why the model cannot draft (no MTP head, the GPU), or NULL */
     tern_grammar_vocab *gvocab;      /* the tokenizer's vocabulary for structured output */
 } srv_ctx;
 
@@ -69,8 +71,9 @@ int srv_get_int(json_t *req, const char *key, long long lo, long long hi, long l
 int srv_get_number(json_t *req, const char *key, double lo, double hi, double dflt, double *out, srv_err *e);
 
 /* temperature, top_p, top_k, min_p, presence/frequency/repetition penalties
- * and seed onto the server's defaults. max_temp: the API's range. */
-int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, tern_sampler_params *out, srv_err *e);
+ * and seed onto the server's defaults (j->sampling), and mtp, the drafts a
+ * step of speculative decoding (j->mtp). max_temp: the API's range. */
+int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, srv_job *j, srv_err *e);
 /* A stop string or a list of them (key names the field) into the job. */
 int srv_parse_stop(json_t *req, const char *key, srv_job *j, srv_err *e);
 /* ignore_eos (a vLLM extension, for benchmarks) onto the server's default. */

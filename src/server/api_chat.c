@@ -370,7 +370,7 @@ srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         return NULL;
     if (!use_tools) { json_decref(tools); tools = NULL; }
     if (!(msgs = srv_check_conversation(json_object_get(req, "messages"), "messages", e)) ||
-        srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, &j->sampling, e) ||
+        srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, j, e) ||
         srv_parse_stop(req, "stop", j, e) || srv_parse_ignore_eos(c, req, j, e) ||
         srv_parse_max_tokens(c, req, srv_absent(req, "max_completion_tokens") ? "max_tokens" : "max_completion_tokens",
                              0, c->max_tokens, j, e) ||
@@ -432,7 +432,7 @@ srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e
     srv_constraint k = {0};
     if (srv_check_model(c, req, 0, e) || refuse_unsupported(req, 1, e) || parse_stream(req, &stream, &include_usage, e) ||
         parse_logprobs(req, 1, j, e) || parse_form(req, &k, e) || completion_prompt(c, json_object_get(req, "prompt"), j, e) ||
-        srv_parse_sampling(c, req, 2.0, &j->sampling, e) || srv_parse_stop(req, "stop", j, e) ||
+        srv_parse_sampling(c, req, 2.0, j, e) || srv_parse_stop(req, "stop", j, e) ||
         srv_parse_ignore_eos(c, req, j, e))
         return NULL;
     /* 16: the completions API's documented default */

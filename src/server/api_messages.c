@@ -357,7 +357,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         srv_get_bool(req, "stream", 0, &stream, e) || parse_thinking(c, req, &po.thinking, e) ||
         srv_messages_conversation(req, &msgs, &tools, &single, &k, e))
         return NULL;
-    int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, &j->sampling, e) ||
+    int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, j, e) ||
              srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e) ||
              srv_build_grammar(c, &k, tools, !single, j, e);
     json_decref(msgs);

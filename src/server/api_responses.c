@@ -483,7 +483,7 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     json_array_extend(msgs, conv);
     if (!use_tools) { json_decref(tools); tools = NULL; }
     if (!(checked = srv_check_conversation(msgs, "input", e)) || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
-        srv_parse_sampling(c, req, 2.0, &j->sampling, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e) ||
+        srv_parse_sampling(c, req, 2.0, j, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e) ||
         srv_build_grammar(c, &k, tools, parallel, j, e))
         goto fail;
     j->parse_tool_calls = tools != NULL;

@@ -45,6 +45,7 @@ typedef struct srv_usage {
     double eval_s;           /*   the prompt evaluated, all but its last token */
     double snapshot_s;       /*   the checkpoints taken during the prefill */
     double decode_s;         /* the first token until the last */
+    int mtp_drafted, mtp_accepted;   /* speculative decoding: drafts proposed, drafts kept */
 } srv_usage;
 
 typedef struct srv_bytes {
@@ -93,6 +94,7 @@ typedef struct srv_job {
     tern_sampler_params sampling;
     int max_tokens;          /* < 0: until EOS or the context's end */
     int ignore_eos;          /* generate past end-of-sequence ids (benchmarks) */
+    int mtp;                 /* drafts a step of speculative decoding (0: off) */
     char *stop[SRV_MAX_STOP];
     int n_stop;
     int logprobs, top_logprobs;

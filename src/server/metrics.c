@@ -28,7 +28,7 @@ struct srv_metrics {
     pthread_mutex_t mu;
     series req[MAX_SERIES];
     int n_req;
-    unsigned long long prompt_tokens, cached_tokens, generated_tokens, generations;
+    unsigned long long prompt_tokens, cached_tokens, generated_tokens, generations, mtp_drafted, mtp_accepted;
     hist ttft, rate;
 };
 
@@ -67,6 +67,8 @@ void srv_metrics_generation(srv_metrics *m, const srv_usage *u, double ttft_s) {
     m->prompt_tokens += (unsigned long long)u->prompt_tokens;
     m->cached_tokens += (unsigned long long)u->cached_tokens;
     m->generated_tokens += (unsigned long long)u->completion_tokens;
+    m->mtp_drafted += (unsigned long long)u->mtp_drafted;
+    m->mtp_accepted += (unsigned long long)u->mtp_accepted;
     if (u->completion_tokens > 0) observe(&m->ttft, TTFT_BUCKETS, N_TTFT, ttft_s);
     if (u->completion_tokens > 1 && u->decode_s > 0)
         observe(&m->rate, RATE_BUCKETS, N_RATE, (u->completion_tokens - 1) / u->decode_s);
@@ -170,6 +172,9 @@ void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
     counter(out, "tern_cached_prompt_tokens_total", "Prompt tokens reused (a live session or a checkpoint), not prefilled.",
             m->cached_tokens);
     counter(out, "tern_generated_tokens_total", "Tokens generated.", m->generated_tokens);
+    counter(out, "tern_mtp_drafted_tokens_total", "Draft tokens the MTP head proposed (speculative decoding).",
+            m->mtp_drafted);
+    counter(out, "tern_mtp_accepted_tokens_total", "Draft tokens kept by the verify.", m->mtp_accepted);
     render_hist(out, "tern_time_to_first_token_seconds", "From a request's submission to its first token.", &m->ttft,
                 TTFT_BUCKETS, N_TTFT);
     render_hist(out, "tern_decode_tokens_per_second", "Decode rate of each generation after its first token.",

@@ -119,10 +119,21 @@ static uint64_t random_u64(void) {
     return (uint64_t)t.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)t.tv_sec;
 }
 
-int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, tern_sampler_params *out, srv_err *e) {
+/* mtp (a tern extension): drafts a step of speculative decoding. */
+static int parse_mtp(const srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+    long long n;
+    if (srv_get_int(req, "mtp", 0, TERN_MTP_MAX_DEPTH, c->mtp, &n, e)) return -1;
+    if (n > 0 && c->mtp_why) return srv_fail(e, 400, "mtp", "mtp: %s", c->mtp_why);
+    j->mtp = (int)n;
+    return 0;
+}
+
+int srv_parse_sampling(const srv_ctx *c, json_t *req, double max_temp, srv_job *j, srv_err *e) {
+    tern_sampler_params *out = &j->sampling;
     *out = c->sampling;
     double t, p, mp, pp, fp, rp;
     long long k, seed;
+    if (parse_mtp(c, req, j, e)) return -1;
     if (srv_get_number(req, "temperature", 0, max_temp, NAN, &t, e) ||
         srv_get_number(req, "top_p", 0, 1, NAN, &p, e) || srv_get_int(req, "top_k", -1, 1 << 30, -2, &k, e) ||
         srv_get_number(req, "min_p", 0, 1, NAN, &mp, e) ||

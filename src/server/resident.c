@@ -60,8 +60,15 @@ static int bind_model(srv_sched *s, const srv_loaded *ld, tern_error *err) {
     /* every slot's session now, so no request waits for one (a GPU session
      * allocates its buffers), and a budget too small fails at the load */
     for (int i = 0; i < s->p.n_slots; i++) {
-        if ((s->slots[i].s = tern_session_create(ld->m, &s->p.session, err))) continue;
+        if ((s->slots[i].s = tern_session_create(ld->m, &s->p.session, err)) &&
+            (!s->p.mtp_track || tern_session_set_mtp(s->slots[i].s, 1, err) == 0))
+            continue;
         char why[sizeof err->msg];
+        if (s->slots[i].s) {   /* the model cannot draft */
+            snprintf(why, sizeof why, "%s", err->msg);
+            snprintf(err->msg, sizeof err->msg, "--mtp: %.480s", why);
+            return -1;
+        }
         snprintf(why, sizeof why, "%s", err->msg);
         snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, s->p.n_slots, why);
         return -1;

@@ -288,6 +288,13 @@ static void count_reuse(srv_sched *s, const plan *p) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Whether the model drafts with an MTP head (the CPU engine): a request's
+ * mtp field on a model that cannot was refused already where the model
+ * was known; loaded lazily, such a request runs without drafts. */
+static int can_draft(const tern_model *m) {
+    return tern_model_has_mtp(m) && !strcmp(tern_model_device(m), "cpu");
+}
+
 /* A running job: its slot and output parser (r), the generation's
  * parameters, and in a batched scheduler its steps (gen). */
 typedef struct active {
@@ -378,7 +385,7 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
                               .stop = (const char *const *)j->stop, .n_stop = j->n_stop, .ignore_eos = j->ignore_eos,
                               .on_token = on_token, .cancelled = is_cancelled,
                               .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1),
-                              .grammar = j->grammar};
+                              .grammar = j->grammar, .mtp_depth = can_draft(s->m) ? j->mtp : 0};
     if (j->logprobs) { a->gp.on_logprobs = on_logprobs; a->gp.top_logprobs = j->top_logprobs; }
     if (rc == 0) return 0;
     end_early(s, a, rc, &err);
@@ -411,6 +418,8 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
         push_text(j, SRV_EV_ERROR, err->msg, strlen(err->msg));
     } else {
         a->u.completion_tokens = st->n_generated;
+        a->u.mtp_drafted = st->n_drafted;
+        a->u.mtp_accepted = st->n_accepted;
         a->u.reasoning_tokens = r->n_reasoning;
         a->u.prefill_s = (r->t_first ? r->t_first : tern_now_s()) - a->t0;
         a->u.decode_s = r->t_first ? tern_now_s() - r->t_first : 0;
@@ -420,6 +429,9 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
          * a next prompt that continues it as generated */
         if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
     }
+    /* a request's own mtp field turned the head's tracking on for this
+     * generation only: the slot's later prompts go without it */
+    if (a->gp.mtp_depth > 0 && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, err);
     if (s->cache) pcache_trim(s->cache);
 }
 
@@ -530,7 +542,11 @@ static void step_all(srv_sched *s) {
     int pn = pto - pfrom;
     tern_error err = {{0}};
     double t0 = tern_now_s();
-    int failed = tern_gen_step_many(gens, n_gen, &extra, &ptok, &pn, pre_at >= 0, s->logits, rc, &err);
+    /* speculative decoding only while one job runs: alone, its step is its
+     * own (drafts, one verify); with others, a step of them all pays more */
+    int failed = 0;
+    if (n_gen == 1 && pre_at < 0 && s->act[at[0]]->gp.mtp_depth > 0) rc[0] = tern_gen_step(gens[0], &err);
+    else failed = tern_gen_step_many(gens, n_gen, &extra, &ptok, &pn, pre_at >= 0, s->logits, rc, &err);
     if (s->pre) s->pre->u.eval_s += tern_now_s() - t0;
     for (int k = 0; k < n_gen; k++) took[at[k]] = rc[k];
     /* from the last: a job that leaves takes the last one's place */

@@ -71,6 +71,7 @@ typedef struct srv_sched_params {
     int checkpoint_interval;     /* prompt tokens between checkpoints in a long prefill; 0: none */
     const char *cache_disk;      /* the cache's disk tier, a directory; NULL: none */
     size_t cache_disk_bytes;     /* its budget */
+    int mtp_track;               /* every session keeps the MTP head in step (tern_session_set_mtp) */
     srv_load_fn load;            /* the model's loader and its argument */
     void *load_ud;
     int lazy;                    /* create does not load: the first job does */

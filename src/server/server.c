@@ -116,6 +116,7 @@ typedef struct loader {
     int32_t eos[TERN_SAMPLER_MAX_EOS];
     char device[160], rope[192];
     size_t cache_ram, cache_vram;
+    int has_mtp;                 /* the model has an MTP head */
 } loader;
 
 /* What the first load tells of the model: its vocabulary and its
@@ -144,6 +145,7 @@ static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
         L->n_ctx = n_ctx;
         note_vocab(L, m);
         snprintf(L->device, sizeof L->device, "%s", tern_model_device(m));
+        L->has_mtp = tern_model_has_mtp(m);
         tern_model_rope_describe(m, L->rope, sizeof L->rope);
         L->cache_ram = out->cache_ram_bytes;
         L->cache_vram = out->cache_vram_bytes;
@@ -250,10 +252,11 @@ int srv_run(const srv_params *p) {
     ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;
     ctx.ignore_eos = p->ignore_eos;
+    ctx.mtp = p->mtp;
     srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
                            .prefill_chunk = p->prefill_chunk,
                            .session = p->session,
-                           .checkpoint_interval = p->checkpoint_interval,
+                           .checkpoint_interval = p->checkpoint_interval, .mtp_track = p->mtp > 0,
                            .load = load_cb, .load_ud = &L, .lazy = p->lazy_load,
                            .idle_unload_s = p->idle_unload_s};
     sp.session.max_context = L.n_ctx;
@@ -265,6 +268,11 @@ int srv_run(const srv_params *p) {
         goto done;
     }
     ctx.n_ctx = L.n_ctx;   /* (the loader's, since create loaded the model unless lazy) */
+    /* why a request's mtp is refused, where the model is known (loaded
+     * lazily, on a device not named: the scheduler runs it without drafts) */
+    const char *dev = p->lazy_load ? (p->load.device ? p->load.device : "auto") : L.device;
+    if (!p->lazy_load && !L.has_mtp) ctx.mtp_why = "the model has no MTP head (mtp.* weights)";
+    else if (!strncmp(dev, "cuda", 4)) ctx.mtp_why = "speculative decoding does not run on the GPU yet";
     if (grammar_vocab(&ctx, &L, &err)) {
         fprintf(stderr, "tern serve: %s\n", err.msg);
         goto done;
@@ -274,8 +282,9 @@ int srv_run(const srv_params *p) {
     ss.sched = ctx.sched;
     pthread_mutex_unlock(&ss.mu);
     srv_http_ready(http, &ctx);
-    char idle[64] = "";
+    char idle[96] = "";
     if (p->idle_unload_s > 0) snprintf(idle, sizeof idle, ", unloaded after %g s idle", p->idle_unload_s);
+    if (p->mtp > 0) snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP %d drafts a step", p->mtp);
     if (p->lazy_load) {
         fprintf(stderr, "tern serve: ready: model '%s' not loaded yet (the first request loads it%s), context %d, "
                         "%d slots, queue %d%s\n",

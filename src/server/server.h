@@ -38,6 +38,7 @@ typedef struct srv_params {
     int think;                   /* thinking when a request does not say */
     int preserve_thinking;       /* the chat template keeps every turn's reasoning, when a request does not say */
     int ignore_eos;              /* default of the ignore_eos request field */
+    int mtp;                     /* default of the mtp request field; > 0: slots keep the MTP head in step */
     /* scheduling */
     int slots, max_seqs, queue_limit, responses_store;
     int prefill_chunk;           /* a prompt's tokens a step while other requests generate; 0: the default */

@@ -42,7 +42,7 @@ static void gdn_ref_mode(checker *ck, const gdn_dims *g, gdn_host *h, float *out
     float *v = xmalloc((size_t)T * vd * 4), *gg = xmalloc((size_t)T * g->nv * 4), *beta = xmalloc((size_t)T * g->nv * 4);
     tern_gdn_conv(h->conv, h->state, h->qkv, T, C, g->K, c);
     tern_gdn_inputs(c, h->b, h->a, h->A_log, h->dt_bias, T, g->nk, g->nv, g->dk, g->dv, q, k, v, gg, beta);
-    tern_gdn_io io = {T, g->nk, g->nv, g->dk, g->dv, q, k, v, gg, beta, h->S, out};
+    tern_gdn_io io = {T, g->nk, g->nv, g->dk, g->dv, q, k, v, gg, beta, h->S, out, NULL, 0};
     heads_job job = {&io, chunked};
     tern_pool_for(ck->pool, g->nv, ref_heads, &job);
     tern_gdn_gated_norm(out, h->z, h->norm, (size_t)T * g->nv, g->dv, 1e-6f);

@@ -1,0 +1,171 @@
+/* A speculative step of the generation (tern_gen_params.mtp_depth): the
+ * MTP head drafts N tokens, the model evaluates the taken token and the
+ * drafts in one verify pass (engine/mtp.c), and the tokens after each
+ * verified position are taken in order, each as the plain loop takes the
+ * token after an evaluated one: its checks first (the last id was in, the
+ * caller cancelled, a limit), then the next id. A draft the rule keeps is
+ * the next position's token; any other id ends the step and is evaluated
+ * by the next one. The session then holds exactly the tokens taken.
+ *
+ * The rule: greedy keeps a draft when it is the model's own choice there
+ * (so the ids are those decoding without drafts gives); sampling keeps a
+ * draft x with probability min(1, p(x) / q(x)) and otherwise draws from
+ * max(0, p - q) renormalised, p and q the model's and the head's
+ * distributions after the same sampler steps, the penalties seeing the
+ * same earlier tokens; past the last draft the id is drawn from p. The
+ * ids then have the model's distribution (Leviathan et al. 2023,
+ * "Fast Inference from Transformers via Speculative Decoding"). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gen.h"
+#include "util/err.h"
+
+int tern_spec_init(gen_state *g, const tern_session *s, int depth, tern_error *err) {
+    if (depth <= 0) return 0;
+    size_t V = (size_t)s->m->cfg.vocab, H = (size_t)s->m->cfg.hidden, D = (size_t)depth;
+    spec_buf *b = &g->spec;
+    b->q = malloc(D * V * sizeof(float));
+    b->qp = malloc(D * V * sizeof(float));
+    b->pp = malloc(V * sizeof(float));
+    b->logits = malloc((D + 1) * V * sizeof(float));
+    b->hidden = malloc((D + 1) * H * sizeof(float));
+    b->h = malloc(2 * H * sizeof(float));
+    if (!b->q || !b->qp || !b->pp || !b->logits || !b->hidden || !b->h)
+        return tern_fail(err, "out of memory for speculative decoding buffers");
+    return 0;
+}
+
+void tern_spec_free(gen_state *g) {
+    spec_buf *b = &g->spec;
+    free(b->q);
+    free(b->qp);
+    free(b->pp);
+    free(b->logits);
+    free(b->hidden);
+    free(b->h);
+    memset(b, 0, sizeof *b);
+}
+
+/* Drafts this step: none past what the generation may still take, nor
+ * past the context (the verify holds them and the taken token). */
+static int depth_now(const tern_gen *g) {
+    int n = g->p.mtp_depth, room = g->s->max_ctx - tern_session_pos(g->s) - 1;
+    if (n > room) n = room;
+    if (g->p.n_predict >= 0 && n > g->p.n_predict - g->st.n_generated) n = g->p.n_predict - g->st.n_generated;
+    return n > 0 ? n : 0;
+}
+
+/* tok[1..N]: the head's drafts, the first from the model's last state and
+ * tok[0], each next one from the head's own output and the draft before
+ * it, drawn under the generation's sampler (whose penalties see the
+ * drafts before it, written after the history). */
+static int draft(tern_gen *g, int N, int32_t *tok, tern_error *err) {
+    gen_state *gs = &g->g;
+    spec_buf *b = &gs->spec;
+    tern_session *s = g->s;
+    size_t V = (size_t)s->m->cfg.vocab, H = (size_t)s->m->cfg.hidden;
+    int greedy = tern_sampler_greedy(gs->sampler);
+    tern_mtp_align(s);
+    const float *in = s->hidden;
+    for (int i = 0; i < N; i++) {
+        float *out = b->h + (size_t)(i % 2) * H, *q = b->q + (size_t)i * V, *qp = b->qp + (size_t)i * V;
+        if (tern_mtp_forward(s, in, &tok[i], 1, q, out, err)) return -1;
+        int n_hist = gs->n_history + i;
+        int32_t d;
+        if (greedy) d = tern_sampler_sample(gs->sampler, q, gs->history, n_hist, err);
+        else if (tern_sampler_probs(gs->sampler, q, gs->history, n_hist, qp, err)) return -1;
+        else if ((d = tern_sampler_draw_probs(gs->sampler, qp, (int)V)) < 0)
+            return tern_fail(err, "the MTP draft's distribution is empty");
+        if (d < 0) return -1;
+        tok[i + 1] = gs->history[n_hist] = d;
+        in = out;
+    }
+    return 0;
+}
+
+/* The id after verified row i: the draft tok[i + 1] when the rule keeps it
+ * (*kept), else the model's (the residual's draw when sampling). */
+static int32_t choose(tern_gen *g, int i, int N, const int32_t *tok, int *kept, tern_error *err) {
+    gen_state *gs = &g->g;
+    spec_buf *b = &gs->spec;
+    int V = tern_model_vocab_size(g->s->m);
+    const float *row = b->logits + (size_t)i * V;
+    *kept = 0;
+    if (i == N || tern_sampler_greedy(gs->sampler)) {
+        int32_t t = tern_sampler_sample(gs->sampler, row, gs->history, gs->n_history, err);
+        *kept = i < N && t == tok[i + 1];
+        return t;
+    }
+    float *p = b->pp;
+    const float *q = b->qp + (size_t)i * V;
+    if (tern_sampler_probs(gs->sampler, row, gs->history, gs->n_history, p, err)) return -1;
+    int32_t d = tok[i + 1];
+    double ratio = (double)p[d] / q[d];   /* q[d] > 0: d was drawn from q */
+    if (ratio >= 1 || (ratio > 0 && tern_sampler_next_uniform(gs->sampler) < ratio)) {
+        *kept = 1;
+        return d;
+    }
+    double left = 0;
+    for (int v = 0; v < V; v++) {
+        p[v] = p[v] > q[v] ? p[v] - q[v] : 0;
+        left += p[v];
+    }
+    /* (nothing left only when p equals q to rounding, where the draft is
+     * kept but for rounding: p itself is the residual then) */
+    if (!(left > 0) && tern_sampler_probs(gs->sampler, row, gs->history, gs->n_history, p, err)) return -1;
+    int32_t t = tern_sampler_draw_probs(gs->sampler, p, V);
+    return t >= 0 ? t : tern_fail(err, "the model's distribution is empty");
+}
+
+/* The ids after verified rows 0, 1, ... taken in order (speculate.c's
+ * head comment); *k: the verified tokens the session keeps. */
+static int take_rows(tern_gen *g, int p, int N, const int32_t *tok, int *k, tern_error *err) {
+    size_t V = (size_t)tern_model_vocab_size(g->s->m);
+    int ended = 0;
+    for (int i = 0;; i++) {
+        *k = i + 1;
+        int stop = ended;
+        if (!stop && g->p.cancelled && g->p.cancelled(g->ctx)) {
+            g->reason = TERN_STOP_CALLER;
+            stop = 1;
+        }
+        if (stop || tern_gen_limit(&g->p, g->s, g->st.n_generated, p + i + 1, &g->reason)) {
+            g->phase = GEN_DONE;
+            return 0;
+        }
+        int kept;
+        int32_t t = choose(g, i, N, tok, &kept, err);
+        if (t < 0) return -1;
+        if (g->p.on_logprobs && tern_gen_logprobs(g, g->g.spec.logits + (size_t)i * V, t, err)) return -1;
+        int end = tern_gen_accept(g, t, err);
+        if (end < 0) return -1;
+        if (kept) {
+            g->st.n_accepted++;
+            ended = end;
+            continue;
+        }
+        g->next = t;
+        g->last = end;
+        g->phase = GEN_NEXT;
+        return 0;
+    }
+}
+
+int tern_spec_step(tern_gen *g, tern_error *err) {
+    gen_state *gs = &g->g;
+    tern_session *s = g->s;
+    int N = depth_now(g);
+    if (N == 0)
+        return tern_session_eval(s, &g->next, 1, gs->logits, 0, err) || tern_gen_take(g, gs->logits, err) ? -1 : 0;
+    int32_t tok[TERN_MTP_MAX_DEPTH + 1] = {g->next};
+    tern_spec_verify v;
+    if (draft(g, N, tok, err) || tern_mtp_verify(s, tok, N + 1, gs->spec.logits, gs->spec.hidden, &v, err))
+        return -1;
+    g->st.n_verify++;
+    g->st.n_drafted += N;
+    int k = 1, rc = take_rows(g, v.p, N, tok, &k, err);
+    tern_error e;
+    if (tern_mtp_keep(s, &v, k, gs->spec.hidden, rc ? &e : err)) return -1;
+    return rc;
+}
