@@ -14,7 +14,17 @@
  *    each, greedy and sampled (the generation_config), without drafts and
  *    with 1..3, the rollback keeping each verified token's state or
  *    restoring and evaluating again (debug.mtp_recompute): decode tok/s
- *    (the best of REPEATS), drafts kept, tokens a verify step. */
+ *    (the best of REPEATS), drafts kept, tokens a verify step.
+ *
+ *   build/bench/bench_mtp -m DIR -a RATE [-c COST_REPEATS] [-p PROMPTS] [-n TOKENS] [-r REPEATS] [-t THREADS]
+ *
+ * A set acceptance (debug.mtp_force_accept: each draft kept with
+ * probability RATE, whatever the model says; labelled simulated), for a
+ * model whose head accepts nothing, such as tern synth's random weights:
+ * the step's costs, then greedy generation without drafts and at depths
+ * 1..3, the measured speedup beside the one the costs predict,
+ * (1 + a + .. + a^N) / (c(N + 1) + N x draft). A model without a
+ * tokenizer gets seeded random prompts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +38,8 @@
 
 typedef struct {
     const char *model, *text;
-    int positions, prompts, tokens, reps, threads;
+    int positions, prompts, tokens, reps, threads, cost_reps;
+    double force;             /* -a: the set acceptance, 0: the model's */
 } opts;
 
 static void die(const char *what, const tern_error *err) {
@@ -47,6 +58,7 @@ static tern_model *load(const opts *o, int recompute) {
     tern_error err;
     tern_load_params lp = {.n_threads = o->threads};
     lp.debug.mtp_recompute = recompute;
+    lp.debug.mtp_force_accept = o->force;
     tern_model *m = tern_model_load(o->model, &lp, &err);
     if (!m) die("load", &err);
     if (!tern_model_has_mtp(m)) {
@@ -56,10 +68,25 @@ static tern_model *load(const opts *o, int recompute) {
     return m;
 }
 
-static int32_t *read_ids(const opts *o, size_t *n) {
+/* Seeded random ids, for a model without a tokenizer. */
+static int32_t *random_ids(const tern_model *m, size_t n) {
+    int32_t *ids = malloc(n * sizeof *ids);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)tern_model_vocab_size(m));
+    }
+    return ids;
+}
+
+static int32_t *read_ids(const opts *o, const tern_model *m, size_t *n) {
     tern_error err;
     tern_tokenizer *tok = tern_tokenizer_load(o->model, &err);
-    if (!tok) die("tokenizer", &err);
+    if (!tok) {
+        printf("(%s: no tokenizer, random prompts)\n", o->model);
+        *n = 4096;
+        return random_ids(m, *n);
+    }
     FILE *f = fopen(o->text, "rb");
     if (!f) {
         fprintf(stderr, "bench_mtp: %s: cannot open\n", o->text);
@@ -137,12 +164,16 @@ static void teacher_forced(const opts *o, tern_model *m, const int32_t *ids, siz
     tern_sampler_destroy(sm);
 }
 
+typedef struct {
+    double decode, draft, c[D + 2];   /* seconds; c[T]: a verify of T (rolled back to one) in decode steps */
+} step_costs;
+
 /* The step's parts on a session past a 256-token prompt, each the best
- * of 200: a decode step, a verify of T tokens (rolled back to one), a
- * draft (the head and its lm_head). */
-static void costs(const opts *o, tern_model *m, const int32_t *ids) {
+ * of cost_reps: a decode step, a verify of T tokens (rolled back to one),
+ * a draft (the head and its lm_head). */
+static step_costs costs(const opts *o, tern_model *m, const int32_t *ids) {
     tern_error err;
-    const int V = tern_model_vocab_size(m), H = m->cfg.hidden, reps = 200;
+    const int V = tern_model_vocab_size(m), H = m->cfg.hidden, reps = o->cost_reps;
     float *L = malloc((size_t)(D + 2) * V * sizeof(float)), *hd = malloc((size_t)(D + 2) * H * sizeof(float));
     tern_session *s = tern_session_create(m, NULL, &err);
     if (!s || tern_session_set_mtp(s, 1, &err) || tern_session_eval(s, ids, 256, NULL, 0, &err)) die("prompt", &err);
@@ -177,7 +208,9 @@ static void costs(const opts *o, tern_model *m, const int32_t *ids) {
     tern_session_destroy(s);
     free(L);
     free(hd);
-    (void)o;
+    step_costs sc = {decode, draft, {0}};
+    for (int T = 1; T <= D + 1; T++) sc.c[T] = verify[T] / decode;
+    return sc;
 }
 
 typedef struct {
@@ -235,8 +268,26 @@ static void generation(const opts *o, tern_model *keep, tern_model *recompute, c
     }
 }
 
+/* Greedy at the set acceptance: measured against predicted speedups. */
+static void simulated(const opts *o, tern_model *m, const step_costs *sc, const int32_t *ids, size_t n_ids) {
+    printf("simulated acceptance %.2f (each draft kept with that probability): %d prompts of 32 tokens, %d tokens "
+           "each, greedy, best of %d\n", o->force, o->prompts, o->tokens, o->reps);
+    printf("| depth | decode tok/s | speedup | predicted | tokens a verify step |\n|---|---|---|---|---|\n");
+    run_stats base = generate(o, m, ids, n_ids, 1, 0);
+    printf("| 0 | %.2f | 1.00 | 1.00 | - |\n", base.tok_s);
+    for (int d = 1; d <= D; d++) {
+        run_stats st = generate(o, m, ids, n_ids, 1, d);
+        double tokens = 1, a = 1;
+        for (int i = 0; i < d; i++) tokens += a *= o->force;
+        double predicted = tokens / (sc->c[d + 1] + d * sc->draft / sc->decode);
+        printf("| %d | %.2f | %.2f | %.2f | %.2f |\n", d, st.tok_s, st.tok_s / base.tok_s, predicted,
+               st.verify ? (double)(st.accepted + st.verify) / st.verify : 0.0);
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv) {
-    opts o = {"models/tern-tiny", "tests/fixtures/tern-tiny-heldout.txt", 1500, 6, 128, 3, 0};
+    opts o = {"models/tern-tiny", "tests/fixtures/tern-tiny-heldout.txt", 1500, 6, 128, 3, 0, 200, 0};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "-m")) o.model = v;
@@ -246,18 +297,33 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-n")) o.tokens = atoi(v);
         else if (!strcmp(a, "-r")) o.reps = atoi(v);
         else if (!strcmp(a, "-t")) o.threads = atoi(v);
+        else if (!strcmp(a, "-c")) o.cost_reps = atoi(v);
+        else if (!strcmp(a, "-a")) o.force = atof(v);
         else {
             fprintf(stderr, "bench_mtp: unknown option %s\n", a);
             return 2;
         }
     }
-    if (o.prompts < 1 || o.tokens < 1 || o.reps < 1 || o.positions < 0) {
-        fprintf(stderr, "bench_mtp: -p, -n and -r need at least 1\n");
+    if (o.prompts < 1 || o.tokens < 1 || o.reps < 1 || o.cost_reps < 1 || o.positions < 0) {
+        fprintf(stderr, "bench_mtp: -p, -n, -r and -c need at least 1\n");
         return 2;
     }
-    tern_model *keep = load(&o, 0), *recompute = load(&o, 1);
+    if (!(o.force >= 0 && o.force <= 1)) {
+        fprintf(stderr, "bench_mtp: -a takes a rate in [0, 1]\n");
+        return 2;
+    }
     size_t n_ids;
-    int32_t *ids = read_ids(&o, &n_ids);
+    if (o.force > 0) {
+        tern_model *m = load(&o, 0);
+        int32_t *ids = read_ids(&o, m, &n_ids);
+        step_costs sc = costs(&o, m, ids);
+        simulated(&o, m, &sc, ids, n_ids);
+        free(ids);
+        tern_model_free(m);
+        return 0;
+    }
+    tern_model *keep = load(&o, 0), *recompute = load(&o, 1);
+    int32_t *ids = read_ids(&o, keep, &n_ids);
     if (n_ids < 128) {
         fprintf(stderr, "bench_mtp: %s is too short\n", o.text);
         return 1;

@@ -104,6 +104,14 @@ typedef struct tern_load_params {
          * backend that keeps no per-token state (0: the CPU keeps the
          * state after each verified token). Same results, other costs. */
         int mtp_recompute;
+        /* For benchmarks only, and the one aid that changes the output:
+         * in (0, 1], a speculative step keeps each draft with this
+         * probability whatever the model says (drawn from the sampler's
+         * random stream; the first draft not kept ends the step as a
+         * rejection does), so the loop runs at a set acceptance on a
+         * model whose head accepts nothing (random weights). The session
+         * holds the tokens kept, as always. 0: the model decides. */
+        double mtp_force_accept;
     } debug;
 } tern_load_params;
 

@@ -383,6 +383,72 @@ Test(mtp, bad_depth_refused) {
     tern_model_free(m);
 }
 
+/* ---- a set acceptance (debug.mtp_force_accept, for benchmarks) ------------ */
+
+static tern_model *forced(double rate, tern_error *err) {
+    tern_load_params lp = {.n_threads = 2};
+    lp.debug.mtp_force_accept = rate;
+    return tern_model_load("models/tern-tiny", &lp, err);
+}
+
+/* Every draft kept: the session then holds exactly the prompt and the ids
+ * given, in the state plain one-token steps over them leave. */
+Test(mtp, forced_acceptance_keeps_every_draft) {
+    setup u;
+    open_setup(&u, 0);
+    tern_error err;
+    tern_model *m = forced(1, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    for (int d = 1; d <= TERN_MTP_MAX_DEPTH; d++) {
+        out o;
+        tern_gen_stats st;
+        tern_gen_params p = greedy(31, d);
+        tern_session *s = gen(m, u.tok, u.ids + 800, 20, &p, 0, 0, &o, &st);
+        cr_assert_eq(o.n, 31);
+        cr_assert_gt(st.n_verify, 0);
+        cr_assert_eq(st.n_accepted, st.n_drafted, "depth %d: %ld of %ld drafts kept", d, (long)st.n_accepted,
+                     (long)st.n_drafted);
+        int held = tern_session_pos(s) - 20;
+        cr_assert(held >= o.n - 1 && held <= o.n, "depth %d: %d ids held of %d", d, held, o.n);
+        tern_session *plain = tern_session_create(u.m, NULL, &err);
+        cr_assert_not_null(plain, "%s", err.msg);
+        cr_assert_eq(tern_session_eval(plain, u.ids + 800, 20, NULL, 0, &err), 0, "%s", err.msg);
+        for (int i = 0; i < held; i++) cr_assert_eq(tern_session_eval(plain, &o.ids[i], 1, NULL, 0, &err), 0, "%s", err.msg);
+        same_model_state(s, plain);
+        tern_session_destroy(plain);
+        tern_session_destroy(s);
+    }
+    tern_model_free(m);
+    close_setup(&u);
+}
+
+/* At rate a and depth 3 a step keeps a + a^2 + a^3 drafts on average. */
+Test(mtp, forced_acceptance_rate) {
+    setup u;
+    open_setup(&u, 0);
+    tern_error err;
+    tern_model *m = forced(0.5, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    out o;
+    tern_gen_stats st;
+    tern_gen_params p = greedy(400, 3);
+    p.ignore_eos = 1;
+    tern_session *s = gen(m, u.tok, u.ids + 200, 20, &p, 0, 0, &o, &st);
+    /* per step: 0..3 kept with probabilities 1/2, 1/4, 1/8, 1/8; mean 0.875, sd 1.05 */
+    double mean = (double)st.n_accepted / (double)st.n_verify, sd = 1.05 / sqrt((double)st.n_verify);
+    cr_assert_gt(st.n_verify, 150);
+    cr_assert(fabs(mean - 0.875) < 4 * sd, "%.3f drafts kept a step over %ld steps (0.875 expected)", mean,
+              (long)st.n_verify);
+    tern_session_destroy(s);
+    tern_model_free(m);
+    for (int i = 0; i < 3; i++) {
+        const double bad[] = {-0.1, 1.5, NAN};
+        cr_assert_null(forced(bad[i], &err));
+        cr_assert(strstr(err.msg, "debug.mtp_force_accept"), "%s", err.msg);
+    }
+    close_setup(&u);
+}
+
 /* ---- sampling: the distribution is the model's ---------------------------- */
 
 #define NT 3   /* ids generated per draw */

@@ -26,6 +26,7 @@ struct tern_model {
     float *inv_freq;          /* [rope_dim / 2] RoPE frequencies (model/rope.h) */
     int fast;                 /* SIMD kernels for decode-sized products */
     int mtp_recompute;        /* tern_load_params.debug.mtp_recompute */
+    double mtp_force_accept;  /* tern_load_params.debug.mtp_force_accept */
     int isa;                  /* tern_isa chosen at load */
     /* packed models */
     int packed;

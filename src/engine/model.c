@@ -141,11 +141,14 @@ tern_model *tern_model_alloc(const tern_load_params *params, tern_error *err) {
     }
     m->fast = !(params && params->reference_kernels);
     m->mtp_recompute = params && params->debug.mtp_recompute;
+    m->mtp_force_accept = params ? params->debug.mtp_force_accept : 0;
     m->isa = tern_isa_best();
     return m;
 }
 
 int tern_model_finish(tern_model *m, const tern_load_params *params, tern_error *err) {
+    if (!(m->mtp_force_accept >= 0 && m->mtp_force_accept <= 1))
+        return tern_fail(err, "debug.mtp_force_accept must be in [0, 1] (got %g)", m->mtp_force_accept);
     if (tern_rope_apply(&m->cfg, params, err) != 0) return -1;
     if (!(m->inv_freq = malloc((size_t)(m->cfg.rope_dim / 2) * sizeof(float)))) return tern_fail(err, "out of memory");
     tern_rope_inv_freq(&m->cfg, m->inv_freq);

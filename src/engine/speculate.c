@@ -92,6 +92,11 @@ static int32_t choose(tern_gen *g, int i, int N, const int32_t *tok, int *kept, 
     int V = tern_model_vocab_size(g->s->m);
     const float *row = b->logits + (size_t)i * V;
     *kept = 0;
+    double force = g->s->m->mtp_force_accept;
+    if (force > 0 && i < N) {   /* (debug.mtp_force_accept: a benchmark's set acceptance) */
+        *kept = tern_sampler_next_uniform(gs->sampler) < force;
+        return *kept ? tok[i + 1] : tern_sampler_sample(gs->sampler, row, gs->history, gs->n_history, err);
+    }
     if (i == N || tern_sampler_greedy(gs->sampler)) {
         int32_t t = tern_sampler_sample(gs->sampler, row, gs->history, gs->n_history, err);
         *kept = i < N && t == tok[i + 1];
