@@ -483,6 +483,12 @@ int tern_matcher_fill_mask(tern_matcher *m, uint32_t *mask, int budget, tern_err
 int tern_matcher_complete(const tern_matcher *m);
 /* Fewest bytes of text that end the grammar from here (0: it may end). */
 int tern_matcher_min_bytes(const tern_matcher *m);
+/* Keeps the matcher's state (one at a time: a save replaces the last),
+ * and brings it back: a speculative step's drafts advance the matcher
+ * past tokens the model may not keep. restore after no save, or a second
+ * restore, leaves the state as it is. */
+int tern_matcher_save(tern_matcher *m, tern_error *err);
+void tern_matcher_restore(tern_matcher *m);
 
 /* ---- sampling and generation -------------------------------------------- */
 

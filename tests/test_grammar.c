@@ -528,3 +528,27 @@ Test(grammar, limits_of_depth) {
     tern_matcher_destroy(m);
     tern_grammar_destroy(g);
 }
+
+/* A saved state comes back after the text read past it, once. */
+Test(grammar, save_and_restore) {
+    tern_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
+    tern_error err;
+    tern_matcher *m = tern_matcher_create(g, &err);
+    cr_assert(m, "%s", err.msg);
+    tern_matcher_restore(m);   /* nothing saved: no change */
+    cr_assert_eq(tern_matcher_accept_bytes(m, "{\"a\":", 5), 0);
+    int left = tern_matcher_min_bytes(m);
+    cr_assert_eq(tern_matcher_save(m, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_matcher_accept_bytes(m, "12}", 3), 0);
+    cr_assert(tern_matcher_complete(m));
+    tern_matcher_restore(m);
+    cr_expect(!tern_matcher_complete(m));
+    cr_expect_eq(tern_matcher_min_bytes(m), left);
+    cr_expect_neq(tern_matcher_accept_bytes(m, "}", 1), 0, "the restored state took what it should not");
+    cr_assert_eq(tern_matcher_accept_bytes(m, "7", 1), 0);
+    tern_matcher_restore(m);   /* a second restore: no change */
+    cr_assert_eq(tern_matcher_accept_bytes(m, "}", 1), 0);
+    cr_expect(tern_matcher_complete(m));
+    tern_matcher_destroy(m);
+    tern_grammar_destroy(g);
+}

@@ -383,6 +383,86 @@ Test(mtp, bad_depth_refused) {
     tern_model_free(m);
 }
 
+/* ---- under a grammar: drafts masked, the ids the masked plain loop gives -- */
+
+typedef struct {
+    tern_grammar_vocab *v;
+    tern_grammar *g[3];
+    int32_t eos[2];
+} grammars;
+
+static void open_grammars(grammars *gr, const setup *u) {
+    tern_error err;
+    gr->eos[0] = tern_tokenizer_token_id(u->tok, "<|im_end|>");
+    gr->eos[1] = tern_tokenizer_token_id(u->tok, "<|endoftext|>");
+    cr_assert(gr->eos[0] >= 0 && gr->eos[1] >= 0);
+    gr->v = tern_grammar_vocab_create(u->tok, tern_model_vocab_size(u->m), gr->eos, 2, &err);
+    cr_assert_not_null(gr->v, "%s", err.msg);
+    const tern_grammar_spec specs[3] = {
+        {.json_object = 1},
+        {.json_schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"kind\":{\"enum\":"
+                        "[\"seed\",\"tree\",\"fruit\"]},\"days\":{\"type\":\"integer\"}},\"required\":[\"name\","
+                        "\"kind\",\"days\"],\"additionalProperties\":false}"},
+        {.gbnf = "root ::= (\"And \" [a-zA-Z]+ \" \")+ \"said.\""},
+    };
+    for (int i = 0; i < 3; i++) cr_assert_not_null(gr->g[i] = tern_grammar_create(&specs[i], gr->v, &err), "%s", err.msg);
+}
+
+static void close_grammars(grammars *gr) {
+    for (int i = 0; i < 3; i++) tern_grammar_destroy(gr->g[i]);
+    tern_grammar_vocab_destroy(gr->v);
+}
+
+/* Greedy under each grammar, at limits that cut the answer short and one
+ * that lets it end: the same ids, text, stop and state at every depth. */
+Test(mtp, greedy_under_a_grammar) {
+    setup u;
+    open_setup(&u, 0);
+    grammars gr;
+    open_grammars(&gr, &u);
+    const int limits[] = {3, 11, 90};
+    for (int i = 0; i < 3; i++)
+        for (int l = 0; l < 3; l++) {
+            tern_gen_params p = greedy(limits[l], 0);
+            p.grammar = gr.g[i];
+            p.sampling.n_eos = 2;
+            memcpy(p.sampling.eos_ids, gr.eos, sizeof gr.eos);
+            check_same(u.m, u.tok, u.ids + 40 + 300 * i, 24, p, 0);
+        }
+    close_grammars(&gr);
+    close_setup(&u);
+}
+
+/* Sampled under a grammar with drafts: every id is one the grammar allows
+ * (a fresh matcher takes them all), and drafts are kept. */
+Test(mtp, sampled_under_a_grammar) {
+    setup u;
+    open_setup(&u, 0);
+    grammars gr;
+    open_grammars(&gr, &u);
+    tern_error err;
+    for (int i = 0; i < 3; i++) {
+        tern_gen_params p = greedy(120, 2);
+        p.sampling.do_sample = 1;
+        p.sampling.temperature = 1.0f;
+        p.sampling.seed = 3 + (uint64_t)i;
+        p.grammar = gr.g[i];
+        p.sampling.n_eos = 2;
+        memcpy(p.sampling.eos_ids, gr.eos, sizeof gr.eos);
+        out o;
+        tern_gen_stats st;
+        tern_session *s = gen(u.m, u.tok, u.ids + 900, 24, &p, 0, 0, &o, &st);
+        cr_assert_gt(st.n_accepted, 0, "grammar %d: no draft kept", i);
+        tern_matcher *m = tern_matcher_create(gr.g[i], &err);
+        cr_assert_not_null(m, "%s", err.msg);
+        for (int k = 0; k < o.n; k++) cr_assert_eq(tern_matcher_accept(m, o.ids[k], &err), 0, "grammar %d id %d: %s", i, k, err.msg);
+        tern_matcher_destroy(m);
+        tern_session_destroy(s);
+    }
+    close_grammars(&gr);
+    close_setup(&u);
+}
+
 /* ---- a set acceptance (debug.mtp_force_accept, for benchmarks) ------------ */
 
 static tern_model *forced(double rate, tern_error *err) {

@@ -64,6 +64,10 @@ struct tern_gen {
 int tern_gen_accept(tern_gen *g, int32_t id, tern_error *err);
 int tern_gen_logprobs(tern_gen *g, const float *logits, int32_t id, tern_error *err);
 int tern_gen_limit(const tern_gen_params *p, const tern_session *s, int n, int pos, int *reason);
+/* The grammar's mask (g->g.matcher's, into g->g.mask) for the draw of the
+ * id at position pos, with n_generated ids before it: the limits leave
+ * n_predict - n_generated ids and the context's room past pos. */
+int tern_gen_mask(tern_gen *g, int n_generated, int pos, tern_error *err);
 
 /* speculate.c: the step buffers for p->mtp_depth (none for 0), freed; one
  * speculative step of g (phase GEN_NEXT, its next id not the last). */

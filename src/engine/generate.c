@@ -260,11 +260,9 @@ static int take_next(tern_gen *g, int32_t id, tern_error *err) {
     return 0;
 }
 
-/* The grammar's mask for the next draw, with what the limits leave: the
- * tokens still allowed (n_predict) and the context's room. */
-static int grammar_mask(tern_gen *g, tern_error *err) {
-    long long budget = g->p.n_predict >= 0 ? g->p.n_predict - g->st.n_generated : -1;
-    long long room = g->s->max_ctx - tern_session_pos(g->s);
+int tern_gen_mask(tern_gen *g, int n_generated, int pos, tern_error *err) {
+    long long budget = g->p.n_predict >= 0 ? g->p.n_predict - n_generated : -1;
+    long long room = g->s->max_ctx - pos;
     if (budget < 0 || room < budget) budget = room;
     return tern_matcher_fill_mask(g->g.matcher, g->g.mask, (int)budget, err);
 }
@@ -272,7 +270,7 @@ static int grammar_mask(tern_gen *g, tern_error *err) {
 /* The next id from the host's logits, with its log-probabilities. */
 static int take_id(tern_gen *g, tern_error *err) {
     gen_state *gs = &g->g;
-    if (gs->matcher && grammar_mask(g, err)) return -1;
+    if (gs->matcher && tern_gen_mask(g, g->st.n_generated, tern_session_pos(g->s), err)) return -1;
     int32_t id = tern_sampler_sample(gs->sampler, gs->logits, gs->history, gs->n_history, err);
     if (id < 0) return -1;
     if (gs->matcher && tern_matcher_accept(gs->matcher, id, err)) return -1;
@@ -305,8 +303,7 @@ int tern_gen_step(tern_gen *g, tern_error *err) {
     const int32_t *tokens;
     int n = tern_gen_input(g, &tokens);
     if (n < 1) return tern_fail(err, "the generation is over");
-    /* (a grammar's mask follows each taken token: its steps are plain) */
-    if (g->phase == GEN_NEXT && g->p.mtp_depth > 0 && !g->p.grammar && !g->last) return tern_spec_step(g, err);
+    if (g->phase == GEN_NEXT && g->p.mtp_depth > 0 && !g->last) return tern_spec_step(g, err);
     return tern_session_eval(g->s, tokens, n, g->g.logits, 0, err) || tern_gen_take(g, g->g.logits, err) ? -1 : 0;
 }
 

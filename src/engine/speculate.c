@@ -14,7 +14,13 @@
  * distributions after the same sampler steps, the penalties seeing the
  * same earlier tokens; past the last draft the id is drawn from p. The
  * ids then have the model's distribution (Leviathan et al. 2023,
- * "Fast Inference from Transformers via Speculative Decoding"). */
+ * "Fast Inference from Transformers via Speculative Decoding").
+ *
+ * Under a grammar, each draft is drawn under the mask the grammar gives
+ * after the drafts before it (the matcher is saved, advanced over the
+ * drafts, and restored), and each verified row under the mask after the
+ * ids taken before it; a draft the grammar would end after is the last
+ * one. p and q then share their mask wherever a draft is checked. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,32 +62,63 @@ static int depth_now(const tern_gen *g) {
     return n > 0 ? n : 0;
 }
 
-/* tok[1..N]: the head's drafts, the first from the model's last state and
+/* (the mask covers the sampler's valid ids: the lm_head's rows past them are padding) */
+static int mask_empty(const gen_state *gs) {
+    int n = tern_sampler_n_valid(gs->sampler);
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t bits = gs->mask[w];
+        if (n - w * 32 < 32) bits &= (1u << (n - w * 32)) - 1;
+        if (bits) return 0;
+    }
+    return 1;
+}
+
+/* Draft i's draw from the head's logits q (its distribution into qp when
+ * sampling): under the grammar's mask after the drafts before it, which
+ * it then advances. 0 and *d = -1: the grammar allows nothing more. */
+static int draw_draft(tern_gen *g, int i, const float *q, float *qp, int32_t *d, tern_error *err) {
+    gen_state *gs = &g->g;
+    int V = tern_model_vocab_size(g->s->m), n_hist = gs->n_history + i;
+    *d = -1;
+    if (gs->matcher) {
+        if (tern_gen_mask(g, g->st.n_generated + i, tern_session_pos(g->s) + 1 + i, err)) return -1;
+        if (mask_empty(gs)) return 0;
+    }
+    if (tern_sampler_greedy(gs->sampler)) *d = tern_sampler_sample(gs->sampler, q, gs->history, n_hist, err);
+    else if (tern_sampler_probs(gs->sampler, q, gs->history, n_hist, qp, err)) return -1;
+    else if ((*d = tern_sampler_draw_probs(gs->sampler, qp, V)) < 0)
+        return tern_fail(err, "the MTP draft's distribution is empty");
+    if (*d < 0) return -1;
+    return gs->matcher ? tern_matcher_accept(gs->matcher, *d, err) : 0;
+}
+
+/* tok[1..*N]: the head's drafts, the first from the model's last state and
  * tok[0], each next one from the head's own output and the draft before
  * it, drawn under the generation's sampler (whose penalties see the
- * drafts before it, written after the history). */
-static int draft(tern_gen *g, int N, int32_t *tok, tern_error *err) {
+ * drafts before it, written after the history); fewer (*N lowered) where
+ * the grammar allows nothing more. */
+static int draft(tern_gen *g, int *N, int32_t *tok, tern_error *err) {
     gen_state *gs = &g->g;
     spec_buf *b = &gs->spec;
     tern_session *s = g->s;
     size_t V = (size_t)s->m->cfg.vocab, H = (size_t)s->m->cfg.hidden;
-    int greedy = tern_sampler_greedy(gs->sampler);
+    if (gs->matcher && tern_matcher_save(gs->matcher, err)) return -1;
     tern_mtp_align(s);
     const float *in = s->hidden;
-    for (int i = 0; i < N; i++) {
+    int rc = 0;
+    for (int i = 0; i < *N; i++) {
         float *out = b->h + (size_t)(i % 2) * H, *q = b->q + (size_t)i * V, *qp = b->qp + (size_t)i * V;
-        if (tern_mtp_forward(s, in, &tok[i], 1, q, out, err)) return -1;
-        int n_hist = gs->n_history + i;
         int32_t d;
-        if (greedy) d = tern_sampler_sample(gs->sampler, q, gs->history, n_hist, err);
-        else if (tern_sampler_probs(gs->sampler, q, gs->history, n_hist, qp, err)) return -1;
-        else if ((d = tern_sampler_draw_probs(gs->sampler, qp, (int)V)) < 0)
-            return tern_fail(err, "the MTP draft's distribution is empty");
-        if (d < 0) return -1;
-        tok[i + 1] = gs->history[n_hist] = d;
+        if ((rc = tern_mtp_forward(s, in, &tok[i], 1, q, out, err)) || (rc = draw_draft(g, i, q, qp, &d, err))) break;
+        if (d < 0) {
+            *N = i;
+            break;
+        }
+        tok[i + 1] = gs->history[gs->n_history + i] = d;
         in = out;
     }
-    return 0;
+    if (gs->matcher) tern_matcher_restore(gs->matcher);
+    return rc;
 }
 
 /* The id after verified row i: the draft tok[i + 1] when the rule keeps it
@@ -140,8 +177,9 @@ static int take_rows(tern_gen *g, int p, int N, const int32_t *tok, int *k, tern
             return 0;
         }
         int kept;
+        if (g->g.matcher && tern_gen_mask(g, g->st.n_generated, p + i + 1, err)) return -1;
         int32_t t = choose(g, i, N, tok, &kept, err);
-        if (t < 0) return -1;
+        if (t < 0 || (g->g.matcher && tern_matcher_accept(g->g.matcher, t, err))) return -1;
         if (g->p.on_logprobs && tern_gen_logprobs(g, g->g.spec.logits + (size_t)i * V, t, err)) return -1;
         int end = tern_gen_accept(g, t, err);
         if (end < 0) return -1;
@@ -161,12 +199,12 @@ int tern_spec_step(tern_gen *g, tern_error *err) {
     gen_state *gs = &g->g;
     tern_session *s = g->s;
     int N = depth_now(g);
+    int32_t tok[TERN_MTP_MAX_DEPTH + 1] = {g->next};
+    if (N > 0 && draft(g, &N, tok, err)) return -1;
     if (N == 0)
         return tern_session_eval(s, &g->next, 1, gs->logits, 0, err) || tern_gen_take(g, gs->logits, err) ? -1 : 0;
-    int32_t tok[TERN_MTP_MAX_DEPTH + 1] = {g->next};
     tern_spec_verify v;
-    if (draft(g, N, tok, err) || tern_mtp_verify(s, tok, N + 1, gs->spec.logits, gs->spec.hidden, &v, err))
-        return -1;
+    if (tern_mtp_verify(s, tok, N + 1, gs->spec.logits, gs->spec.hidden, &v, err)) return -1;
     g->st.n_verify++;
     g->st.n_drafted += N;
     int k = 1, rc = take_rows(g, v.p, N, tok, &k, err);

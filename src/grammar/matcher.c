@@ -33,6 +33,8 @@ struct tern_matcher {
     const tern_grammar_vocab *v;
     pda p;
     pda_state cur, a, b, ctx;
+    pda_state saved;             /* tern_matcher_save's state, and its done */
+    int saved_done, has_saved;
     pda_state *lv;               /* suffix walks: the state after each byte */
     uint32_t n_lv;
     int done;                    /* the end-of-sequence token was taken */
@@ -73,6 +75,7 @@ void tern_matcher_destroy(tern_matcher *m) {
     pda_state_free(&m->a);
     pda_state_free(&m->b);
     pda_state_free(&m->ctx);
+    pda_state_free(&m->saved);
     for (uint32_t d = 0; d < m->n_lv; d++) pda_state_free(&m->lv[d]);
     free(m->lv);
     free(m->tmpmask);
@@ -86,6 +89,24 @@ void tern_matcher_destroy(tern_matcher *m) {
 int tern_matcher_complete(const tern_matcher *m) { return !m->done && (m->cur.flags & PDA_COMPLETE); }
 
 int tern_matcher_min_bytes(const tern_matcher *m) { return m->done ? 0 : (int)pda_state_min(&m->p, &m->cur); }
+
+/* Frames are never freed while the matcher lives, so a saved state's
+ * frame ids stay valid; restore swaps it in without allocating. */
+int tern_matcher_save(tern_matcher *m, tern_error *err) {
+    if (pda_state_copy(&m->saved, &m->cur)) return tern_fail(err, "out of memory (grammar matcher)");
+    m->saved_done = m->done;
+    m->has_saved = 1;
+    return 0;
+}
+
+void tern_matcher_restore(tern_matcher *m) {
+    if (!m->has_saved) return;
+    pda_state t = m->cur;
+    m->cur = m->saved;
+    m->saved = t;
+    m->done = m->saved_done;
+    m->has_saved = 0;
+}
 
 /* ---- accepting ------------------------------------------------------------ */
 

@@ -102,12 +102,12 @@ def test_refused_on_the_gpu(start_server):
         start_server("--mtp", "1", "--device", "cuda")
 
 
-def test_grammar_without_drafts(server, plain):
+def test_grammar_with_drafts(server, plain):
     body = chat_body("Give me a JSON object about bread.", max_tokens=60, response_format={"type": "json_object"},
                      chat_template_kwargs={"enable_thinking": False})
     drafted = server.metric("tern_mtp_drafted_tokens_total")
     assert reply(server, body) == reply(plain, body)
-    assert server.metric("tern_mtp_drafted_tokens_total") == drafted
+    assert server.metric("tern_mtp_drafted_tokens_total") > drafted
 
 
 def test_lazy_load(start_server, plain):
