@@ -10,6 +10,7 @@
 
 #include "engine/cpu_backend.h"
 #include "engine/sampler.h"
+#include "model/manifest.h"
 #include "tern.h"
 #include "packutil.h"
 #include "testutil.h"
@@ -460,6 +461,37 @@ Test(mtp, sampled_under_a_grammar) {
         tern_session_destroy(s);
     }
     close_grammars(&gr);
+    close_setup(&u);
+}
+
+/* Packed at 4 bits with the experts streamed through top_k + 1 slots a
+ * layer (the head's layer too): drafts give the plain loop's ids there as
+ * well, and the expert cache sees the drafts' and verifies' experts. */
+Test(mtp, streamed_experts) {
+    setup u;
+    open_setup(&u, 0);
+    tern_error err;
+    char *tmp = make_temp_dir(), dst[1200];
+    cr_assert(tmp);
+    snprintf(dst, sizeof dst, "%s/tiny-q4", tmp);
+    tern_pack_params pp = {.src = "models/tern-tiny", .dst = dst, .bits = 4, .n_threads = 2};
+    cr_assert_eq(tern_pack(&pp, &err), 0, "%s", err.msg);
+    tern_manifest man;
+    cr_assert_eq(tern_manifest_read(&man, dst, &err), 0, "%s", err.msg);
+    cr_assert(man.mtp_file, "the pack has no MTP expert file");
+    tern_load_params lp = {.n_threads = 2};
+    lp.expert_budget = 5 * man.stride * (uint64_t)(man.n_layer_files + 1);
+    tern_manifest_free(&man);
+    tern_model *m = tern_model_load(dst, &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    check_same(m, u.tok, u.ids + 2000, 30, greedy(40, 0), 0);
+    tern_stream_stats ss;
+    tern_model_stream_stats(m, &ss);
+    cr_assert(ss.streaming && ss.slots_per_layer == 5 && ss.misses > 0, "streaming %d, %d slots, %llu misses",
+              ss.streaming, ss.slots_per_layer, (unsigned long long)ss.misses);
+    tern_model_free(m);
+    rm_rf(tmp);
+    free(tmp);
     close_setup(&u);
 }
 
