@@ -231,6 +231,14 @@ int tern_model_batches(const tern_model *m);
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
 
+/* For benchmarks only: moves a new session (position 0) to position n as
+ * if n tokens had been evaluated, their KV rows zero and the recurrent
+ * state left as it is, without computing them; the next evaluations then
+ * cost what they cost at that context, while their output means nothing.
+ * For timing a step at a context too long to prefill in a benchmark's
+ * time (tern bench --fill). */
+int tern_session_fill(tern_session *s, int n, tern_error *err);
+
 /* Empties the session (position 0, the state of a new session), keeping
  * its buffers. */
 int tern_session_reset(tern_session *s, tern_error *err);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cpu/ops.h"
+#include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "text/tokenizer.h"
 #include "util/sha256.h"
@@ -595,5 +596,50 @@ Test(fixture, context_limit_is_an_error) {
     cr_assert_eq(tern_session_eval(s, f.prompt, 9, NULL, 0, &err), -1);
     cr_assert(strstr(err.msg, "context"), "%s", err.msg);
     tern_session_destroy(s);
+    fx_close(&f);
+}
+
+/* tern_session_fill: n positions of zero KV rows over a new session's
+ * recurrent state; the next token's logits are, bit for bit, those of a
+ * session that evaluated n tokens and then had that state set by hand. */
+Test(fixture, fill_gives_zero_rows_at_the_position) {
+    fx f;
+    fx_open(&f, "tiny");
+    tern_error err;
+    int V = tern_model_vocab_size(f.m);
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    const int n = 40, bits[] = {0, 16, 4};
+    for (int k = 0; k < 3; k++) {
+        tern_session_params sp = {.max_context = 64, .kv_bits = bits[k]};
+        tern_session *a = tern_session_create(f.m, &sp, &err), *b = tern_session_create(f.m, &sp, &err);
+        cr_assert(a && b, "%s", err.msg);
+        /* (rows written and left behind by a reset: the fill must zero them) */
+        cr_assert_eq(tern_session_eval(a, f.prompt, n, NULL, 0, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_session_reset(a, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_session_fill(a, n, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_session_pos(a), n);
+        cr_assert_eq(tern_session_eval(b, f.prompt, n, NULL, 0, &err), 0, "%s", err.msg);
+        tern_span sb[2 * TERN_MAX_LAYERS];
+        const tern_cpu_state *cb = b->state;
+        int ns = tern_state_spans(&f.m->cfg, cb->kv, cb->gdn, b->kvf.row_bytes, 0, n, 1, sb);
+        for (int i = 0; i < ns; i++) memset(sb[i].p, 0, sb[i].n);
+        int32_t next = 7;
+        cr_assert_eq(tern_session_eval(a, &next, 1, la, 0, &err), 0, "%s", err.msg);
+        cr_assert_eq(tern_session_eval(b, &next, 1, lb, 0, &err), 0, "%s", err.msg);
+        cr_expect_eq(memcmp(la, lb, (size_t)V * sizeof(float)), 0, "%d-bit KV: the filled session's logits differ",
+                     bits[k]);
+        /* refused: a session that holds tokens, a fill past the context */
+        cr_expect_eq(tern_session_fill(a, 5, &err), -1);
+        cr_expect(strstr(err.msg, "fill needs a new one"), "%s", err.msg);
+        tern_session_destroy(a);
+        a = tern_session_create(f.m, &sp, &err);
+        cr_expect_eq(tern_session_fill(a, 64, &err), -1);
+        cr_expect(strstr(err.msg, "max context"), "%s", err.msg);
+        cr_expect_eq(tern_session_pos(a), 0);
+        tern_session_destroy(a);
+        tern_session_destroy(b);
+    }
+    free(la);
+    free(lb);
     fx_close(&f);
 }

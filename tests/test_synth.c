@@ -287,6 +287,18 @@ Test(synth, bench_smoke) {
     free(out);
 }
 
+/* --fill: decode contexts set in place (tern_session_fill), named so. */
+Test(synth, bench_decode_filled) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench --synth small -p 8 -n 4 -c 200 -r 2 -t 2 --fill --force 2>/dev/null",
+             tern_bin());
+    int rc;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "| decode, filled | 200 | 4 |"), "%s", out);
+    free(out);
+}
+
 /* --depth: the prefill runs after a context of that many tokens, and the
  * ctx column counts both. */
 Test(synth, bench_prefill_at_depth) {

@@ -38,6 +38,7 @@ typedef struct {
     int gen[MAX_LIST], n_gen;
     int ctx[MAX_LIST], n_ctx;
     int curve;
+    int fill;                     /* decode contexts filled (tern_session_fill), not prefilled */
     int no_graphs, cpu_sampling, kernel_stats;   /* the GPU engine's debugging aids */
     const char *phase_trace;
     int top_k;                    /* decode sampling: 0 = the full vocabulary */
@@ -62,6 +63,8 @@ static void bench_usage(FILE *f) {
             "                       turn that continues a cached conversation does\n"
             "  -n LIST              decode lengths (default 128,512)\n"
             "  -c LIST              decode contexts (default 512,4096,32768)\n"
+            "  --fill               decode contexts of zero KV rows set in place of a prefill: a step's cost\n"
+            "                       at contexts too long to prefill, its output meaningless (\"decode, filled\")\n"
             "  -r N                 timed repeats of each test (default 3); one untimed warm-up before them\n"
             "  -t N                 threads (default: all cores)\n"
             "  --kv-bits B          KV cache bits 32, 16, 8 or 4 (default 16)\n"
@@ -214,6 +217,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             else if (!strcmp(a, "--no-graphs")) o->no_graphs = 1;
             else if (!strcmp(a, "--cpu-sampling")) o->cpu_sampling = 1;
             else if (!strcmp(a, "--hit-curve")) o->curve = 1;
+            else if (!strcmp(a, "--fill")) o->fill = 1;
             else if (!strcmp(a, "--reference")) o->reference = 1;
             else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 1; }
             else {
@@ -514,7 +518,8 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
     int32_t *toks = malloc((size_t)C * sizeof *toks);
     int rc = toks ? 0 : -1;
     for (int i = 0; rc == 0 && i < C; i++) toks[i] = random_token(b);
-    if (rc == 0 && C > 1) rc = tern_session_eval(s, toks, C - 1, NULL, 0, err);
+    if (rc == 0 && C > 1)
+        rc = b->o->fill ? tern_session_fill(s, C - 1, err) : tern_session_eval(s, toks, C - 1, NULL, 0, err);
     tern_snapshot *snap = rc == 0 ? tern_session_snapshot(s, err) : NULL;
     if (!snap) rc = -1;
     tern_gen_params gp = {.n_predict = n, .ignore_eos = 1, .on_token = count_token};
@@ -564,7 +569,7 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
     free(toks);
     if (rc != 0) return -1;
     *r = (result){.ctx = C, .tokens = n, .hit = -1};
-    snprintf(r->test, sizeof r->test, "decode");
+    snprintf(r->test, sizeof r->test, b->o->fill ? "decode, filled" : "decode");
     summarize(tps, got, r);
     uint64_t bytes = tern_model_decode_bytes(b->m, C, b->o->kv_bits);
     r->floor_tps = bytes && b->bandwidth > 0 ? b->bandwidth * 1e9 / bytes : 0;

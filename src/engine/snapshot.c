@@ -135,6 +135,33 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
     return 0;
 }
 
+#define FILL_ROWS 1024   /* positions zeroed by one load */
+
+int tern_session_fill(tern_session *s, int n, tern_error *err) {
+    if (s->pos != 0 || s->broken) return tern_fail(err, "fill: the session holds %d tokens; fill needs a new one", s->pos);
+    if (n < 0 || n >= s->max_ctx)
+        return tern_fail(err, "fill: %d positions, the session's max context being %d (one left for a token)", n,
+                         s->max_ctx);
+    if (n == 0) return 0;
+    if (tern_session_reserve_rows(s, n, err)) return -1;
+    const tern_backend *be = s->be;
+    size_t bytes = tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, 0, n < FILL_ROWS ? n : FILL_ROWS, 0);
+    uint8_t *zero = calloc(bytes ? bytes : 1, 1), *buf = be->snap_alloc(bytes ? bytes : 1, err);
+    int rc = zero && buf ? be->copy(buf, zero, bytes, TERN_COPY_TO_BE, err) : tern_fail(err, "out of memory");
+    for (int from = 0; rc == 0 && from < n; from += FILL_ROWS)
+        rc = be->load(s, buf, from, from + FILL_ROWS < n ? from + FILL_ROWS : n, 0, err);
+    if (rc == 0) rc = be->wait(err);
+    if (buf) be->snap_free(buf);
+    free(zero);
+    if (rc != 0) {
+        s->broken = 1;
+        return -1;
+    }
+    s->pos = n;
+    s->has_hidden = 0;
+    return 0;
+}
+
 static void free_data(const tern_snapshot *snap) {
     if (snap->moved) snap->be->host_free(snap->data);
     else snap->be->snap_free(snap->data);
