@@ -365,6 +365,30 @@ Test(mtp, snapshot_keeps_head_rows) {
     close_setup(&u);
 }
 
+/* A filled session (tern_session_fill: positions without a last state)
+ * tracked from there: the head's rows start at the first evaluated token
+ * and end at the last evaluated position, across evaluations. */
+Test(mtp, filled_session_head_rows) {
+    tern_model *m = tiny(0);
+    tern_error err;
+    tern_session_params sp = {.max_context = 128};
+    tern_session *s = tern_session_create(m, &sp, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) ids[i] = 100 + 7 * i;
+    cr_assert_eq(tern_session_fill(s, 40, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_set_mtp(s, 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_eval(s, ids, 5, NULL, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(s->mtp_base, 40);
+    cr_expect_eq(s->mtp_base + s->mtp_pos, s->pos - 1, "rows end at %d, the session at %d", s->mtp_base + s->mtp_pos,
+                 s->pos);
+    cr_assert_eq(tern_session_eval(s, ids + 5, 3, NULL, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(s->mtp_base, 40, "the head's rows restarted");
+    cr_expect_eq(s->mtp_pos, 7);
+    tern_session_destroy(s);
+    tern_model_free(m);
+}
+
 Test(mtp, bad_depth_refused) {
     tern_model *m = tiny(0);
     tern_error err;

@@ -208,7 +208,8 @@ int tern_mtp_forward(tern_session *s, const float *hidden, const int32_t *next, 
 
 /* Brings the head's rows in step with the sequence before an evaluation:
  * they must end at the last evaluated position (whose pair waits for the
- * token after it). Rows past it are dropped; rows that fall short (tokens
+ * token after it; at the session's position where it has no last state:
+ * new, or filled). Rows past it are dropped; rows that fall short (tokens
  * evaluated while the head was not tracked) restart there, the head then
  * seeing the sequence from that position on. */
 void tern_mtp_align(tern_session *s);

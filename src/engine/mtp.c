@@ -25,7 +25,9 @@ int tern_session_set_mtp(tern_session *s, int on, tern_error *err) {
 }
 
 void tern_mtp_align(tern_session *s) {
-    int want = s->pos > 0 ? s->pos - 1 : 0;
+    /* without the last state (a new or filled session) the next pair is
+     * the next token's own: its row is the one at pos */
+    int want = s->has_hidden ? s->pos - 1 : s->pos;
     if (s->mtp_base <= want && s->mtp_base + s->mtp_pos >= want) {
         s->mtp_pos = want - s->mtp_base;
         return;
