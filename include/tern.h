@@ -584,8 +584,9 @@ typedef struct tern_gen_params {
      * penalties, temperature and truncation; else the token is drawn from
      * max(0, p - q) renormalised). Stops, EOS, n_predict and on_token behave
      * as without. Needs an MTP head and the CPU engine; turns on
-     * tern_session_set_mtp for the session. With a grammar every step is
-     * a plain one (no drafts). */
+     * tern_session_set_mtp for the session. With a grammar each draft is
+     * drawn under the mask the grammar gives after the drafts before it,
+     * and each verified row under the mask after the ids taken. */
     int mtp_depth;
 } tern_gen_params;
 
