@@ -454,6 +454,16 @@ Test(mtp, greedy_under_a_grammar) {
             memcpy(p.sampling.eos_ids, gr.eos, sizeof gr.eos);
             check_same(u.m, u.tok, u.ids + 40 + 300 * i, 24, p, 0);
         }
+    /* the context's end as the grammar's budget: the room past each draft */
+    const int rooms[] = {4, 13};
+    for (int i = 0; i < 3; i++)
+        for (int r = 0; r < 2; r++) {
+            tern_gen_params p = greedy(-1, 0);
+            p.grammar = gr.g[i];
+            p.sampling.n_eos = 2;
+            memcpy(p.sampling.eos_ids, gr.eos, sizeof gr.eos);
+            check_same(u.m, u.tok, u.ids + 40 + 300 * i, 24, p, 24 + rooms[r]);
+        }
     close_grammars(&gr);
     close_setup(&u);
 }
