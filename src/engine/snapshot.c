@@ -138,7 +138,9 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap, tern_error 
 #define FILL_ROWS 1024   /* positions zeroed by one load */
 
 int tern_session_fill(tern_session *s, int n, tern_error *err) {
-    if (s->pos != 0 || s->broken) return tern_fail(err, "fill: the session holds %d tokens; fill needs a new one", s->pos);
+    if (s->broken)
+        return tern_fail(err, "the session failed mid-step earlier; restore a snapshot or start a new session");
+    if (s->pos != 0) return tern_fail(err, "fill: the session holds %d tokens; fill needs a new one", s->pos);
     if (n < 0 || n >= s->max_ctx)
         return tern_fail(err, "fill: %d positions, the session's max context being %d (one left for a token)", n,
                          s->max_ctx);
