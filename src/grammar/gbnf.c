@@ -17,6 +17,7 @@
 
 #include "grammar/compiled.h"
 #include "util/err.h"
+#include "util/strmap.h"
 
 #define MAX_REPEAT 4096
 #define MAX_NEST 64
@@ -347,7 +348,6 @@ int gbnf_parse(gr_grammar *g, const char *text, tern_error *err) {
         skip_space(&c);
         if (*c.p && !at_rule_start(&c)) return fail(&c, "unexpected character");
     }
-    for (int r = 0; r < g->n_rules; r++)
-        if (!strcmp(g->rules[r].name, "root")) return r;
-    return tern_fail(err, "grammar: no rule named root");
+    intptr_t root = g->names ? (intptr_t)tern_strmap_get(g->names, "root") : 0;   /* (rule id + 1) */
+    return root ? (int)root - 1 : tern_fail(err, "grammar: no rule named root");
 }
