@@ -65,8 +65,9 @@ const char *hub_header(hub_conn *c, const char *name, char *buf, size_t cap) {
 }
 
 int hub_header_u64(hub_conn *c, const char *name, uint64_t *out) {
-    char v[32], *end;
+    char v[96], *end;
     hub_header(c, name, v, sizeof v);
+    if (strlen(v) + 1 == sizeof v) return 0;   /* (cut short: its digits are not all read) */
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (!isdigit((unsigned char)v[0]) || *end || errno) return 0;

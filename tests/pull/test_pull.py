@@ -324,6 +324,19 @@ def test_impossible_size_is_refused(hub, tmp_path):
     assert not hub.requests("GET", "/cdn/")
 
 
+@pytest.mark.parametrize("zeros, whole", [(80, True), (120, False)])
+def test_size_with_leading_zeros(hub, tmp_path, source, zeros, whole):
+    """A size is its digits, leading zeros and all; one too long to read whole is no size."""
+    hub.huge.add(SHARD1)
+    hub.huge_size = "0" * zeros + str((source / SHARD1).stat().st_size)
+    p = run_tern("pull", REPO_ID, tmp_path / "m", "--no-pack", hub=hub)
+    if whole:
+        assert p.returncode == 0, p.stderr
+        assert sha256(tmp_path / "m" / SHARD1) == sha256(source / SHARD1)
+    else:
+        one_line_error(p, SHARD1, "X-Linked-Size")
+
+
 def test_network_failure_after_retries(tmp_path):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
