@@ -795,7 +795,7 @@ Test(mtp, cli_same_output) {
     cr_assert_eq(rc, 0, "%s", want);
     cr_assert(strstr(want, "\"mtp_drafted\":0,"), "%s", want);
     for (int d = 1; d <= TERN_MTP_MAX_DEPTH; d++) {
-        char flag[16];
+        char flag[32];
         snprintf(flag, sizeof flag, "--mtp %d", d);
         char *got = sh(run, flag, &rc);
         cr_assert_eq(rc, 0, "%s", got);
