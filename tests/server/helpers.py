@@ -207,6 +207,26 @@ def parse_metrics(text):
     return out
 
 
+def open_raw(server, path, body, headers=b"", timeout=30):
+    """A POST of JSON `body` on a connection of its own, left open: the caller reads the answer from the socket
+    (or leaves, to see what the server does). headers: more raw header lines, each ending in CRLF."""
+    s = socket.create_connection((server.host, server.port), timeout=timeout)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+              % (path.encode(), headers, len(data), data))
+    return s
+
+
+def read_events(s, n):
+    """Reads a streamed answer from socket s until it holds n SSE data lines; returns the bytes."""
+    buf = b""
+    while buf.count(b"data: ") < n:
+        b = s.recv(65536)
+        assert b, "the stream ended early: %r" % buf[-300:]
+        buf += b
+    return buf
+
+
 def raw_exchange(server, data, timeout=10, shutdown_write=False):
     """Sends raw bytes on a new connection and reads until the server closes or `timeout` passes.
     Returns the bytes received (b"" when the connection was closed without an answer)."""

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import REPO, chat_body
+from helpers import REPO, chat_body, open_raw, read_events
 
 # --ignore-eos: generations run to max_tokens, so "long" requests are long; --heartbeat 0.2: waiting streams ping.
 SERVER_ARGS = ["--ctx", "32768", "--ignore-eos", "--heartbeat", "0.2"]
@@ -85,14 +85,6 @@ def wait_generating_zero(server, timeout=10):
     return False
 
 
-def open_raw(server, path, body):
-    s = socket.create_connection((server.host, server.port), timeout=30)
-    data = json.dumps(body).encode()
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    return s
-
-
 LONG = 8000  # tokens: over 10 s on a CPU, unless cancelled
 
 
@@ -102,12 +94,7 @@ def test_client_leaving_cancels_generation(start_server, stream):
     s = open_raw(srv, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=LONG,
                                                         stream=stream))
     if stream:
-        buf = b""
-        while buf.count(b"data: ") < 6:
-            b = s.recv(65536)
-            assert b, "the stream ended early"
-            buf += b
-        assert buf.startswith(b"HTTP/1.1 200")
+        assert read_events(s, 6).startswith(b"HTTP/1.1 200")
     else:
         deadline = time.monotonic() + 10
         while srv.metric("tern_requests_generating") == 0 and time.monotonic() < deadline:
@@ -208,11 +195,7 @@ def test_client_leaving_during_chunked_prefill(start_server):
                        "--cache-ram", "0")
     a = open_raw(srv, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=LONG, stream=True))
     try:
-        buf = b""
-        while buf.count(b"data: ") < 3:
-            chunk = a.recv(65536)
-            assert chunk, "the generating stream ended early"
-            buf += chunk
+        buf = read_events(a, 3)
         long_body = chat_body("Summarize: " + " ".join(f"line {i} of the record." for i in range(600)), max_tokens=8)
         b = open_raw(srv, "/v1/chat/completions", long_body)
         deadline = time.monotonic() + 10

@@ -9,7 +9,7 @@ import pytest
 
 import subprocess
 
-from helpers import REPO, body_of, chat_body, openai_client, raw_exchange, status_of, tern_bin
+from helpers import REPO, body_of, chat_body, open_raw, openai_client, raw_exchange, read_events, status_of, tern_bin
 
 SERVER_ARGS = ["--ctx", "4096"]
 
@@ -407,15 +407,8 @@ def test_default_max_tokens_option(start_server):
 
 def test_sigint_finishes_the_stream(start_server):
     s = start_server("--ctx", "4096", "--ignore-eos")
-    sock = socket.create_connection((s.host, s.port), timeout=60)
-    data = json.dumps(chat_body("A long story.", max_tokens=400, stream=True)).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
-    buf = b""
-    while buf.count(b"data: ") < 3:
-        b = sock.recv(65536)
-        assert b, buf
-        buf += b
+    sock = open_raw(s, "/v1/chat/completions", chat_body("A long story.", max_tokens=400, stream=True), timeout=60)
+    buf = read_events(sock, 3)
     s.signal(signal.SIGINT)
     while True:
         b = sock.recv(65536)

@@ -8,14 +8,13 @@ its API's format."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
 
 import pytest
 
-from helpers import REPO, chat_body, tern_bin
+from helpers import REPO, chat_body, open_raw, read_events, tern_bin
 
 MODEL = REPO / "models" / "tern-tiny"
 WEIGHTS = os.path.getsize(MODEL / "model.safetensors")
@@ -191,16 +190,9 @@ def test_unload_endpoint(start_server):
     assert r.status == 400 and r.json()["error"]["param"] == "model", r
     assert s.post("/v1/models/unload", "[1]", headers=key).status == 400
     # a long stream holds the model: 409, in the OpenAI format
-    sock = socket.create_connection((s.host, s.port), timeout=30)
-    body = json.dumps(chat_body("Tell me a very long story.", max_tokens=8000, stream=True)).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    buf = b""
-    while buf.count(b"data: ") < 4:
-        b = sock.recv(65536)
-        assert b, "the stream ended early"
-        buf += b
-    assert buf.startswith(b"HTTP/1.1 200")
+    sock = open_raw(s, "/v1/chat/completions", chat_body("Tell me a very long story.", max_tokens=8000, stream=True),
+                    headers=b"Authorization: Bearer k\r\n")
+    assert read_events(sock, 4).startswith(b"HTTP/1.1 200")
     assert s.get("/health").json()["model"] == "loaded"
     r = s.post("/v1/models/unload", {}, headers=key)
     assert r.status == 409, r
