@@ -11,6 +11,7 @@
 #include "server/metrics.h"
 #include "server/sched_int.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 const char *srv_model_state_name(srv_model_state st) {
     return st == SRV_MODEL_LOADED ? "loaded" : st == SRV_MODEL_LOADING ? "loading" : "unloaded";
@@ -29,9 +30,7 @@ static int cache_create(srv_sched *s, const srv_loaded *ld, tern_error *err) {
     if (s->p.cache_disk) {
         pcdisk *d = pcdisk_open(s->p.cache_disk, ld->m, err);
         if (!d) {
-            char why[sizeof err->msg];
-            snprintf(why, sizeof why, "%s", err->msg);
-            snprintf(err->msg, sizeof err->msg, "--cache-disk: %.400s", why);
+            tern_err_prefix(err, "--cache-disk");
             pcache_destroy(c);
             return -1;
         }
@@ -63,14 +62,8 @@ static int bind_model(srv_sched *s, const srv_loaded *ld, tern_error *err) {
         if ((s->slots[i].s = tern_session_create(ld->m, &s->p.session, err)) &&
             (!s->p.mtp_track || tern_session_set_mtp(s->slots[i].s, 1, err) == 0))
             continue;
-        char why[sizeof err->msg];
-        if (s->slots[i].s) {   /* the model cannot draft */
-            snprintf(why, sizeof why, "%s", err->msg);
-            snprintf(err->msg, sizeof err->msg, "--mtp: %.480s", why);
-            return -1;
-        }
-        snprintf(why, sizeof why, "%s", err->msg);
-        snprintf(err->msg, sizeof err->msg, "session %d of %d (n_slots): %.400s", i + 1, s->p.n_slots, why);
+        if (s->slots[i].s) tern_err_prefix(err, "--mtp");   /* the model cannot draft */
+        else tern_err_prefix(err, "session %d of %d (n_slots)", i + 1, s->p.n_slots);
         return -1;
     }
     return 0;

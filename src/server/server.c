@@ -136,11 +136,9 @@ static int load_cb(void *ud, srv_loaded *out, tern_error *err) {
         return -1;
     }
     int n_ctx = L->n_ctx > 0 ? L->n_ctx : tern_model_max_context(m);
-    char why[sizeof err->msg];
     if (tern_model_check_context(m, n_ctx, err) != 0) {
         tern_flag_names(err);
-        snprintf(why, sizeof why, "%s", err->msg);
-        snprintf(err->msg, sizeof err->msg, "--ctx: %.480s", why);
+        tern_err_prefix(err, "--ctx");
     } else if (cache_budgets(L->p, m, out, err) == 0) {
         L->n_ctx = n_ctx;
         note_vocab(L, m);
