@@ -348,6 +348,13 @@ static enum MHD_Result start_stream(req *r, struct MHD_Connection *c, srv_job *j
     return rc;
 }
 
+/* A job's error event as the API's error: its status (a load that failed,
+ * the model in use) or a 500 for a generation that failed. */
+static void event_error(const srv_event *ev, srv_err *e) {
+    if (ev->status) srv_fail(e, ev->status, NULL, "%s", ev->text);
+    else srv_fail(e, 500, NULL, "generation failed: %.400s", ev->text);
+}
+
 /* Not streamed: waits for the job's end on this thread (the job wakes it
  * only then; between, it looks at the client every POLL_S), then answers. */
 static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *j, srv_enc *enc, int fd) {
@@ -360,8 +367,7 @@ static enum MHD_Result wait_job(req *r, struct MHD_Connection *c, srv_ctx *ctx, 
         r->status = 499;
     } else if (failed) {
         srv_err e;
-        if (failed->status) srv_fail(&e, failed->status, NULL, "%s", failed->text);
-        else srv_fail(&e, 500, NULL, "generation failed: %.400s", failed->text);
+        event_error(failed, &e);
         rc = send_error(r, c, &e);
     } else {
         sbuf_reset(&st.out);   /* a whole response's encoder writes only its body */
@@ -398,8 +404,7 @@ static int await_model(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *
         srv_event *ev = srv_job_pop(j, 0);
         log_done(r->h, r->rt, ev, r->t_start);
         srv_err e;
-        if (ev->status) srv_fail(&e, ev->status, NULL, "%s", ev->text);
-        else srv_fail(&e, 500, NULL, "generation failed: %.400s", ev->text);
+        event_error(ev, &e);
         srv_event_free(ev);
         *rc = send_error(r, c, &e);
     }
