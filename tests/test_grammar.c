@@ -262,6 +262,17 @@ Test(grammar, refused_keywords_are_named) {
     refused("{\"type\":\"object\",\"required\":[\"x\"],\"additionalProperties\":false}", "'x'");
     refused("{\"type\":\"string\",\"enum\":[1,2]}", "enum");
     refused("{\"type\": ", "not valid JSON");
+    /* A bad member after a good one (members are built from the last):
+     * the half-built sequence is freed (the sanitizer build checks). */
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\" integer\"},\"b\":{\"type\":\"null\"}}}",
+            "#/properties/a");
+}
+
+Test(grammar, only_the_empty_string) {
+    tern_grammar *g = compile(&(tern_grammar_spec){.gbnf = "root ::= \"\""});
+    EXPECT(g, "", WHOLE);
+    EXPECT(g, "a", BAD);
+    tern_grammar_destroy(g);
 }
 
 Test(grammar, gbnf_syntax) {

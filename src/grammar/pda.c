@@ -122,7 +122,7 @@ static int merge(pda *p, uint32_t o, uint32_t *flags) {
 }
 
 static uint32_t store(pda *p, size_t start, uint32_t flags) {
-    uint32_t n = unique(p->scratch + start, (uint32_t)(p->sn - start));
+    uint32_t n = p->sn > start ? unique(p->scratch + start, (uint32_t)(p->sn - start)) : 0;
     if (p->pool_n + n + 2 > p->pool_cap) {
         size_t cap = p->pool_cap * 2;
         while (cap < p->pool_n + n + 2) cap *= 2;

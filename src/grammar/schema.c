@@ -138,7 +138,11 @@ static int members_rule(sc_ctx *c, const member *m, int n, const char *path) {
     gr_alt(c->g, R, &empty);
     for (int i = n - 1; i >= 0; i--) {
         kv.n = 0;
-        if (member_seq(c, &m[i], path, &kv)) { gr_seq_free(&kv); return -1; }
+        if (member_seq(c, &m[i], path, &kv)) {
+            gr_seq_free(&kv);
+            gr_seq_free(&s);
+            return -1;
+        }
         int S2 = gr_rule_new(c->g, "members"), R2 = gr_rule_new(c->g, "more");
         s.n = 0;
         gr_seq_cat(&s, &kv);
