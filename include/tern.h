@@ -243,6 +243,19 @@ int tern_session_fill(tern_session *s, int n, tern_error *err);
  * its buffers. */
 int tern_session_reset(tern_session *s, tern_error *err);
 
+/* The bytes of KV rows the session holds (its attention layers' and the
+ * MTP head's; they grow in steps as positions are added), and what it
+ * will hold once it has n positions: never less than now, or with
+ * `released`, starting from none (after tern_session_release). The
+ * DeltaNet state, of fixed size, is not counted. For a memory budget over
+ * many sessions (tern serve --kv-budget). */
+uint64_t tern_session_kv_bytes(const tern_session *s);
+uint64_t tern_session_kv_bytes_at(const tern_session *s, int n, int released);
+
+/* Empties the session as tern_session_reset does and gives its KV rows'
+ * memory back; the next evaluations allocate them again. */
+int tern_session_release(tern_session *s, tern_error *err);
+
 /* Routing observer: after each MoE layer's router, fn hears every token's
  * top-k expert ids (router order, best first) with the layer (n_layers for
  * the MTP layer) and the token's position. NULL fn stops it. For routing

@@ -409,3 +409,40 @@ Test(batch, step_many_refuses_bad_calls) {
     tern_session_destroy(s);
     tern_model_free(m);
 }
+
+/* A session's KV rows grow in steps that kv_bytes_at foresees; released,
+ * their memory is back (0 bytes held) and the session computes as a new
+ * one does. */
+Test(batch, kv_bytes_and_release) {
+    tern_load_params lp = {.n_threads = 2};
+    tern_error err;
+    tern_model *m = tern_model_load(fixture_dir("tern_tiny"), &lp, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    int V = tern_model_vocab_size(m);
+    tern_session *s = tern_session_create(m, &(tern_session_params){.kv_bits = 16}, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    cr_expect_eq(tern_session_kv_bytes(s), 0);
+    uint64_t at1 = tern_session_kv_bytes_at(s, 1, 0), at300 = tern_session_kv_bytes_at(s, 300, 0);
+    cr_expect_gt(at1, 0);
+    cr_expect_gt(at300, at1, "300 positions need more than the first step's rows");
+    cr_expect_eq(tern_session_kv_bytes_at(s, 300, 0), at300, "kv_bytes_at allocates nothing");
+    int32_t toks[300];
+    for (int i = 0; i < 300; i++) toks[i] = (int32_t)((i * 7919 + 3) % V);
+    float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+    cr_assert_eq(tern_session_eval(s, toks, 10, NULL, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_kv_bytes(s), at1, "10 positions fit the first rows");
+    cr_assert_eq(tern_session_eval(s, toks + 10, 290, a, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_kv_bytes(s), at300);
+    cr_expect_eq(tern_session_kv_bytes_at(s, 5, 0), at300, "held rows are never fewer");
+    cr_expect_eq(tern_session_kv_bytes_at(s, 5, 1), at1, "released, 5 positions take the first rows");
+    cr_assert_eq(tern_session_release(s, &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_kv_bytes(s), 0);
+    cr_expect_eq(tern_session_pos(s), 0);
+    cr_assert_eq(tern_session_eval(s, toks, 10, NULL, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(tern_session_eval(s, toks + 10, 290, b, 0, &err), 0, "%s", err.msg);
+    cr_expect_arr_eq(a, b, (size_t)V * sizeof *a, "after a release the session computes as a new one");
+    free(a);
+    free(b);
+    tern_session_destroy(s);
+    tern_model_free(m);
+}

@@ -37,6 +37,10 @@ static void serve_usage(FILE *f) {
             "  --prefill-chunk N      prompt tokens a step for a request being prefilled while others\n"
             "                         generate (default 512; a smaller chunk holds them up less)\n"
             "  --queue-limit N        requests that may wait for the engine; beyond, 429 (default 16)\n"
+            "  --kv-budget SIZE       KV rows all slots' sessions hold together: idle slots give theirs\n"
+            "                         back first, then the request admitted last waits (preempted, its\n"
+            "                         state a checkpoint) until it fits; one request's tokens end where\n"
+            "                         its rows alone would pass it (default: no bound)\n"
             "  --cache-ram SIZE       prefix cache: checkpoint bytes kept in host RAM (default a quarter of\n"
             "                         the available RAM, at most 32G); 0 turns the cache off on the CPU\n"
             "  --cache-vram SIZE      on a GPU: checkpoint bytes kept in device memory, the fastest to restore;\n"
@@ -117,7 +121,7 @@ int tern_cli_serve(int argc, char **argv) {
                         IS("--max-connections") || IS("--read-timeout") || IS("--idle-timeout") ||
                         IS("--heartbeat") || IS("--idle-unload") || IS("--synth") || IS("--bits") || IS("--tokenizer") ||
                         IS("--cache-ram") || IS("--cache-vram") || IS("--cache-checkpoint-interval") ||
-                        IS("--cache-disk") ||
+                        IS("--cache-disk") || IS("--kv-budget") ||
                         IS("--cache-disk-size");
         if (!serve_opt) { rest[n_rest++] = argv[i]; continue; }
         if (!v) { fprintf(stderr, "tern serve: %s needs a value\n", a); bad = 1; break; }
@@ -146,6 +150,12 @@ int tern_cli_serve(int argc, char **argv) {
                 bad = 1;
             }
             *(IS("--cache-ram") ? &p.cache_ram : &p.cache_vram) = (long long)size;
+        } else if (IS("--kv-budget")) {
+            if (tern_parse_size(v, &size, &err) || size < 1 || size > (1ull << 50)) {
+                fprintf(stderr, "tern serve: --kv-budget needs a size such as 4G, got '%s'\n", v);
+                bad = 1;
+            }
+            p.kv_budget = size;
         } else if (IS("--cache-disk")) {
             if ((bad = pcdisk_check_dir(v, &err) != 0)) fprintf(stderr, "tern serve: --cache-disk: %s\n", err.msg);
             p.cache_disk = v;

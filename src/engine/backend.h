@@ -54,6 +54,10 @@ typedef struct tern_backend {
     int (*reset)(tern_session *s, tern_error *err);
     /* KV rows for `needed` positions; fails past s->max_ctx. */
     int (*reserve)(tern_session *s, int needed, tern_error *err);
+    /* The positions of KV rows allocated, and their memory given back
+     * (after reset: nothing in flight; the next reserve allocates anew). */
+    int (*kv_cap)(const tern_session *s);
+    void (*release_rows)(tern_session *s);
 
     /* tern_forward's step: T checked tokens at s->pos, the rows reserved. */
     int (*forward)(tern_session *s, const int32_t *tokens, int T, float *logits, int all_logits,

@@ -78,6 +78,18 @@ static int cpu_reserve(tern_session *s, int needed, tern_error *err) {
     return 0;
 }
 
+static int cpu_kv_cap(const tern_session *s) { return ((const tern_cpu_state *)s->state)->cap; }
+
+static void cpu_release_rows(tern_session *s) {
+    tern_cpu_state *st = s->state;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        free(st->kv[l].k);
+        free(st->kv[l].v);
+        st->kv[l] = (tern_kv){0};
+    }
+    st->cap = 0;
+}
+
 /* ---- sampling in the step: the CPU samples the logits on the host ------- */
 
 static int no_step_sampling(tern_error *err) { return tern_fail(err, "sampling in the step needs a GPU session"); }
@@ -183,6 +195,8 @@ const tern_backend tern_cpu_backend = {
     .destroy = cpu_destroy,
     .reset = cpu_reset,
     .reserve = cpu_reserve,
+    .kv_cap = cpu_kv_cap,
+    .release_rows = cpu_release_rows,
     .forward = tern_cpu_forward,
     .forward_many = cpu_forward_many,
     .mtp_forward = tern_cpu_mtp_forward,

@@ -236,6 +236,20 @@ int tern_gpu_reserve(tern_session *s, int needed, tern_error *err) {
     return 0;
 }
 
+static int gpu_kv_cap(const tern_session *s) { return ((const gpu_session *)s->state)->cap; }
+
+/* (a step's graph holds the rows' addresses: the next reserve's new ones
+ * make it captured again, as a grow does) */
+static void gpu_release_rows(tern_session *s) {
+    gpu_session *g = s->state;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        tern_cuda_free(g->kv[l].k);
+        tern_cuda_free(g->kv[l].v);
+        g->kv[l].k = g->kv[l].v = NULL;
+    }
+    g->cap = 0;
+}
+
 /* The DeltaNet state back to zero, as a new session has them. */
 static int gpu_reset(tern_session *s, tern_error *err) {
     const tern_config *c = &s->m->cfg;
@@ -311,6 +325,8 @@ const tern_backend tern_gpu_backend = {
     .destroy = gpu_destroy,
     .reset = gpu_reset,
     .reserve = tern_gpu_reserve,
+    .kv_cap = gpu_kv_cap,
+    .release_rows = gpu_release_rows,
     .forward = tern_gpu_forward,
     .forward_many = tern_gpu_forward_many,
     .mtp_forward = gpu_mtp_forward,

@@ -84,6 +84,43 @@ int tern_session_reset(tern_session *s, tern_error *err) {
     return 0;
 }
 
+/* K and V rows of every attention layer for `rows` positions. */
+static uint64_t rows_bytes(const tern_session *s, int rows) {
+    const tern_config *c = &s->m->cfg;
+    uint64_t layers = 0;
+    for (int l = 0; l < c->n_layers; l++) layers += c->layer_kind[l] == TERN_LAYER_ATTN;
+    return (uint64_t)rows * s->kvf.row_bytes * 2 * layers;
+}
+
+/* The rows one store holds once it has n positions (cap held now). */
+static int cap_at(const tern_session *s, int cap, int n) {
+    if (n <= cap) return cap;
+    tern_error e;
+    int c = tern_kv_next_cap(cap, n > s->max_ctx ? s->max_ctx : n, s->max_ctx, &e);
+    return c < 0 ? s->max_ctx : c;
+}
+
+uint64_t tern_session_kv_bytes(const tern_session *s) {
+    uint64_t head = (uint64_t)s->mtp_cap * s->kvf.row_bytes * 2;
+    return rows_bytes(s, s->be->kv_cap(s)) + head;
+}
+
+uint64_t tern_session_kv_bytes_at(const tern_session *s, int n, int released) {
+    int cap = released ? 0 : s->be->kv_cap(s), head = released ? 0 : s->mtp_cap;
+    if (s->mtp_track) head = cap_at(s, head, n);
+    return rows_bytes(s, cap_at(s, cap, n)) + (uint64_t)head * s->kvf.row_bytes * 2;
+}
+
+int tern_session_release(tern_session *s, tern_error *err) {
+    if (tern_session_reset(s, err)) return -1;
+    s->be->release_rows(s);
+    free(s->mtp_kv.k);
+    free(s->mtp_kv.v);
+    s->mtp_kv = (tern_kv){0};
+    s->mtp_cap = 0;
+    return 0;
+}
+
 /* What every evaluation checks first. */
 static int can_eval(const tern_session *s, int n, tern_error *err) {
     if (n <= 0) return tern_fail(err, "no tokens to evaluate");

@@ -482,6 +482,7 @@ static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx 
     tern_stream_stats ss;
     srv_cache_stats cs;
     srv_residency rs;
+    srv_kv_stats kv;
     if (ctx) {
         srv_sched_load(ctx->sched, &g.queued, &g.generating);
         srv_sched_cache_stats(ctx->sched, &cs);
@@ -489,6 +490,8 @@ static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx 
         if (srv_sched_stream_stats(ctx->sched, &ss) == 0) g.experts = &ss;
         srv_sched_residency(ctx->sched, &rs);
         g.model = &rs;
+        srv_sched_kv_stats(ctx->sched, &kv);
+        g.kv = &kv;
     }
     g.in_flight = atomic_load(&r->h->in_flight);
     sbuf b = {0};

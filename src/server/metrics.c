@@ -160,6 +160,16 @@ static void render_model(sbuf *out, const srv_residency *r) {
     gauge(out, "tern_model_load_seconds", "The last load's duration.", r->last_load_s);
 }
 
+static void render_kv(sbuf *out, const srv_kv_stats *k) {
+    gauge_u(out, "tern_kv_budget_bytes", "The bound on all sessions' KV rows (--kv-budget).", k->budget);
+    gauge_u(out, "tern_kv_bytes", "KV rows the sessions hold, after the last step.", k->held);
+    counter(out, "tern_preemptions_total", "Requests preempted to stay within the KV budget.", k->preemptions);
+    counter(out, "tern_preempted_resumed_exact_total", "Preempted requests brought back from their own checkpoint.",
+            k->resumed_exact);
+    counter(out, "tern_preempted_recomputed_tokens_total",
+            "Tokens of preempted requests computed again (their checkpoint was gone).", k->resumed_tokens);
+}
+
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
     pthread_mutex_lock(&m->mu);
     sbuf_puts(out, "# HELP tern_requests_total HTTP requests answered, by endpoint and status.\n"
@@ -187,6 +197,7 @@ void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out) {
             (unsigned long long)srv_rss_bytes());
     if (g->model) render_model(out, g->model);
     if (g->cache) render_cache(out, g->cache);
+    if (g->kv && g->kv->budget) render_kv(out, g->kv);
     if (g->experts && g->experts->streaming) {
         const tern_stream_stats *s = g->experts;
         unsigned long long req = s->hits + s->misses;

@@ -21,6 +21,7 @@ typedef struct srv_gauges {
     const tern_stream_stats *experts;   /* NULL: not loaded */
     const srv_cache_stats *cache;       /* NULL: not loaded */
     const srv_residency *model;         /* NULL: the server is starting */
+    const srv_kv_stats *kv;             /* NULL: the server is starting */
 } srv_gauges;
 void srv_metrics_render(srv_metrics *m, const srv_gauges *g, sbuf *out);
 

@@ -43,6 +43,28 @@ static int cache_create(srv_sched *s, const srv_loaded *ld, tern_error *err) {
     return 0;
 }
 
+/* The most positions one job's rows may reach within the KV budget (the
+ * rows grow in steps, so this is where a step would pass it). */
+static int kv_limit(srv_sched *s, const tern_model *m, tern_error *err) {
+    const tern_session *ss = s->slots[0].s;
+    uint64_t budget = s->p.kv_budget;
+    int ctx = s->p.session.max_context > 0 ? s->p.session.max_context : tern_model_max_context(m);
+    if (tern_session_kv_bytes_at(ss, 1, 1) > budget)
+        return tern_fail(err, "kv_budget: %llu bytes is less than one request's first KV rows (%llu bytes)",
+                         (unsigned long long)budget, (unsigned long long)tern_session_kv_bytes_at(ss, 1, 1));
+    int lo = 1, hi = ctx;   /* lo fits; the answer is in [lo, hi] */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (tern_session_kv_bytes_at(ss, mid, 1) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->kv.budget = budget;
+    s->kv.max_tokens = lo;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 /* The sessions, the step's logits and the cache for a loaded model. */
 static int bind_model(srv_sched *s, const srv_loaded *ld, tern_error *err) {
     int seqs = tern_model_batches(ld->m) ? s->cap_seqs : 1;
@@ -66,7 +88,7 @@ static int bind_model(srv_sched *s, const srv_loaded *ld, tern_error *err) {
         else tern_err_prefix(err, "session %d of %d (n_slots)", i + 1, s->p.n_slots);
         return -1;
     }
-    return 0;
+    return s->p.kv_budget ? kv_limit(s, ld->m, err) : 0;
 }
 
 /* Frees the sessions (their slots forget what they held), the logits and

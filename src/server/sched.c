@@ -7,6 +7,7 @@
 #include "server/pcache.h"
 #include "server/sched_int.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 static srv_event *event_new(srv_ev_kind kind) {
     srv_event *ev = calloc(1, sizeof *ev);
@@ -151,27 +152,30 @@ static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, int *
     return tern_session_snapshot_after(sl->s, *shared ? pc_node_snapshot(base) : NULL, err);
 }
 
-/* Adds the slot's state (all the tokens it holds) to the cache unless a
+/* Adds the slot's state, the first n of its ids, to the cache unless a
  * checkpoint is there already, then evicts (trim) or leaves that to the
  * job's end. A failure costs only the checkpoint. */
-static void checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) {
-    if (!s->cache || !sl->live || sl->n_toks < 1 || tern_session_pos(sl->s) != sl->n_toks) return;
+static void checkpoint_at(srv_sched *s, slot *sl, int n, srv_usage *u, int trim) {
+    if (!s->cache || !sl->live || n < 1 || n > sl->n_toks || tern_session_pos(sl->s) != n) return;
     int exact;
-    pc_node *base = pcache_base(s->cache, sl->toks, sl->n_toks, &exact);
+    pc_node *base = pcache_base(s->cache, sl->toks, n, &exact);
     if (exact) return;
     double t0 = tern_now_s();
     tern_error err;
     int shared;
     tern_snapshot *snap = take_checkpoint(sl, base, &shared, &err);
     if (!snap) fprintf(stderr, "tern serve: a checkpoint was not taken: %s\n", err.msg);
-    else if (pcache_insert(s->cache, sl->toks, sl->n_toks, snap, shared))
+    else if (pcache_insert(s->cache, sl->toks, n, snap, shared))
         fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
-    pc_node *nd = snap ? pcache_base(s->cache, sl->toks, sl->n_toks, &exact) : NULL;
+    pc_node *nd = snap ? pcache_base(s->cache, sl->toks, n, &exact) : NULL;
     /* (a serial is never reused: evicted, it matches no checkpoint later) */
     if (nd && exact) sl->ckpt = pc_node_serial(nd);
     if (trim) pcache_trim(s->cache);
     if (u) u->snapshot_s += tern_now_s() - t0;
 }
+
+/* All the tokens the slot holds. */
+static void checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) { checkpoint_at(s, sl, sl->n_toks, u, trim); }
 
 /* ---- one generation ---------------------------------------------------- */
 
@@ -304,6 +308,14 @@ typedef struct active {
     double t0;
     tern_gen_params gp;
     tern_gen *gen;
+    /* the tokens its slot is brought to before it generates: the prompt,
+     * or once preempted mid-generation all it held (redo, its own) */
+    const int32_t *src;
+    int n_src;
+    int32_t *redo;
+    int parked;                  /* preempted: its rows given back, it waits for room */
+    int parked_at;               /* the tokens its state held then */
+    uint64_t order;              /* when it was admitted */
 } active;
 
 /* The slot's session has evaluated prompt[from..to): its ids, and a
@@ -313,8 +325,8 @@ typedef struct active {
 static int prefill_advance(srv_sched *s, active *a, int from, int to, tern_error *err) {
     slot *sl = a->r.sl;
     const srv_job *j = a->j;
-    int end = j->n_prompt - 1, iv = s->p.checkpoint_interval;
-    if (toks_append(sl, j->prompt + from, to - from)) {
+    int end = a->n_src - 1, iv = s->p.checkpoint_interval;
+    if (toks_append(sl, a->src + from, to - from)) {
         sl->live = 0;
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
@@ -342,11 +354,20 @@ static int prefill(srv_sched *s, active *a, tern_error *err) {
     return 0;
 }
 
-/* A job that ends before its generation (rc 1: cancelled, else failed
- * with err): the parser goes, the slot is freed (and dropped on a
- * failure), the job's last event is pushed. */
+/* A job that ends before its generation, or preempted before it is back
+ * (rc 1: cancelled, else failed with err): the generation and the parser
+ * go, the slot is freed (and dropped on a failure), the job's last event
+ * is pushed. */
 static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
     slot *sl = a->r.sl;
+    if (a->gen) {   /* preempted mid-generation, on its way back */
+        tern_gen_stats st;
+        tern_error e;
+        tern_gen_end(a->gen, 0, &st);
+        a->gen = NULL;
+        a->u.completion_tokens = st.n_generated;
+        if (a->gp.mtp_depth > 0 && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, &e);
+    }
     tern_output_parser_destroy(a->r.parser);
     a->r.parser = NULL;
     sl->busy = 0;
@@ -367,8 +388,22 @@ static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
 static int start_job(srv_sched *s, active *a, srv_job *j) {
     a->t0 = tern_now_s();
     a->u = (srv_usage){.prompt_tokens = j->n_prompt, .queue_s = a->t0 - j->t_submit};
+    a->src = j->prompt;
+    a->n_src = j->n_prompt;
     if (atomic_load(&j->cancel)) { push_done(j, SRV_FINISH_CANCEL, -1, &a->u); return 1; }
     tern_error err = {{0}};
+    int most = s->kv.max_tokens;   /* (0: no budget) */
+    if (most && j->n_prompt > most) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "the prompt's %d tokens need more KV rows than the server's KV budget holds for one "
+                 "request (%d tokens)", j->n_prompt, most);
+        srv_event *ev = srv_event_text(SRV_EV_ERROR, msg, strlen(msg));
+        if (ev) {
+            ev->status = 400;
+            srv_job_push(j, ev);
+        }
+        return 1;
+    }
     plan p = pick(s, j->prompt, j->n_prompt);
     slot *sl = p.sl;   /* (one is free: max_seqs <= n_slots) */
     sl->used = ++s->clock;
@@ -387,6 +422,8 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
                               .history = j->prompt, .n_history = (size_t)(j->n_prompt - 1),
                               .grammar = j->grammar, .mtp_depth = can_draft(s->m) ? j->mtp : 0};
     if (j->logprobs) { a->gp.on_logprobs = on_logprobs; a->gp.top_logprobs = j->top_logprobs; }
+    /* alone, a job's rows stay within the budget: its tokens end there */
+    if (most && (a->gp.n_predict < 0 || a->gp.n_predict > most - j->n_prompt)) a->gp.n_predict = most - j->n_prompt;
     if (rc == 0) return 0;
     end_early(s, a, rc, &err);
     return 1;
@@ -395,7 +432,7 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
 /* The prefill is done: the prompt's last token joins the slot's ids (the
  * generation evaluates it with its first draw). */
 static int prefilled(active *a, tern_error *err) {
-    if (toks_append(a->r.sl, a->j->prompt + a->j->n_prompt - 1, 1) == 0) return 0;
+    if (toks_append(a->r.sl, a->src + a->n_src - 1, 1) == 0) return 0;
     snprintf(err->msg, sizeof err->msg, "out of memory");
     return -1;
 }
@@ -456,6 +493,7 @@ static void retire(srv_sched *s, int i) {
     s->act[i] = s->act[--s->n_act];
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    free(a->redo);
     free(a);
     srv_job_release(j);
 }
@@ -465,6 +503,7 @@ static void retire(srv_sched *s, int i) {
 static int begin_gen(srv_sched *s, active *a, tern_error *err) {
     srv_job *j = a->j;
     if (prefilled(a, err)) return -1;
+    if (a->gen) return 0;   /* preempted and back: it goes on */
     a->gen = tern_gen_create(a->r.sl->s, s->tok, j->prompt + j->n_prompt - 1, 1, &a->gp, on_text, &a->r, err);
     return a->gen ? 0 : -1;
 }
@@ -502,7 +541,7 @@ static int pre_chunk(srv_sched *s, int *from, int *to) {
         retire(s, i);
         return 0;
     }
-    int end = a->j->n_prompt - 1, chunk = s->n_act > 1 ? s->chunk : PREFILL_PIECE;
+    int end = a->n_src - 1, chunk = s->n_act - s->n_parked > 1 ? s->chunk : PREFILL_PIECE;
     *from = a->r.sl->n_toks;
     *to = next_stop(s, a->j, *from, end);
     if (*to - *from > chunk) *to = *from + chunk;
@@ -514,7 +553,7 @@ static int pre_chunk(srv_sched *s, int *from, int *to) {
 static void pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_error *err) {
     active *a = s->act[i];
     if (rc == 0) rc = prefill_advance(s, a, from, to, err);
-    if (rc == 0 && a->r.sl->n_toks < a->j->n_prompt - 1) return;
+    if (rc == 0 && a->r.sl->n_toks < a->n_src - 1) return;
     s->pre = NULL;
     if (rc == 0 && begin_gen(s, a, err) == 0) return;
     end_early(s, a, -1, err);
@@ -530,15 +569,17 @@ static void step_all(srv_sched *s) {
     int B = s->n_act, n_gen = 0, pre_at = -1, at[SRV_MAX_SEQS], rc[SRV_MAX_SEQS], took[SRV_MAX_SEQS];
     tern_gen *gens[SRV_MAX_SEQS];
     for (int i = 0; i < B; i++) {
-        if (s->act[i]->gen) {
-            at[n_gen] = i;
-            gens[n_gen++] = s->act[i]->gen;
-        } else {
+        active *a = s->act[i];
+        if (a == s->pre) {
             pre_at = i;
+        } else if (!a->parked) {
+            at[n_gen] = i;
+            gens[n_gen++] = a->gen;
         }
     }
+    if (n_gen == 0 && pre_at < 0) return;   /* (all parked: cannot be, the budget lets one run) */
     tern_session *extra = pre_at >= 0 ? s->act[pre_at]->r.sl->s : NULL;
-    const int32_t *ptok = pre_at >= 0 ? s->act[pre_at]->j->prompt + pfrom : NULL;
+    const int32_t *ptok = pre_at >= 0 ? s->act[pre_at]->src + pfrom : NULL;
     int pn = pto - pfrom;
     tern_error err = {{0}};
     double t0 = tern_now_s();
@@ -553,10 +594,11 @@ static void step_all(srv_sched *s) {
     for (int i = B - 1; i >= 0; i--) {
         active *a = s->act[i];
         tern_error e = err;
-        if (!a->gen) {
+        if (i == pre_at) {
             pre_advance(s, i, pfrom, pto, failed ? -1 : 0, &e);
             continue;
         }
+        if (a->parked) continue;
         const int32_t *next;
         if (took[i] == 0 && tern_gen_input(a->gen, &next) > 0) continue;
         tern_gen_stats st;
@@ -564,6 +606,187 @@ static void step_all(srv_sched *s) {
         finish_job(s, a, took[i], &st, &e);
         retire(s, i);
     }
+}
+
+/* ---- the KV budget (sched.h) ------------------------------------------- */
+
+/* The bytes job a's rows reach in the next step: all its tokens while it
+ * is prefilled (so no later admission finds it halfway without room), its
+ * next position and drafts while it generates, none while it is parked;
+ * where jobs run whole, all it may generate. */
+static uint64_t job_need(const srv_sched *s, const active *a) {
+    if (a->parked) return 0;
+    const tern_session *ss = a->r.sl->s;
+    int n = a == s->pre ? a->n_src : tern_session_pos(ss) + 1 + a->gp.mtp_depth;
+    if (s->max_seqs == 1) {
+        int most = s->kv.max_tokens, gen = a->gp.n_predict;
+        n = gen >= 0 && a->n_src + gen < most ? a->n_src + gen : most;
+    }
+    return tern_session_kv_bytes_at(ss, n, 0);
+}
+
+/* The rows the next step needs: the running jobs' and those the idle
+ * slots hold (*idle). */
+static uint64_t kv_total(const srv_sched *s, uint64_t *idle) {
+    uint64_t n = 0;
+    *idle = 0;
+    for (int i = 0; i < s->n_act; i++) n += job_need(s, s->act[i]);
+    for (int i = 0; i < s->p.n_slots; i++)
+        if (!s->slots[i].busy) *idle += tern_session_kv_bytes(s->slots[i].s);
+    return n + *idle;
+}
+
+static void release_slot(slot *sl) {
+    tern_error err;
+    if (tern_session_release(sl->s, &err)) fprintf(stderr, "tern serve: KV rows not given back: %s\n", err.msg);
+    sl->live = 0;
+    sl->n_toks = 0;
+    sl->ckpt = 0;
+}
+
+/* Idle slots give their rows back, least recently used first, while
+ * `need` is over the budget (their states are in the prefix cache, taken
+ * after each turn); what is left of need. */
+static uint64_t free_idle(srv_sched *s, uint64_t need) {
+    while (need > s->p.kv_budget) {
+        slot *v = NULL;
+        for (int i = 0; i < s->p.n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (!sl->busy && tern_session_kv_bytes(sl->s) && (!v || sl->used < v->used)) v = sl;
+        }
+        if (!v) break;
+        need -= tern_session_kv_bytes(v->s);
+        release_slot(v);
+    }
+    return need;
+}
+
+/* Whether queued job j's prompt fits beside the running jobs, idle rows
+ * given back as far as it needs (a job alone always fits: start_job). */
+static int admits(srv_sched *s, const srv_job *j) {
+    if (!s->p.kv_budget || s->n_act == 0) return 1;
+    uint64_t idle, need = kv_total(s, &idle) + tern_session_kv_bytes_at(s->slots[0].s, j->n_prompt, 1);
+    if (need - idle > s->p.kv_budget) return 0;
+    free_idle(s, need);
+    return 1;
+}
+
+static int index_of(const srv_sched *s, const active *a) {
+    int i = 0;
+    while (s->act[i] != a) i++;
+    return i;
+}
+
+/* Job a steps out until its rows fit again: a checkpoint of its state,
+ * the ids it goes on from kept, its rows given back. */
+static int park(srv_sched *s, active *a, tern_error *err) {
+    slot *sl = a->r.sl;
+    int held = tern_session_pos(sl->s);
+    if (a->gen) {
+        /* a generating job holds all its ids but the last drawn, which its
+         * next step evaluates */
+        if (!sl->live || held != sl->n_toks - 1) return tern_fail(err, "the request's tokens were lost (out of memory)");
+        int32_t *t = malloc((size_t)sl->n_toks * sizeof *t);
+        if (!t) return tern_fail(err, "out of memory");
+        memcpy(t, sl->toks, (size_t)sl->n_toks * sizeof *t);
+        free(a->redo);
+        a->src = a->redo = t;
+        a->n_src = sl->n_toks;
+    } else {
+        s->pre = NULL;   /* (a job without a generation is the one prefilled) */
+    }
+    checkpoint_at(s, sl, held, &a->u, 1);
+    release_slot(sl);
+    a->parked = 1;
+    a->parked_at = held;
+    s->n_parked++;
+    pthread_mutex_lock(&s->mu);
+    s->kv.preemptions++;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* The parked job back: its checkpoint restored (or the deepest that
+ * starts its ids), the rest prefilled in the next steps. */
+static int unpark(srv_sched *s, active *a, tern_error *err) {
+    slot *sl = a->r.sl;
+    a->parked = 0;
+    s->n_parked--;
+    plan p = {.sl = sl};
+    pc_node *nd = cached_checkpoint(s, a->src, a->n_src, 0);
+    if (nd) {
+        p.ckpt = nd;
+        p.reuse = pc_node_depth(nd);
+    }
+    if (slot_prepare(s, &p, a->src, err)) return -1;
+    pthread_mutex_lock(&s->mu);
+    if (p.reuse >= a->parked_at) s->kv.resumed_exact++;
+    else s->kv.resumed_tokens += (unsigned long long)(a->parked_at - p.reuse);
+    pthread_mutex_unlock(&s->mu);
+    if (sl->n_toks < a->n_src - 1) {
+        s->pre = a;
+        return 0;
+    }
+    return begin_gen(s, a, err);
+}
+
+static active *first_parked(const srv_sched *s) {
+    active *f = NULL;
+    for (int i = 0; i < s->n_act; i++)
+        if (s->act[i]->parked && (!f || s->act[i]->order < f->order)) f = s->act[i];
+    return f;
+}
+
+/* The job admitted last among those that step. */
+static active *newest(const srv_sched *s) {
+    active *v = NULL;
+    for (int i = 0; i < s->n_act; i++)
+        if (!s->act[i]->parked && (!v || s->act[i]->order > v->order)) v = s->act[i];
+    return v;
+}
+
+/* Before a step: parked jobs whose client left end, parked jobs come
+ * back while their rows fit (the first parked first; none while another
+ * is prefilled), then idle rows are given back and the newest jobs parked
+ * until the step fits. A job that cannot be moved fails with the reason. */
+static void kv_balance(srv_sched *s) {
+    uint64_t budget = s->p.kv_budget, idle, need;
+    if (!budget) return;
+    active *a;
+    tern_error err = {{0}};
+    for (int i = s->n_act - 1; i >= 0; i--) {
+        if (!s->act[i]->parked || !atomic_load(&s->act[i]->j->cancel)) continue;
+        s->n_parked--;
+        end_early(s, s->act[i], 1, NULL);
+        retire(s, i);
+    }
+    while (!s->pre && (a = first_parked(s))) {
+        need = kv_total(s, &idle) + tern_session_kv_bytes_at(a->r.sl->s, a->n_src, 1);
+        if (need - idle > budget && s->n_act > s->n_parked) break;
+        free_idle(s, need);
+        if (unpark(s, a, &err)) {
+            end_early(s, a, -1, &err);
+            retire(s, index_of(s, a));
+        }
+    }
+    need = free_idle(s, kv_total(s, &idle));
+    while (need > budget && s->n_act - s->n_parked > 1) {
+        a = newest(s);
+        if (park(s, a, &err)) {
+            end_early(s, a, -1, &err);
+            retire(s, index_of(s, a));
+        }
+        need = free_idle(s, kv_total(s, &idle));
+    }
+}
+
+/* The sessions' rows as they stand (the metrics' gauge). */
+static void kv_note(srv_sched *s) {
+    uint64_t held = 0;
+    for (int i = 0; i < s->p.n_slots; i++) held += s->slots[i].s ? tern_session_kv_bytes(s->slots[i].s) : 0;
+    pthread_mutex_lock(&s->mu);
+    s->kv.held = held;
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Admits queued jobs while a place is free and no job is being prefilled,
@@ -580,7 +803,7 @@ static void *sched_main(void *arg) {
             pthread_mutex_lock(&s->mu);
             continue;
         }
-        while (s->qhead && s->n_act < s->max_seqs && !s->pre) {
+        while (s->qhead && s->n_act < s->max_seqs && !s->pre && !s->n_parked && admits(s, s->qhead)) {
             srv_job *j = dequeue(s);
             active *a = calloc(1, sizeof *a);
             if (!a) {
@@ -591,12 +814,13 @@ static void *sched_main(void *arg) {
                 continue;
             }
             a->j = j;   /* before other threads see it (srv_sched_cancel_all) */
+            a->order = ++s->admitted;
             s->act[s->n_act++] = a;
             pthread_mutex_unlock(&s->mu);
             int ended = start_job(s, a, j);
             tern_error err = {{0}};
             if (!ended && s->max_seqs > 1) {
-                if (a->r.sl->n_toks < j->n_prompt - 1) {
+                if (a->r.sl->n_toks < a->n_src - 1) {
                     s->pre = a;
                 } else if (begin_gen(s, a, &err)) {
                     end_early(s, a, -1, &err);
@@ -614,8 +838,10 @@ static void *sched_main(void *arg) {
             }
         }
         pthread_mutex_unlock(&s->mu);
+        if (s->n_act) kv_balance(s);
         if (s->n_act && s->max_seqs == 1) run_one(s, 0);
         else if (s->n_act) step_all(s);
+        if (s->p.kv_budget) kv_note(s);
         s->idle_since = tern_now_s();
         pthread_mutex_lock(&s->mu);
     }
@@ -776,6 +1002,12 @@ void srv_sched_load(srv_sched *s, int *queued, int *running) {
     pthread_mutex_lock(&s->mu);
     *queued = s->n_queued;
     *running = s->n_act;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_kv_stats(srv_sched *s, srv_kv_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->kv;
     pthread_mutex_unlock(&s->mu);
 }
 

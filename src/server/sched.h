@@ -27,6 +27,19 @@
  * Otherwise (the GPU, whose draw stays on the device) one job runs whole at
  * a time.
  *
+ * The KV budget (kv_budget): the KV rows of all slots' sessions together
+ * stay within it. Before each step the idle slots give their rows back
+ * (least recently used first; their states are in the prefix cache) as
+ * far as the running jobs' next step needs, and where that is not enough
+ * the job admitted last is preempted: its state goes to the prefix cache
+ * as a checkpoint, its rows are given back, and it waits, ahead of the
+ * queue, until the rows it holds fit again; then its checkpoint is
+ * restored (the deepest one that starts its tokens, the rest prefilled
+ * again when the cache let it go) and it goes on where it stopped. A job
+ * alone always fits: its tokens are capped where its rows would pass the
+ * budget (it ends with the length reason there), and a prompt longer than
+ * that is refused.
+ *
  * Residency (resident.c): the thread also owns the model. It loads it
  * through the caller's srv_load_fn when a job is queued and the model is
  * not loaded (once however many jobs wait; a failure answers the waiting
@@ -76,6 +89,7 @@ typedef struct srv_sched_params {
     void *load_ud;
     int lazy;                    /* create does not load: the first job does */
     double idle_unload_s;        /* > 0: the model is freed after this long without a job */
+    uint64_t kv_budget;          /* bytes of KV rows all sessions hold together; 0: no bound */
 } srv_sched_params;
 
 /* Observer of finished generations (metrics); may be NULL. */
@@ -126,6 +140,16 @@ const char *srv_model_state_name(srv_model_state st);
 /* The model's expert-streaming statistics; -1 (out zeroed) while it is not
  * loaded. Any thread. */
 int srv_sched_stream_stats(srv_sched *s, tern_stream_stats *out);
+
+typedef struct srv_kv_stats {
+    uint64_t budget, held;             /* bytes: the bound (0: none) and the sessions' KV rows after the last step */
+    int max_tokens;                    /* the most positions one job's rows may reach (0: not loaded) */
+    unsigned long long preemptions;    /* jobs preempted for the budget */
+    unsigned long long resumed_exact;  /* ... brought back from their own checkpoint */
+    unsigned long long resumed_tokens; /* tokens computed again for the others */
+} srv_kv_stats;
+/* Any thread. */
+void srv_sched_kv_stats(srv_sched *s, srv_kv_stats *out);
 
 enum { SRV_UNLOAD_OK = 0, SRV_UNLOAD_BUSY = -1 };
 /* Frees the model now, as an idle unload does, and returns once it is

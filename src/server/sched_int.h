@@ -52,6 +52,10 @@ struct srv_sched {
     srv_residency rs;            /* the state and counters (under mu) */
     int unload_asked;            /* under mu: srv_sched_unload waits for the thread to clear it */
     double idle_since;           /* when the thread last had work (its own) */
+    /* the KV budget */
+    srv_kv_stats kv;             /* the counters (under mu) */
+    int n_parked;                /* running jobs preempted, waiting for rows (the thread's own) */
+    uint64_t admitted;           /* jobs admitted so far: the newest is preempted first */
 };
 
 /* Waits, the lock held, until a job is queued or running, freeing the

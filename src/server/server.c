@@ -256,7 +256,7 @@ int srv_run(const srv_params *p) {
                            .session = p->session,
                            .checkpoint_interval = p->checkpoint_interval, .mtp_track = p->mtp > 0,
                            .load = load_cb, .load_ud = &L, .lazy = p->lazy_load,
-                           .idle_unload_s = p->idle_unload_s};
+                           .idle_unload_s = p->idle_unload_s, .kv_budget = p->kv_budget};
     sp.session.max_context = L.n_ctx;
     sp.cache_disk = p->cache_disk;
     sp.cache_disk_bytes = p->cache_disk_size < 0 ? (size_t)16 << 30 : (size_t)p->cache_disk_size;

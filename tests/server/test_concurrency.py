@@ -318,3 +318,84 @@ def test_bench_server_concurrency(start_server, tmp_path):
         assert lv["output_tok_s"] > 0 and lv["ttft_ms_p50"] <= lv["ttft_ms_p99"], lv
         assert lv["decode_tok_s_aggregate"] == pytest.approx(lv["streams"] * lv["decode_tok_s_per_stream"])
     assert sum(line.startswith("| ") for line in p.stdout.splitlines()) == 1 + 2, p.stdout
+
+
+def kv_budget_run(start_server, *extra):
+    """Four long generations under a KV budget that holds three of them: each stream's text equals its request
+    run alone, and the budget made the scheduler preempt."""
+    # tern-tiny's KV rows at 16 bits take 1 KiB a position, allocated 256 positions at first, then doubling:
+    # past 256 positions each request holds 512 KiB, and 1536K holds three.
+    server = start_server(*SERVER_ARGS, "--slots", "4", "--max-seqs", "4", "--kv-budget", "1536K", *extra)
+    bodies = [chat_body(f"Tell me a fortune about {t}.", max_tokens=360) for t in TOPICS[:4]]
+    got = run_threads(lambda b: stream_text(server, b), [(b,) for b in bodies])
+    errors = [g for g in got if isinstance(g, Exception)]
+    assert not errors, errors
+    assert server.metric("tern_preemptions_total") >= 1
+    assert server.metric("tern_kv_bytes") <= 1536 * 1024
+    for i, (b, g) in enumerate(zip(bodies, got)):
+        content, _, finish, done, _, raw = g
+        assert done and finish == "length", f"client {i}: {raw[-300:]!r}"
+        alone = server.post("/v1/chat/completions", b).json()
+        assert content == alone["choices"][0]["message"]["content"], f"client {i}: preempted text differs from alone"
+    return server
+
+
+def test_kv_budget_preempts_and_resumes_exactly(start_server):
+    server = kv_budget_run(start_server)
+    assert server.metric("tern_preempted_resumed_exact_total") >= 1
+
+
+def test_kv_budget_recomputes_without_a_cache(start_server):
+    server = kv_budget_run(start_server, "--cache-ram", "0")
+    assert server.metric("tern_preempted_recomputed_tokens_total") > 0
+
+
+def test_kv_budget_bounds_one_request(start_server):
+    # 1536K holds 1,024 positions of tern-tiny's rows (the rows double from 256; 2,048 would need 2 MiB)
+    server = start_server(*SERVER_ARGS, "--kv-budget", "1536K")
+    r = server.post("/v1/chat/completions", chat_body("Tell me a long story.", max_tokens=3000)).json()
+    u = r["usage"]
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert 512 < u["prompt_tokens"] + u["completion_tokens"] <= 1024, u
+    assert server.metric("tern_kv_bytes") <= 1536 * 1024
+    long_prompt = chat_body("word " * 1100, max_tokens=4)
+    r = server.post("/v1/chat/completions", long_prompt)
+    assert r.status == 400, r
+    assert "KV budget" in r.json()["error"]["message"]
+    assert server.post("/v1/chat/completions", chat_body("Hi", max_tokens=4)).status == 200
+
+
+def drain(socks):
+    """Reads what the streams have sent so far (their servers never wait on a full socket)."""
+    for s in socks:
+        s.settimeout(0.02)
+        try:
+            s.recv(1 << 20)
+        except (TimeoutError, BlockingIOError):
+            pass
+
+
+def test_kv_budget_client_leaving_while_preempted(start_server):
+    # Two long streams past 512 positions hold 1 MiB each; a third with a 200-token prompt fits beside them
+    # (256 KiB) until it passes 256 positions, and is preempted; its client then leaves while the two still
+    # run, and its place is free at once.
+    server = start_server(*SERVER_ARGS, "--slots", "3", "--max-seqs", "3", "--kv-budget", "2304K")
+    longs = [open_raw(server, "/v1/chat/completions", chat_body(f"Story {i}.", max_tokens=1000, stream=True))
+             for i in range(2)]
+    deadline = time.monotonic() + 30
+    while server.metric("tern_kv_bytes") < 2 * 1024 * 1024:
+        assert time.monotonic() < deadline, "the long streams did not grow past 512 positions"
+        drain(longs)
+    third = open_raw(server, "/v1/chat/completions", chat_body("word " * 190, max_tokens=1000, stream=True))
+    while server.metric("tern_preemptions_total") == 0:
+        assert time.monotonic() < deadline, "the third stream was never preempted"
+        drain(longs + [third])
+    assert server.metric("tern_requests_generating") == 3
+    third.close()
+    deadline = time.monotonic() + 3
+    while server.metric("tern_requests_generating") != 2:
+        assert time.monotonic() < deadline, "the preempted request's place was not freed"
+        drain(longs)
+    assert server.metric("tern_generations_total") == 0, "the long streams ended first: the test proves nothing"
+    for s in longs:
+        s.close()
