@@ -599,11 +599,17 @@ typedef struct tern_gen_params {
      * as without. Needs an MTP head and the CPU engine; turns on
      * tern_session_set_mtp for the session. With a grammar each draft is
      * drawn under the mask the grammar gives after the drafts before it,
-     * and each verified row under the mask after the ids taken. */
+     * and each verified row under the mask after the ids taken.
+     * TERN_MTP_AUTO: each step's depth (0 included) is the one that has
+     * given the most tokens a second on this generation's own steps, every
+     * depth tried at first and now and then again (engine/mtp_auto.h); a
+     * sampled generation's ids then depend on the timings, its
+     * distribution does not. */
     int mtp_depth;
 } tern_gen_params;
 
 #define TERN_MTP_MAX_DEPTH 3
+#define TERN_MTP_AUTO (-1)
 
 enum tern_stop_reason { TERN_STOP_LENGTH, TERN_STOP_EOS, TERN_STOP_STRING, TERN_STOP_CALLER, TERN_STOP_CONTEXT };
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/cpu_backend.h"
+#include "engine/mtp_auto.h"
 #include "engine/sampler.h"
 #include "model/manifest.h"
 #include "tern.h"
@@ -129,8 +130,8 @@ static void check_same(tern_model *m, tern_tokenizer *tok, const int32_t *prompt
     tern_session *tracked = gen(m, tok, prompt, n, &p, ctx, 1, &got, &gs);
     size_t tl, gl;
     char *tb = snap_bytes(tracked, &tl);
-    for (int d = 1; d <= TERN_MTP_MAX_DEPTH; d++) {
-        p.mtp_depth = d;
+    for (int d = 1; d <= TERN_MTP_MAX_DEPTH + 1; d++) {   /* (the last: TERN_MTP_AUTO) */
+        p.mtp_depth = d > TERN_MTP_MAX_DEPTH ? TERN_MTP_AUTO : d;
         tern_session *s = gen(m, tok, prompt, n, &p, ctx, 0, &got, &gs);
         cr_assert_eq(got.n, want.n, "depth %d: %d ids, %d without drafts", d, got.n, want.n);
         cr_assert_eq(memcmp(got.ids, want.ids, (size_t)want.n * sizeof(int32_t)), 0, "depth %d: other ids", d);
@@ -397,7 +398,7 @@ Test(mtp, bad_depth_refused) {
     tern_gen_stats st;
     out o;
     memset(&o, 0, sizeof o);
-    const int bad[] = {-1, TERN_MTP_MAX_DEPTH + 1, 1000};
+    const int bad[] = {-2, TERN_MTP_MAX_DEPTH + 1, 1000};
     for (int i = 0; i < 3; i++) {
         tern_gen_params p = greedy(4, bad[i]);
         cr_assert_eq(tern_generate(s, NULL, prompt, 2, &p, NULL, &o, &st, &err), -1);
@@ -794,9 +795,10 @@ Test(mtp, cli_same_output) {
     char *want = sh(run, "", &rc);
     cr_assert_eq(rc, 0, "%s", want);
     cr_assert(strstr(want, "\"mtp_drafted\":0,"), "%s", want);
-    for (int d = 1; d <= TERN_MTP_MAX_DEPTH; d++) {
+    for (int d = 1; d <= TERN_MTP_MAX_DEPTH + 1; d++) {
         char flag[32];
-        snprintf(flag, sizeof flag, "--mtp %d", d);
+        if (d > TERN_MTP_MAX_DEPTH) snprintf(flag, sizeof flag, "--mtp auto");
+        else snprintf(flag, sizeof flag, "--mtp %d", d);
         char *got = sh(run, flag, &rc);
         cr_assert_eq(rc, 0, "%s", got);
         const char *a = strstr(want, "\"text\""), *b = strstr(got, "\"text\"");
@@ -833,4 +835,67 @@ Test(mtp, cli_bad_depth) {
     refused("run -p hi --mtp 2 --device cuda", "does not run on the GPU yet");
     refused("serve --mtp 7", "--mtp needs an integer in [0, 3]");
     refused("serve --mtp 1 --device cuda:0", "does not run on the GPU yet");
+}
+
+/* ---- TERN_MTP_AUTO's choice (engine/mtp_auto.h) ---------------------------- */
+
+/* steps of the controller against a fixed cost model: a step at depth d
+ * takes tok[d] tokens in sec[d] seconds; count[d]: the steps it chose d */
+static void drive(mtp_auto *a, const int *tok, const double *sec, int steps, int *count) {
+    for (int i = 0; i < steps; i++) {
+        int d = mtp_auto_depth(a);
+        cr_assert(d >= 0 && d <= TERN_MTP_MAX_DEPTH, "depth %d", d);
+        count[d]++;
+        mtp_auto_record(a, d, tok[d], sec[d]);
+    }
+}
+
+Test(mtp, auto_runs_the_fastest_depth_and_probes_the_others) {
+    mtp_auto a;
+    mtp_auto_init(&a);
+    int count[TERN_MTP_MAX_DEPTH + 1] = {0};
+    /* tokens a second 1, 1.67, 1.33, 1.2: depth 1 pays most */
+    const int tok[] = {1, 2, 2, 3};
+    const double sec[] = {1.0, 1.2, 1.5, 2.5};
+    drive(&a, tok, sec, 1000, count);
+    cr_expect_eq(mtp_auto_best(&a), 1);
+    cr_expect_gt(count[1], 900, "depth 1 ran %d of 1000 steps", count[1]);
+    for (int d = 0; d <= TERN_MTP_MAX_DEPTH; d++)
+        if (d != 1) cr_expect_gt(count[d], MTP_AUTO_WARM, "depth %d was never probed again", d);
+}
+
+Test(mtp, auto_turns_drafts_off_where_they_lose) {
+    mtp_auto a;
+    mtp_auto_init(&a);
+    int count[TERN_MTP_MAX_DEPTH + 1] = {0};
+    const int tok[] = {1, 1, 2, 2};
+    const double sec[] = {1.0, 1.3, 2.2, 3.0};   /* 1, 0.77, 0.91, 0.67 */
+    drive(&a, tok, sec, 1000, count);
+    cr_expect_eq(mtp_auto_best(&a), 0);
+    cr_expect_gt(count[0], 900, "no drafts for %d of 1000 steps", count[0]);
+    cr_expect(a.settled, "no drafts led by far, yet drafts are still tried");
+    /* ahead by less than the margin: drafts keep being tried */
+    mtp_auto_init(&a);
+    memset(count, 0, sizeof count);
+    const double close[] = {1.0, 2.1, 4.2, 6.3};   /* 1, 0.95, 0.95, 0.95 */
+    const int tok2[] = {1, 2, 4, 6};
+    drive(&a, tok2, close, 1000, count);
+    cr_expect_eq(mtp_auto_best(&a), 0);
+    cr_expect(!a.settled);
+    cr_expect_gt(count[1] + count[2] + count[3], 3 * MTP_AUTO_WARM + 20);
+}
+
+Test(mtp, auto_follows_a_change) {
+    mtp_auto a;
+    mtp_auto_init(&a);
+    int count[TERN_MTP_MAX_DEPTH + 1] = {0};
+    const int tok1[] = {1, 2, 2, 3}, tok2[] = {1, 2, 3, 4};
+    const double sec1[] = {1.0, 1.2, 1.5, 2.5}, sec2[] = {1.0, 1.5, 1.6, 1.7};   /* then 1, 1.33, 1.88, 2.35 */
+    drive(&a, tok1, sec1, 300, count);
+    cr_expect_eq(mtp_auto_best(&a), 1);
+    drive(&a, tok2, sec2, 600, count);
+    int late[TERN_MTP_MAX_DEPTH + 1] = {0};
+    drive(&a, tok2, sec2, 100, late);
+    cr_expect_eq(mtp_auto_best(&a), 3);
+    cr_expect_gt(late[3], 90, "after the change depth 3 ran %d of the last 100 steps", late[3]);
 }

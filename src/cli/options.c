@@ -50,8 +50,10 @@ void cli_usage(FILE *f) {
         "  --temp T --top-k K --top-p P --min-p P     sampling (defaults: generation_config.json)\n"
         "  --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
         "  --seed N                 sampling seed (default: time-based)\n"
-        "  --mtp N                  speculative decoding with the model's MTP head: N drafts a step, 1..3\n"
-        "                           (default 0: off); the same output (greedy: the same tokens), the CPU only\n"
+        "  --mtp N|auto             speculative decoding with the model's MTP head: N drafts a step, 1..3,\n"
+        "                           or auto: each step the depth (0 too) measured fastest on this\n"
+        "                           generation (default 0: off); the same output (greedy: the same\n"
+        "                           tokens), the CPU only\n"
         "  --stop TEXT              stop string (repeatable)\n"
         "  --ignore-eos             keep generating past end-of-sequence ids\n"
         "  --json-schema FILE       run: the output is JSON valid under this JSON Schema (constrained decoding)\n"
@@ -121,6 +123,7 @@ static int value_opt(cli_opts *o, const char *a, const char *v) {
     }
     else if (IS("--top-k")) { if (parse_long(a, v, 0, INT_MAX, &n)) return -1; o->top_k = (int)n; }
     else if (IS("--seed")) { if (parse_long(a, v, 0, LONG_MAX, &n)) return -1; o->seed = n; }
+    else if (IS("--mtp") && !strcmp(v, "auto")) o->mtp = TERN_MTP_AUTO;
     else if (IS("--mtp")) { if (parse_long(a, v, 0, TERN_MTP_MAX_DEPTH, &n)) return -1; o->mtp = (int)n; }
     else if (IS("--temp")) return parse_float(a, v, 0, 100, &o->temp) ? -1 : 1;
     else if (IS("--top-p")) return parse_float(a, v, 0, 1, &o->top_p) ? -1 : 1;
@@ -183,7 +186,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
             return -1;
         }
     }
-    if (o->mtp > 0 && !strncmp(o->device, "cuda", 4)) {
+    if (o->mtp && !strncmp(o->device, "cuda", 4)) {
         fprintf(stderr, "tern: --mtp: speculative decoding does not run on the GPU yet (--device cpu runs it)\n");
         return -1;
     }

@@ -4,6 +4,7 @@
 #define TERN_ENGINE_GEN_H
 
 #include "engine/engine.h"
+#include "engine/mtp_auto.h"
 #include "engine/sampler.h"
 #include "text/detok.h"
 #include "text/stop.h"
@@ -15,7 +16,8 @@ typedef struct {
     tern_gpu_rule r;
 } gpu_rule;
 
-/* A speculative step's buffers (mtp_depth > 0), sized for the depth. */
+/* A speculative step's buffers (mtp_depth not 0), sized for the depth
+ * (the most for TERN_MTP_AUTO, whose choice is ctl's). */
 typedef struct {
     float *q;                 /* [depth, vocab] the head's logits per draft */
     float *qp;                /* [depth, vocab] the distributions the drafts were drawn from (sampling) */
@@ -23,6 +25,7 @@ typedef struct {
     float *logits;            /* [depth + 1, vocab] the verify's rows */
     float *hidden;            /* [depth + 1, hidden] the verify's states */
     float *h;                 /* [2, hidden] the head's outputs, each the next draft's input */
+    mtp_auto ctl;
 } spec_buf;
 
 typedef struct {
@@ -70,7 +73,8 @@ int tern_gen_limit(const tern_gen_params *p, const tern_session *s, int n, int p
 int tern_gen_mask(tern_gen *g, int n_generated, int pos, tern_error *err);
 
 /* speculate.c: the step buffers for p->mtp_depth (none for 0), freed; one
- * speculative step of g (phase GEN_NEXT, its next id not the last). */
+ * speculative step of g (phase GEN_NEXT, its next id not the last), at
+ * the depth asked or, for TERN_MTP_AUTO, chosen. */
 int tern_spec_init(gen_state *g, const tern_session *s, int depth, tern_error *err);
 void tern_spec_free(gen_state *g);
 int tern_spec_step(tern_gen *g, tern_error *err);

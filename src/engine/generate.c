@@ -75,9 +75,10 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     if (n_valid > V) n_valid = V;
     if (p->on_logprobs && (p->top_logprobs < 0 || p->top_logprobs > TERN_MAX_TOP_LOGPROBS))
         return tern_fail(err, "top_logprobs must be in [0, %d], got %d", TERN_MAX_TOP_LOGPROBS, p->top_logprobs);
-    if (p->mtp_depth < 0 || p->mtp_depth > TERN_MTP_MAX_DEPTH)
-        return tern_fail(err, "mtp_depth must be in [0, %d], got %d", TERN_MTP_MAX_DEPTH, p->mtp_depth);
-    if (p->mtp_depth > 0 && tern_session_set_mtp(s, 1, err)) return -1;
+    if ((p->mtp_depth < 0 && p->mtp_depth != TERN_MTP_AUTO) || p->mtp_depth > TERN_MTP_MAX_DEPTH)
+        return tern_fail(err, "mtp_depth must be in [0, %d] or TERN_MTP_AUTO, got %d", TERN_MTP_MAX_DEPTH,
+                         p->mtp_depth);
+    if (p->mtp_depth && tern_session_set_mtp(s, 1, err)) return -1;
     int max_new = s->max_ctx - s->pos - (int)n_prompt;
     size_t n_before = p->history ? p->n_history : 0;
     size_t hist_cap = n_before + n_prompt + (size_t)(max_new > 0 ? max_new : 0) + 1 + TERN_MTP_MAX_DEPTH;
@@ -303,7 +304,7 @@ int tern_gen_step(tern_gen *g, tern_error *err) {
     const int32_t *tokens;
     int n = tern_gen_input(g, &tokens);
     if (n < 1) return tern_fail(err, "the generation is over");
-    if (g->phase == GEN_NEXT && g->p.mtp_depth > 0 && !g->last) return tern_spec_step(g, err);
+    if (g->phase == GEN_NEXT && g->p.mtp_depth && !g->last) return tern_spec_step(g, err);
     return tern_session_eval(g->s, tokens, n, g->g.logits, 0, err) || tern_gen_take(g, g->g.logits, err) ? -1 : 0;
 }
 

@@ -25,12 +25,15 @@
 #include <string.h>
 
 #include "engine/gen.h"
+#include "util/clock.h"
 #include "util/err.h"
 
 int tern_spec_init(gen_state *g, const tern_session *s, int depth, tern_error *err) {
-    if (depth <= 0) return 0;
+    if (depth == 0) return 0;
+    if (depth == TERN_MTP_AUTO) depth = TERN_MTP_MAX_DEPTH;
     size_t V = (size_t)s->m->cfg.vocab, H = (size_t)s->m->cfg.hidden, D = (size_t)depth;
     spec_buf *b = &g->spec;
+    mtp_auto_init(&b->ctl);
     b->q = malloc(D * V * sizeof(float));
     b->qp = malloc(D * V * sizeof(float));
     b->pp = malloc(V * sizeof(float));
@@ -53,10 +56,10 @@ void tern_spec_free(gen_state *g) {
     memset(b, 0, sizeof *b);
 }
 
-/* Drafts this step: none past what the generation may still take, nor
- * past the context (the verify holds them and the taken token). */
-static int depth_now(const tern_gen *g) {
-    int n = g->p.mtp_depth, room = g->s->max_ctx - tern_session_pos(g->s) - 1;
+/* Drafts this step, of n wanted: none past what the generation may still
+ * take, nor past the context (the verify holds them and the taken token). */
+static int depth_now(const tern_gen *g, int n) {
+    int room = g->s->max_ctx - tern_session_pos(g->s) - 1;
     if (n > room) n = room;
     if (g->p.n_predict >= 0 && n > g->p.n_predict - g->st.n_generated) n = g->p.n_predict - g->st.n_generated;
     return n > 0 ? n : 0;
@@ -195,10 +198,10 @@ static int take_rows(tern_gen *g, int p, int N, const int32_t *tok, int *k, tern
     }
 }
 
-int tern_spec_step(tern_gen *g, tern_error *err) {
+static int step_at(tern_gen *g, int depth, tern_error *err) {
     gen_state *gs = &g->g;
     tern_session *s = g->s;
-    int N = depth_now(g);
+    int N = depth_now(g, depth);
     int32_t tok[TERN_MTP_MAX_DEPTH + 1] = {g->next};
     if (N > 0 && draft(g, &N, tok, err)) return -1;
     if (N == 0)
@@ -210,5 +213,16 @@ int tern_spec_step(tern_gen *g, tern_error *err) {
     int k = 1, rc = take_rows(g, v.p, N, tok, &k, err);
     tern_error e;
     if (tern_mtp_keep(s, &v, k, gs->spec.hidden, rc ? &e : err)) return -1;
+    return rc;
+}
+
+int tern_spec_step(tern_gen *g, tern_error *err) {
+    if (g->p.mtp_depth != TERN_MTP_AUTO) return step_at(g, g->p.mtp_depth, err);
+    mtp_auto *ctl = &g->g.spec.ctl;
+    int depth = mtp_auto_depth(ctl), n0 = g->st.n_generated;
+    if (ctl->settled && g->s->mtp_track && tern_session_set_mtp(g->s, 0, err)) return -1;
+    double t0 = tern_now_s();
+    int rc = step_at(g, depth, err);
+    if (rc == 0) mtp_auto_record(ctl, depth, g->st.n_generated - n0, tern_now_s() - t0);
     return rc;
 }

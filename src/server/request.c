@@ -119,11 +119,15 @@ static uint64_t random_u64(void) {
     return (uint64_t)t.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)t.tv_sec;
 }
 
-/* mtp (a tern extension): drafts a step of speculative decoding. */
+/* mtp (a tern extension): drafts a step of speculative decoding, or
+ * "auto" (TERN_MTP_AUTO). */
 static int parse_mtp(const srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
-    long long n;
-    if (srv_get_int(req, "mtp", 0, TERN_MTP_MAX_DEPTH, c->mtp, &n, e)) return -1;
-    if (n > 0 && c->mtp_why) return srv_fail(e, 400, "mtp", "mtp: %s", c->mtp_why);
+    long long n = TERN_MTP_AUTO;
+    json_t *v = json_object_get(req, "mtp");
+    if (!(json_is_string(v) && !strcmp(json_string_value(v), "auto")) &&
+        srv_get_int(req, "mtp", 0, TERN_MTP_MAX_DEPTH, c->mtp, &n, e))
+        return -1;
+    if (n && c->mtp_why) return srv_fail(e, 400, "mtp", "mtp: %s", c->mtp_why);
     j->mtp = (int)n;
     return 0;
 }

@@ -366,7 +366,7 @@ static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
         tern_gen_end(a->gen, 0, &st);
         a->gen = NULL;
         a->u.completion_tokens = st.n_generated;
-        if (a->gp.mtp_depth > 0 && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, &e);
+        if (a->gp.mtp_depth && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, &e);
     }
     tern_output_parser_destroy(a->r.parser);
     a->r.parser = NULL;
@@ -466,9 +466,10 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
          * a next prompt that continues it as generated */
         if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
     }
-    /* a request's own mtp field turned the head's tracking on for this
-     * generation only: the slot's later prompts go without it */
-    if (a->gp.mtp_depth > 0 && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, err);
+    /* a request's own mtp field turned the head's tracking on (or auto
+     * off) for this generation only: the slot's later prompts go as the
+     * server says */
+    if (a->gp.mtp_depth) tern_session_set_mtp(sl->s, s->p.mtp_track, err);
     if (s->cache) pcache_trim(s->cache);
 }
 
@@ -586,7 +587,7 @@ static void step_all(srv_sched *s) {
     /* speculative decoding only while one job runs: alone, its step is its
      * own (drafts, one verify); with others, a step of them all pays more */
     int failed = 0;
-    if (n_gen == 1 && pre_at < 0 && s->act[at[0]]->gp.mtp_depth > 0) rc[0] = tern_gen_step(gens[0], &err);
+    if (n_gen == 1 && pre_at < 0 && s->act[at[0]]->gp.mtp_depth) rc[0] = tern_gen_step(gens[0], &err);
     else failed = tern_gen_step_many(gens, n_gen, &extra, &ptok, &pn, pre_at >= 0, s->logits, rc, &err);
     if (s->pre) s->pre->u.eval_s += tern_now_s() - t0;
     for (int k = 0; k < n_gen; k++) took[at[k]] = rc[k];
@@ -617,7 +618,8 @@ static void step_all(srv_sched *s) {
 static uint64_t job_need(const srv_sched *s, const active *a) {
     if (a->parked) return 0;
     const tern_session *ss = a->r.sl->s;
-    int n = a == s->pre ? a->n_src : tern_session_pos(ss) + 1 + a->gp.mtp_depth;
+    int drafts = a->gp.mtp_depth == TERN_MTP_AUTO ? TERN_MTP_MAX_DEPTH : a->gp.mtp_depth;
+    int n = a == s->pre ? a->n_src : tern_session_pos(ss) + 1 + drafts;
     if (s->max_seqs == 1) {
         int most = s->kv.max_tokens, gen = a->gp.n_predict;
         n = gen >= 0 && a->n_src + gen < most ? a->n_src + gen : most;

@@ -254,7 +254,7 @@ int srv_run(const srv_params *p) {
     srv_sched_params sp = {.n_slots = p->slots, .max_seqs = p->max_seqs, .queue_limit = p->queue_limit,
                            .prefill_chunk = p->prefill_chunk,
                            .session = p->session,
-                           .checkpoint_interval = p->checkpoint_interval, .mtp_track = p->mtp > 0,
+                           .checkpoint_interval = p->checkpoint_interval, .mtp_track = p->mtp != 0,
                            .load = load_cb, .load_ud = &L, .lazy = p->lazy_load,
                            .idle_unload_s = p->idle_unload_s, .kv_budget = p->kv_budget};
     sp.session.max_context = L.n_ctx;
@@ -283,6 +283,7 @@ int srv_run(const srv_params *p) {
     char idle[96] = "";
     if (p->idle_unload_s > 0) snprintf(idle, sizeof idle, ", unloaded after %g s idle", p->idle_unload_s);
     if (p->mtp > 0) snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP %d drafts a step", p->mtp);
+    if (p->mtp == TERN_MTP_AUTO) snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP depth chosen by measured speed");
     if (p->lazy_load) {
         fprintf(stderr, "tern serve: ready: model '%s' not loaded yet (the first request loads it%s), context %d, "
                         "%d slots, queue %d%s\n",

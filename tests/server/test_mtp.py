@@ -50,6 +50,9 @@ def test_request_field(server, plain):
     want = reply(plain, body)
     assert reply(plain, dict(body, mtp=2)) == want
     assert reply(server, dict(body, mtp=0)) == want
+    drafted = plain.metric("tern_mtp_drafted_tokens_total")
+    assert reply(plain, dict(body, mtp="auto")) == want
+    assert plain.metric("tern_mtp_drafted_tokens_total") > drafted, "mtp auto tried no drafts"
     for path, b in (("/v1/completions", {"prompt": "And God said,", "max_tokens": 24, "temperature": 0}),
                     ("/v1/messages", {"model": "tern-tiny", "max_tokens": 24, "temperature": 0,
                                       "messages": [{"role": "user", "content": PROMPTS[0]}]}),
@@ -59,7 +62,7 @@ def test_request_field(server, plain):
         assert strip(a.json()) == strip(b2.json()), path
 
 
-@pytest.mark.parametrize("value", [4, -1, "2", 1.5, True])
+@pytest.mark.parametrize("value", [4, -1, "2", 1.5, True, "Auto"])
 def test_bad_depth(server, value):
     r = server.post("/v1/chat/completions", chat_body(mtp=value))
     assert r.status == 400, r
