@@ -469,3 +469,75 @@ Test(pcache, an_unload_drops_what_the_disk_cannot_take) {
     tern_model_free(other);
     rmdir(dir);
 }
+
+/* A clean exit keeps the tier: persist writes the index, and a new cache
+ * on the same directory adopts the chain (sharing bases included) and
+ * reads the leaf back as it was taken. Without the index (a crash), the
+ * next cache deletes the files. */
+Test(pcache, persisted_checkpoints_are_adopted_by_the_next_cache) {
+    char *dir;
+    int32_t t[64];
+    seq(t, 64, 100);
+    pcache *c = chain_in_ram(t, &dir);
+    tern_error err;
+    cr_assert_eq(pcache_persist(c, &err), 4, "%s", err.msg);
+    pcache_destroy(c);
+    cr_expect_eq(files_in(dir), 5, "four checkpoints and the index stay");
+    c = pcache_create(0, 100 * S);
+    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
+    cr_assert_eq(pcache_adopt_disk(c, &err), 4, "%s", err.msg);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_expect_eq(stats(c).disk_checkpoints, 4);
+    cr_expect_eq(files_in(dir), 4, "the index is read once");
+    pc_node *nd = pcache_lookup(c, t, 64);
+    cr_assert(nd && pc_node_depth(nd) == 32);
+    cr_assert_eq(pcache_load(c, nd, &err), 0, "%s", err.msg);
+    cr_assert_eq(pcache_check(c), 0);
+    tern_session *s2 = tern_session_create(model, NULL, &err);
+    cr_assert_eq(tern_session_restore(s2, pc_node_snapshot(nd), &err), 0, "%s", err.msg);
+    cr_expect_eq(tern_session_pos(s2), 32);
+    tern_snapshot *a = tern_session_snapshot(sess, &err), *b = tern_session_snapshot(s2, &err);
+    cr_assert(a && b);
+    cr_expect_eq(tern_snapshot_bytes(a), tern_snapshot_bytes(b));
+    tern_snapshot_free(a);
+    tern_snapshot_free(b);
+    tern_session_destroy(s2);
+    /* a crash: the files stay without an index, and the next cache deletes them */
+    pcache_insert(c, t, 40, snap(), 0);
+    cr_assert_eq(pcache_persist(c, &err), 5, "%s", err.msg);
+    pcache_destroy(c);
+    char index[4096];
+    snprintf(index, sizeof index, "ls %s/*-index >/dev/null && rm %s/*-index", dir, dir);
+    cr_assert_eq(system(index), 0);
+    c = pcache_create(0, 100 * S);
+    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
+    cr_expect_eq(pcache_adopt_disk(c, &err), 0);
+    cr_expect_eq(files_in(dir), 0);
+    cr_expect_null(pcache_lookup(c, t, 64));
+    pcache_destroy(c);
+    rmdir(dir);
+}
+
+/* Adopted into a smaller disk budget: the tier evicts down to it, leaves
+ * first, and the tree stays sound. */
+Test(pcache, adoption_keeps_within_a_smaller_budget) {
+    char *dir;
+    int32_t t[64];
+    seq(t, 64, 100);
+    pcache *c = chain_in_ram(t, &dir);
+    tern_error err;
+    size_t whole = stats(c).bytes;
+    cr_assert_eq(pcache_persist(c, &err), 4, "%s", err.msg);
+    pcache_destroy(c);
+    c = pcache_create(0, 100 * S);
+    size_t room = whole / 2;
+    pcache_attach_disk(c, pcdisk_open(dir, model, &err), room);
+    int n = pcache_adopt_disk(c, &err);
+    cr_assert(n >= 1 && n < 4, "%d adopted", n);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_expect_leq(stats(c).disk_bytes, room);
+    cr_expect_eq(files_in(dir), n);
+    cr_expect_eq(found(c, t, 64), 8 * n, "the chain's first checkpoints stay");
+    pcache_destroy(c);
+    rmdir(dir);
+}

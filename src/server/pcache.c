@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/err.h"
+
 struct pc_node {
     pc_node *parent, *child, *next;   /* the tree: first child, next sibling */
     int32_t *edge;                    /* the ids from the parent to here */
@@ -33,6 +35,8 @@ struct pcache {
     pthread_mutex_t mu;               /* guards st (read by other threads) */
     pcache_stats st;
     pcdisk *disk;                     /* NULL: no disk tier */
+    uint64_t serial;                  /* the last checkpoint's number */
+    int keep_files;                   /* persisted: destroy leaves the files */
 };
 
 enum { PC_RAM, PC_VRAM, PC_DISK };
@@ -61,7 +65,7 @@ static void free_subtree(pcache *c, pc_node *nd) {
         pc_node *next = nd->next;
         free_subtree(c, nd->child);
         tern_snapshot_free(nd->snap);
-        if (nd->tier == PC_DISK) pcdisk_remove(c->disk, key_of(nd));
+        if (nd->tier == PC_DISK && !c->keep_files) pcdisk_remove(c->disk, key_of(nd));
         free(nd->edge);
         free(nd);
         nd = next;
@@ -219,6 +223,12 @@ static void prune(pcache *c, pc_node *nd) {
 }
 
 /* ---- checkpoints ------------------------------------------------------- */
+
+static void list_add(pcache *c, pc_node *nd) {
+    nd->lnext = c->list;
+    if (c->list) c->list->lprev = nd;
+    c->list = nd;
+}
 
 static void list_remove(pcache *c, pc_node *nd) {
     if (nd->lprev) nd->lprev->lnext = nd->lnext;
@@ -459,16 +469,103 @@ int pcache_insert(pcache *c, const int32_t *tokens, int n, tern_snapshot *snap, 
     nd->shares = shares;
     nd->hash = pcdisk_hash(tokens, n);
     hold(nd, base);
-    nd->lnext = c->list;
-    if (c->list) c->list->lprev = nd;
-    c->list = nd;
+    list_add(c, nd);
     hit(c, nd);
     count_tier(c, nd, 1);
-    pthread_mutex_lock(&c->mu);
-    c->st.inserted++;
-    nd->serial = c->st.inserted;
-    pthread_mutex_unlock(&c->mu);
+    nd->serial = ++c->serial;
+    count(c, &c->st.inserted);
     return 0;
+}
+
+/* ---- the disk tier across processes ----------------------------------- */
+
+static pc_node *by_serial(const pcache *c, uint64_t serial) {
+    for (pc_node *nd = c->list; nd; nd = nd->lnext)
+        if (nd->serial == serial) return nd;
+    return NULL;
+}
+
+/* The ids on the path from the root to nd, into t (nd->depth of them). */
+static void path_ids(const pc_node *nd, int32_t *t) {
+    for (; nd && nd->n_edge; nd = nd->parent)
+        memcpy(t + nd->depth - nd->n_edge, nd->edge, (size_t)nd->n_edge * sizeof *t);
+}
+
+/* An index entry back in the tree, on disk. Skipped: one already there,
+ * one whose base is not a checkpoint on its path, one continuing the rows
+ * of a base that did not come back. */
+static int adopt(void *ud, const pcdisk_entry *e) {
+    pcache *c = ud;
+    pc_node *base = e->base ? by_serial(c, e->base) : NULL, *at;
+    if (walk(c, e->tokens, e->n, e->n, &at) && at->depth == e->n && is_ckpt(at)) return 0;
+    if (base && base != walk(c, e->tokens, e->n, base->depth, NULL)) base = NULL;
+    if ((e->shares && !base) || by_serial(c, e->key.serial)) return 0;
+    pc_node *nd = node_at(c, e->tokens, e->n);
+    if (!nd) return 1;
+    nd->tier = PC_DISK;
+    nd->bytes = (size_t)e->bytes;
+    nd->shares = e->shares;
+    nd->hash = e->key.hash;
+    nd->serial = e->key.serial;
+    if (nd->serial > c->serial) c->serial = nd->serial;
+    hold(nd, base);
+    list_add(c, nd);
+    hit(c, nd);
+    count_tier(c, nd, 1);
+    return 0;
+}
+
+static int claimed(void *ud, pcdisk_key k) {
+    for (const pc_node *nd = ((const pcache *)ud)->list; nd; nd = nd->lnext)
+        if (nd->tier == PC_DISK && nd->hash == k.hash && nd->serial == k.serial) return 1;
+    return 0;
+}
+
+int pcache_adopt_disk(pcache *c, tern_error *err) {
+    if (!c->disk) return 0;
+    int n = pcdisk_read_index(c->disk, adopt, c, err);
+    pcdisk_sweep(c->disk, n > 0 ? claimed : NULL, c);
+    make_room(c, 0);
+    if (n <= 0) return n;
+    int held = 0;
+    for (const pc_node *nd = c->list; nd; nd = nd->lnext) held++;
+    return held;
+}
+
+static int by_depth(const void *a, const void *b) {
+    int da = (*(pc_node *const *)a)->depth, db = (*(pc_node *const *)b)->depth;
+    return (da > db) - (da < db);
+}
+
+int pcache_persist(pcache *c, tern_error *err) {
+    if (!c->disk) return 0;
+    pcache_evict_memory(c);
+    int n = 0;
+    size_t total = 0;
+    for (pc_node *nd = c->list; nd; nd = nd->lnext) {
+        n++;
+        total += (size_t)nd->depth;
+    }
+    /* bases before the checkpoints holding them: a base is an ancestor */
+    pc_node **order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    pcdisk_entry *e = malloc((size_t)(n ? n : 1) * sizeof *e);
+    int32_t *ids = malloc((total ? total : 1) * sizeof *ids);
+    int rc = order && e && ids ? 0 : tern_fail(err, "out of memory");
+    int k = 0;
+    for (pc_node *nd = c->list; rc == 0 && nd; nd = nd->lnext) order[k++] = nd;
+    if (rc == 0) qsort(order, (size_t)n, sizeof *order, by_depth);
+    int32_t *t = ids;
+    for (int i = 0; rc == 0 && i < n; t += order[i++]->depth) {
+        pc_node *nd = order[i];
+        path_ids(nd, t);
+        e[i] = (pcdisk_entry){key_of(nd), nd->base ? nd->base->serial : 0, nd->bytes, nd->shares, nd->depth, t};
+    }
+    if (rc == 0) rc = pcdisk_write_index(c->disk, e, n, err);
+    c->keep_files = rc == 0;
+    free(order);
+    free(e);
+    free(ids);
+    return rc ? -1 : n;
 }
 
 /* ---- invariants (tests) ------------------------------------------------ */

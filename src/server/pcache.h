@@ -38,7 +38,10 @@
  * held in memory only while its base is, and a file holds only its own bytes,
  * so a checkpoint read back from disk needs its bases read first (root to
  * leaf). A file that fails verification drops its checkpoint and every one
- * continuing its rows.
+ * continuing its rows. The disk tier outlives the process: at a clean exit
+ * pcache_persist moves what is in memory to disk and writes the tree's
+ * index beside the files; pcache_adopt_disk at the next start puts those
+ * checkpoints back in the tree, on disk.
  *
  * Not thread-safe: the scheduler's thread owns it; the statistics have
  * their own lock (pcache_stats may be called from any thread). */
@@ -61,6 +64,15 @@ pcache *pcache_create(size_t vram_budget, size_t ram_budget);
 void pcache_destroy(pcache *c);
 /* Gives the cache a disk tier of budget bytes (the cache owns d from now). */
 void pcache_attach_disk(pcache *c, pcdisk *d, size_t budget);
+/* The checkpoints an earlier process left in the disk tier (its index),
+ * back in the tree, on disk, within the budget; every other file of the
+ * model deleted. The count adopted, or -1 with err (the index unreadable:
+ * the files are deleted). */
+int pcache_adopt_disk(pcache *c, tern_error *err);
+/* For a clean exit: pcache_evict_memory, then the disk tier's index
+ * written, and pcache_destroy keeps the files. The count of checkpoints
+ * left on disk, or -1 with err (then destroy deletes them). */
+int pcache_persist(pcache *c, tern_error *err);
 
 /* The deepest checkpoint whose path is a prefix of prompt[0..n) with fewer
  * than n tokens (the prompt's last token must still be evaluated for its

@@ -35,6 +35,9 @@ static int cache_create(srv_sched *s, const srv_loaded *ld, tern_error *err) {
             return -1;
         }
         pcache_attach_disk(c, d, s->p.cache_disk_bytes);
+        int n = pcache_adopt_disk(c, err);
+        if (n < 0) fprintf(stderr, "tern serve: the prefix cache's disk tier starts empty: %s\n", err->msg);
+        else if (n > 0) fprintf(stderr, "tern serve: prefix cache: %d checkpoints kept in %s\n", n, s->p.cache_disk);
     }
     pthread_mutex_lock(&s->mu);
     s->cache = c;
@@ -214,6 +217,10 @@ int sched_wait_work(srv_sched *s) {
 
 void sched_free_resident(srv_sched *s) {
     /* the checkpoints first: one in device memory needs the model's device */
+    tern_error err;
+    int n = s->cache ? pcache_persist(s->cache, &err) : 0;
+    if (n < 0) fprintf(stderr, "tern serve: the prefix cache's disk tier was not kept: %s\n", err.msg);
+    else if (n > 0) fprintf(stderr, "tern serve: prefix cache: %d checkpoints kept in %s\n", n, s->p.cache_disk);
     pcache_destroy(s->cache);
     s->cache = NULL;
     release_model(s, s->m);

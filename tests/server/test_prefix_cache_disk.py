@@ -130,29 +130,61 @@ def test_bytes_on_disk_stay_within_the_budget(start_server, tmp_path):
     assert disk(s, "writes_total") > 0 and s.metric("tern_prefix_cache_evictions_total") > 0
 
 
-def test_nothing_on_disk_survives_a_restart(start_server, tmp_path):
-    """A clean stop deletes the tier's files; those of a killed server are deleted when the next one starts.
-    Another model's files are left alone."""
-    d = tmp_path / "restart"
-    other = d / ("0" * 64 + "-0000000000000000-1.snap")
-    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
-    other.write_bytes(b"not ours")
-    complete(s, tokenize(GENESIS))
-    idle(s)
-    assert len(files(d)) > 1
-    assert not s.stop()
-    assert files(d) == [other]
-    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
-    complete(s, tokenize(GENESIS))
-    idle(s)
-    assert len(files(d)) > 1
+def kill(s):
+    """A crash: no clean exit, so no index is written."""
     s.proc.kill()
     s.proc.wait()
     s.stopped = True
     os.unlink(s.log.name)
-    assert len(files(d)) > 1
+
+
+def test_the_disk_tier_survives_a_clean_restart(start_server, tmp_path, cold):
+    """A clean stop writes the tier's index beside its files and the next server adopts them: a prompt resumes
+    from a checkpoint the first server took, exactly. A killed server leaves no index, so the next start deletes
+    its files; another model's files are left alone."""
+    d = tmp_path / "restart"
+    other = d / ("0" * 64 + "-0000000000000000-1.snap")
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    other.write_bytes(b"not ours")
+    a = tokenize(GENESIS)
+    complete(s, a)
+    idle(s)
+    assert not s.stop()
+    kept = [f for f in files(d) if f != other]
+    assert any(f.name.endswith("-index") for f in kept) and len(kept) > 2, kept
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    assert disk(s, "checkpoints") == len(kept) - 1, "the checkpoints of the last run were not adopted"
+    assert "checkpoints kept in" in s.stderr()
+    b = a[:CUT] + tokenize(EXODUS)
+    warm = complete(s, b, max_tokens=24)
+    assert cached(warm) == CUT, "the prompt did not resume from the last run's checkpoint"
+    assert warm["choices"][0]["text"] == cold_complete(cold, b, max_tokens=24)["choices"][0]["text"]
+    assert disk(s, "reads_total") > 0
+    kill(s)
+    assert len(files(d)) > 2
     s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
     assert files(d) == [other] and disk(s, "checkpoints") == 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_index_starts_empty(start_server, tmp_path, damage):
+    d = tmp_path / "damaged"
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    a = tokenize(GENESIS)
+    complete(s, a)
+    idle(s)
+    assert not s.stop()
+    index = next(f for f in files(d) if f.name.endswith("-index"))
+    data = bytearray(index.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 1
+    else:
+        data = data[:len(data) // 2]
+    index.write_bytes(bytes(data))
+    s = start_server(*COMMON, "--cache-ram", "2M", "--cache-disk", str(d))
+    assert disk(s, "checkpoints") == 0 and files(d) == []
+    assert "starts empty" in s.stderr()
+    assert cached(complete(s, a)) == 0
 
 
 def test_no_disk_tier_no_disk_metrics(start_server):
