@@ -172,6 +172,7 @@ struct srv_enc {
      * comment ": ping" */
     void (*heartbeat)(srv_enc *e, sbuf *out);
     void (*destroy)(srv_enc *e);
+    char id[64];                 /* the response's id as the client sees it (the request log names it) */
 };
 
 /* The endpoints: each parses the request, fills the job (prompt, limits,

@@ -227,9 +227,10 @@ static void chat_destroy(srv_enc *e) {
 static chat_enc *chat_enc_new(const srv_ctx *ctx, json_t *req, int completions, int stream) {
     chat_enc *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, NULL, chat_destroy};
+    c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, NULL, chat_destroy, ""};
     c->completions = completions;
     srv_new_id(c->id, sizeof c->id, completions ? "cmpl-" : "chatcmpl-");
+    snprintf(c->base.id, sizeof c->base.id, "%s", c->id);
     (void)req;
     c->model = json_string(ctx->model_id);
     c->created = (long long)time(NULL);

@@ -368,8 +368,9 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     json_decref(tools);
     msg_enc *m = calloc(1, sizeof *m);
     if (!m) { srv_fail(e, 500, NULL, "out of memory"); return NULL; }
-    m->base = (srv_enc){stream, SRV_API_ANTHROPIC, msg_start, msg_event, msg_body, msg_heartbeat, msg_destroy};
+    m->base = (srv_enc){stream, SRV_API_ANTHROPIC, msg_start, msg_event, msg_body, msg_heartbeat, msg_destroy, ""};
     srv_new_id(m->id, sizeof m->id, "msg_");
+    snprintf(m->base.id, sizeof m->base.id, "%s", m->id);
     m->model = json_string(c->model_id);
     m->prompt_tokens = j->n_prompt;
     m->content = json_array();

@@ -491,10 +491,11 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     if (tools) j->tools_json = json_dumps(tools, JSON_COMPACT);
     resp_enc *r = calloc(1, sizeof *r);
     if (!r) { srv_fail(e, 500, NULL, "out of memory"); goto fail; }
-    r->base = (srv_enc){stream, SRV_API_OPENAI, resp_start, resp_event, resp_body, NULL, resp_destroy};
+    r->base = (srv_enc){stream, SRV_API_OPENAI, resp_start, resp_event, resp_body, NULL, resp_destroy, ""};
     r->store = c->responses;
     char id[64];
     srv_new_id(id, sizeof id, "resp_");
+    snprintf(r->base.id, sizeof r->base.id, "%s", id);
     json_t *req_tools = json_object_get(req, "tools");
     r->resp = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:O, s:O, s:O, s:[], s:b, s:o, s:b}", "id", id, "object", "response",
                         "created_at", (json_int_t)time(NULL), "status", "in_progress", "error", "incomplete_details",

@@ -261,17 +261,27 @@ typedef struct stream {
     double last_sent;
 } stream;
 
-static void log_done(srv_http *h, const route *rt, const srv_event *ev, double t0) {
+static const char *finish_word(srv_finish f) {
+    switch (f) {
+    case SRV_FINISH_EOS: return "eos";
+    case SRV_FINISH_LENGTH: return "length";
+    case SRV_FINISH_STOP: return "stop";
+    case SRV_FINISH_TOOL: return "tool";
+    default: return "cancel";
+    }
+}
+
+static void log_done(srv_http *h, const route *rt, const srv_enc *enc, const srv_event *ev, double t0) {
     FILE *f = h->p.log ? h->p.log : stderr;
     if (ev->kind == SRV_EV_ERROR) {
-        fprintf(f, "tern serve: %s failed: %s\n", rt->name, ev->text);
+        fprintf(f, "tern serve: %s %s failed: %s\n", rt->name, enc->id, ev->text);
         return;
     }
     const srv_usage *u = &ev->usage;
     double total = tern_now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
-    fprintf(f, "tern serve: %s prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
+    fprintf(f, "tern serve: %s %s %s, prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
             "first token %.1f ms (restore %.1f, prefill %.1f, snapshot %.1f), decode %.1f tok/s\n", rt->name,
-            u->prompt_tokens, u->cached_tokens, u->completion_tokens, total, (total - engine) * 1e3,
+            enc->id, finish_word(ev->finish), u->prompt_tokens, u->cached_tokens, u->completion_tokens, total, (total - engine) * 1e3,
             u->queue_s * 1e3, u->prefill_s * 1e3, u->restore_s * 1e3, u->eval_s * 1e3, u->snapshot_s * 1e3,
             u->decode_s > 0 && u->completion_tokens > 1 ? (u->completion_tokens - 1) / u->decode_s : 0.0);
     fflush(f);
@@ -284,7 +294,7 @@ static void stream_pump(stream *st, double wait_s, srv_event **failed) {
     srv_event *ev = srv_job_pop(st->job, wait_s);
     while (ev) {
         int end = ev->kind == SRV_EV_DONE || ev->kind == SRV_EV_ERROR;
-        if (end) log_done(st->h, st->rt, ev, st->t0);
+        if (end) log_done(st->h, st->rt, st->enc, ev, st->t0);
         st->ended = end;
         if (ev->kind == SRV_EV_ERROR && failed) {
             *failed = ev;
@@ -402,7 +412,7 @@ static int await_model(req *r, struct MHD_Connection *c, srv_ctx *ctx, srv_job *
         *rc = MHD_NO;
     } else {
         srv_event *ev = srv_job_pop(j, 0);
-        log_done(r->h, r->rt, ev, r->t_start);
+        log_done(r->h, r->rt, enc, ev, r->t_start);
         srv_err e;
         event_error(ev, &e);
         srv_event_free(ev);

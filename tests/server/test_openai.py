@@ -574,3 +574,14 @@ def test_responses_unsupported_field_400(client, param, extra):
 def test_unknown_fields_are_ignored(client):
     r = chat(client, max_tokens=5, extra_body={"frobnicate": {"x": [1, 2]}, "user": "u-1", "metadata": {"a": "b"}})
     assert r.usage.completion_tokens == 5
+
+
+def test_the_request_log_names_the_response(server, client):
+    """Each finished request's log line carries the id the client got and why it ended."""
+    r = chat(client, max_tokens=3)
+    s = client.chat.completions.create(model="tern-tiny", messages=[{"role": "user", "content": Q}], max_tokens=2,
+                                       stream=True)
+    sid = [c.id for c in s][0]
+    log = server.stderr()
+    assert f"tern serve: chat {r.id} length, prompt " in log, log[-2000:]
+    assert f"tern serve: chat {sid} length, prompt " in log, log[-2000:]

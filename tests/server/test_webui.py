@@ -204,7 +204,7 @@ def test_chat(browser, server, tmp_path):
     assert len(set(lengths)) >= 3 and lengths[-1] > lengths[0], f"the reply did not stream: lengths {lengths}"
     meta = p.el(".msg.assistant .meta").text
     assert "400 tokens" in meta and "tokens/s" in meta and "prompt" in meta and "cached" in meta, meta
-    assert "chat prompt" in server.stderr() and "completion 400" in server.stderr(), "max tokens reached the server"
+    assert " length, prompt " in server.stderr() and "completion 400" in server.stderr(), "max tokens reached the server"
     assert p.el(".msg.assistant .reasoning").get_attribute("hidden") is None, "the reasoning is shown apart"
     assert p.js("return document.querySelector('.msg.assistant .reasoning').open") is False, "collapsed when done"
 
