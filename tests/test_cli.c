@@ -211,3 +211,41 @@ Test(cli, tokenize_round_trip) {
     cr_assert_str_eq(out, "In the beginning, God\n");
     free(out);
 }
+
+/* The turn's prompt tokens when chat reads `input` (--json: one object a
+ * turn); *turns: the objects printed. */
+static int first_prompt(const char *input, int *turns) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf '%s' | %s chat --no-think --temp 0 -n 2 -t 2 --json 2>/dev/null", input,
+             tern_bin());
+    int rc, p = -1;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    *turns = 0;
+    for (const char *l = out; (l = strstr(l, "\"prompt_tokens\":")); l++) {
+        if (!(*turns)++) sscanf(l, "\"prompt_tokens\":%d", &p);
+    }
+    free(out);
+    return p;
+}
+
+static int rendered(const char *message) {
+    char text[512];
+    snprintf(text, sizeof text, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+             message);
+    return count_tokens(text);
+}
+
+/* A message of several lines: between lines of three quotes, or lines
+ * ending with a backslash; each is one turn. */
+Test(cli, chat_reads_a_message_of_several_lines) {
+    int turns;
+    cr_expect_eq(first_prompt("\"\"\"\\ndef f():\\n    return 1\\n\"\"\"\\nNext.\\n", &turns),
+                 rendered("def f():\n    return 1"));
+    cr_expect_eq(turns, 2);
+    cr_expect_eq(first_prompt("Say it\\\\\\nagain.\\nNext.\\n", &turns), rendered("Say it\nagain."));
+    cr_expect_eq(turns, 2);
+    cr_expect_eq(first_prompt("\"\"\"\\nfirst\\nlast\"\"\"\\n", &turns), rendered("first\nlast"));
+    cr_expect_eq(turns, 1);
+    cr_expect_eq(first_prompt("one line\\n", &turns), rendered("one line"));
+}

@@ -413,6 +413,44 @@ static int chat_turn(chat_state *c, const cli_opts *o, const char *user, int *tu
     return 0;
 }
 
+/* One user message from in (*buf, malloc'ed; NULL at EOF): a line, or
+ * several where a line ends with a backslash (dropped, the newline kept)
+ * or between lines of three double quotes (`"""` alone opens a block;
+ * a line ending with `"""` closes it). */
+static char *read_message(FILE *in, int tty, char **line, size_t *cap) {
+    char *msg = NULL;
+    size_t len = 0;
+    int block = 0, more = 1;
+    while (more) {
+        if (tty && (len || block)) { fprintf(stderr, ". "); fflush(stderr); }
+        ssize_t n = getline(line, cap, in);
+        if (n < 0) break;
+        while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = '\0';
+        char *t = *line;
+        more = 0;
+        if (!block && !len && !strcmp(t, "\"\"\"")) {
+            block = more = 1;
+            continue;
+        }
+        if (block) {
+            more = !(n >= 3 && !strcmp(t + n - 3, "\"\"\""));
+            if (!more) t[n -= 3] = '\0';
+        } else if (n > 0 && t[n - 1] == '\\') {
+            t[--n] = '\0';
+            more = 1;
+        }
+        char *m = realloc(msg, len + (size_t)n + 2);
+        if (!m) break;
+        msg = m;
+        if (len) msg[len++] = '\n';
+        memcpy(msg + len, t, (size_t)n);
+        len += (size_t)n;
+        msg[len] = '\0';
+    }
+    /* (a block left open at the end of input is what was read) */
+    return msg;
+}
+
 int cmd_chat(const cli_opts *o) {
     chat_state c;
     memset(&c, 0, sizeof c);
@@ -435,18 +473,18 @@ int cmd_chat(const cli_opts *o) {
     if (o->system) json_array_append_new(c.messages, json_pack("{s:s, s:s}", "role", "system", "content", o->system));
     install_sigint();
     int tty = isatty(STDIN_FILENO), turn = 0;
-    char *line = NULL;
+    char *line = NULL, *msg;
     size_t cap = 0;
     rc = 0;
     for (;;) {
         if (tty) { fprintf(stderr, "> "); fflush(stderr); }
         interrupted = 0;
-        ssize_t n = getline(&line, &cap, stdin);
-        if (n < 0) break;                       /* EOF, or Ctrl-C at the prompt */
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        if (n == 0) continue;
+        if (!(msg = read_message(stdin, tty, &line, &cap))) break;   /* EOF, or Ctrl-C at the prompt */
+        if (!*msg) { free(msg); continue; }
         if (!o->json) printf("\n");
-        if (chat_turn(&c, o, line, &turn) != 0) { rc = 1; break; }
+        int failed = chat_turn(&c, o, msg, &turn) != 0;
+        free(msg);
+        if (failed) { rc = 1; break; }
         if (!o->json) printf("\n");
     }
     free(line);
