@@ -228,6 +228,13 @@ int tern_session_eval_many(tern_session *const *s, const int32_t *const *tokens,
  * in one pass all the same). */
 int tern_model_batches(const tern_model *m);
 
+/* Locks the weights the model maps from its files (its resident tensors,
+ * and its routed experts when they are resident) in RAM, reading them in
+ * now, so memory pressure never sends a step back to the disk for them.
+ * Nothing to do for a model on a GPU (its weights are in device memory).
+ * Fails, naming the process's RLIMIT_MEMLOCK, where the system refuses. */
+int tern_model_lock(tern_model *m, tern_error *err);
+
 /* Number of tokens the session holds. */
 int tern_session_pos(const tern_session *s);
 

@@ -249,3 +249,35 @@ Test(cli, chat_reads_a_message_of_several_lines) {
     cr_expect_eq(turns, 1);
     cr_expect_eq(first_prompt("one line\\n", &turns), rendered("one line"));
 }
+
+/* 1 when this process (and the commands it runs) may lock memory past
+ * RLIMIT_MEMLOCK (CAP_IPC_LOCK, e.g. root). */
+static int can_lock_past_the_limit(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long caps = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "CapEff: %llx", &caps) == 1) break;
+    if (f) fclose(f);
+    return (caps >> 14) & 1;   /* CAP_IPC_LOCK */
+}
+
+/* --mlock: where RLIMIT_MEMLOCK applies and is below what the weights
+ * need, the command says so in one line and fails; with CAP_IPC_LOCK the
+ * limit does not apply and the run goes on (the server test checks the
+ * pages are locked). */
+Test(cli, mlock_names_the_limit_or_runs) {
+    char cmd[512];
+    int rc;
+    snprintf(cmd, sizeof cmd, "sh -c 'ulimit -l 1024 && exec %s run --mlock -p Hi -n 2 -t 2 --json' 2>&1", tern_bin());
+    char *out = run_sh(cmd, &rc);
+    if (can_lock_past_the_limit()) {
+        cr_expect_eq(rc, 0, "%s", out);
+        cr_expect(strstr(out, "\"generated_tokens\":2"), "%s", out);
+    } else {
+        cr_expect_neq(rc, 0, "%s", out);
+        cr_expect(strstr(out, "mlock") && strstr(out, "RLIMIT_MEMLOCK is 1 MiB"), "%s", out);
+        cr_expect_eq(strchr(out, '\n'), out + strlen(out) - 1, "not one line: %s", out);
+    }
+    free(out);
+}

@@ -25,6 +25,7 @@ typedef struct cli_opts {
     double rope_factor;          /* --rope-factor; 0 = --ctx over the native context */
     int kv_bits;                 /* --kv-bits */
     int json, stats, ignore_eos, think, reference;
+    int mlock;                   /* --mlock: the weights locked in RAM (tern_model_lock) */
     int hide_reasoning;          /* run, chat: the reasoning is not printed (--json keeps it) */
     uint64_t expert_budget;
     int expert_policy;

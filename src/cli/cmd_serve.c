@@ -213,5 +213,6 @@ int tern_cli_serve(int argc, char **argv) {
     if (o.n_predict != INT_MIN) p.max_tokens = o.n_predict;
     p.ignore_eos = o.ignore_eos;
     p.mtp = o.mtp;
+    p.mlock = o.mlock;
     return srv_run(&p);
 }

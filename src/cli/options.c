@@ -43,6 +43,7 @@ void cli_usage(FILE *f) {
         "                           page-locked host memory; disk: read from the model's files with O_DIRECT)\n"
         "  --stats                  print expert-streaming statistics after the run\n"
         "  --reference              plain fp32 reference kernels only (no SIMD)\n"
+        "  --mlock                  lock the weights in RAM (read in at load; never paged out)\n"
         "  --device auto|cpu|cuda[:N]  where the model runs (default auto: the GPU when this build has CUDA and\n"
         "                           the model is packed with resident experts, else the CPU)\n"
         "generation:\n"
@@ -164,6 +165,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--reference")) o->reference = 1;
+        else if (!strcmp(a, "--mlock")) o->mlock = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--think")) o->think = 1;
         else if (!strcmp(a, "--no-think")) o->think = 0;
@@ -227,6 +229,10 @@ tern_model *cli_load_model(const cli_opts *o) {
     tern_error err;
     const char *dir = cli_model_dir(o);
     tern_model *m = tern_model_load(dir, &lp, &err);
+    if (m && o->mlock && tern_model_lock(m, &err)) {
+        tern_model_free(m);
+        m = NULL;
+    }
     if (!m) {
         tern_flag_names(&err);
         fprintf(stderr, "tern: %s\n", err.msg);

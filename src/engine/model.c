@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -259,3 +260,32 @@ void tern_model_moe_shape(const tern_model *m, int *n_layers, int *n_experts, in
 }
 
 const char *tern_model_device(const tern_model *m) { return m->gpu ? tern_gpu_name(m) : "cpu"; }
+
+/* ---- locking the weights in RAM ----------------------------------------- */
+
+static int lock_region(const void *p, size_t n, size_t *locked, tern_error *err) {
+    if (!p || !n) return 0;
+    if (mlock(p, n) == 0) {
+        *locked += n;
+        return 0;
+    }
+    int e = errno;
+    struct rlimit rl;
+    char lim[48] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
+    else if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) snprintf(lim, sizeof lim, "%.0f MiB", rl.rlim_cur / 1048576.0);
+    return tern_fail(err, "mlock: the model's weights could not be locked in RAM (%.0f MiB more after %.0f MiB): %s "
+                     "(RLIMIT_MEMLOCK is %s; raise it, e.g. ulimit -l unlimited)",
+                     n / 1048576.0, *locked / 1048576.0, strerror(e), lim);
+}
+
+int tern_model_lock(tern_model *m, tern_error *err) {
+    if (m->gpu) return 0;
+    size_t locked = 0;
+    if (lock_region(m->ts.map, m->ts.map_size, &locked, err)) return -1;
+    for (int i = 0; i < m->ts.n_files; i++)
+        if (lock_region(m->ts.files[i].map, m->ts.files[i].size, &locked, err)) return -1;
+    for (int i = 0; m->expert_maps && i < expert_file_count(m); i++)
+        if (lock_region(m->expert_maps[i], m->expert_map_size, &locked, err)) return -1;
+    return 0;
+}

@@ -59,8 +59,12 @@ static void *signal_main(void *arg) {
 static void on_generation(void *ud, const srv_usage *u, double ttft_s) { srv_metrics_generation(ud, u, ttft_s); }
 
 static tern_model *load_model(const srv_params *p, tern_error *err) {
-    if (p->synth) return tern_model_synth(p->synth, &p->load, err);
-    return tern_model_load(p->model_dir, &p->load, err);
+    tern_model *m = p->synth ? tern_model_synth(p->synth, &p->load, err) : tern_model_load(p->model_dir, &p->load, err);
+    if (m && p->mlock && tern_model_lock(m, err)) {
+        tern_model_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 static const char *default_model_id(const srv_params *p, char *buf, size_t cap) {

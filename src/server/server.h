@@ -43,6 +43,7 @@ typedef struct srv_params {
     int slots, max_seqs, queue_limit, responses_store;
     int prefill_chunk;           /* a prompt's tokens a step while other requests generate; 0: the default */
     uint64_t kv_budget;          /* bytes of KV rows all sessions hold together; 0: no bound */
+    int mlock;                   /* each load locks the weights in RAM (tern_model_lock) */
     long long cache_ram;         /* prefix cache's host RAM budget in bytes; < 0: default_cache_bytes */
     long long cache_vram;        /* its device memory budget (a GPU model only); < 0: 4 GiB there */
     int checkpoint_interval;     /* prompt tokens between checkpoints of a long prefill; 0: none */

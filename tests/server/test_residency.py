@@ -246,3 +246,26 @@ def test_bad_residency_options(args, msg):
     p = subprocess.run([str(tern_bin()), "serve", "--port", "0", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode != 0 and msg in p.stderr, p.stderr
+
+
+def vm_kb(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_mlock_locks_the_weights(start_server):
+    """--mlock: the model file's pages are locked in RAM once it is loaded (where the process may lock that much:
+    tests/test_cli.c checks the refusal where it may not)."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    cap_ipc_lock = (int(next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1], 16) >> 14) & 1
+    if not cap_ipc_lock and soft != resource.RLIM_INFINITY and soft < 2 * WEIGHTS:
+        pytest.skip("this process may not lock the model's pages (RLIMIT_MEMLOCK); test_cli.c checks the refusal")
+    s = start_server("--mlock")
+    assert s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status == 200
+    assert vm_kb(s.proc.pid, "VmLck") * 1024 >= WEIGHTS
+    plain = start_server()
+    assert vm_kb(plain.proc.pid, "VmLck") * 1024 < WEIGHTS
