@@ -135,24 +135,41 @@ gt_table *gt_cache_get(tern_grammar_vocab *v, const gt_sig *s) {
     return t;
 }
 
+static int by_use(const void *a, const void *b) {
+    unsigned long long x = (*(gv_entry *const *)a)->used, y = (*(gv_entry *const *)b)->used;
+    return (x > y) - (x < y);
+}
+
+/* Over the budget: the least recently used tables no grammar holds go
+ * until a quarter of the budget is free, in one pass (a sort, then the
+ * array compacted and the index rebuilt once), so a cache that stays full
+ * costs a pass per quarter of its budget, not a scan per table added. */
 static void cache_evict(tern_grammar_vocab *v) {
-    int removed = 0;
-    while (v->cache_bytes > v->cache_budget) {
-        int victim = -1;
-        for (int i = 0; i < v->n_cache; i++)
-            if (!v->cache[i].refs && (victim < 0 || v->cache[i].used < v->cache[victim].used)) victim = i;
-        if (victim < 0) break;
-        v->cache_bytes -= v->cache[victim].t->bytes + v->cache[victim].klen;
-        gt_table_free(v->cache[victim].t);
-        free(v->cache[victim].key);
-        /* the last entry takes the victim's place (unless it was the last) */
-        if (victim != --v->n_cache) {
-            v->cache[victim] = v->cache[v->n_cache];
-            v->cache[victim].t->slot = victim;
-        }
-        removed = 1;
+    if (v->cache_bytes <= v->cache_budget) return;
+    gv_entry **free_ones = malloc((size_t)v->n_cache * sizeof *free_ones);
+    if (!free_ones) return;   /* (over budget until the next put) */
+    int n = 0;
+    for (int i = 0; i < v->n_cache; i++)
+        if (!v->cache[i].refs) free_ones[n++] = &v->cache[i];
+    qsort(free_ones, (size_t)n, sizeof *free_ones, by_use);
+    size_t low = v->cache_budget / 4 * 3;
+    for (int k = 0; k < n && v->cache_bytes > low; k++) {
+        gv_entry *e = free_ones[k];
+        v->cache_bytes -= e->t->bytes + e->klen;
+        gt_table_free(e->t);
+        free(e->key);
+        e->t = NULL;
     }
-    if (removed) index_rebuild(v, v->index_cap);   /* (the same size: it cannot fail) */
+    free(free_ones);
+    int kept = 0;
+    for (int i = 0; i < v->n_cache; i++) {
+        if (!v->cache[i].t) continue;
+        v->cache[kept] = v->cache[i];
+        v->cache[kept].t->slot = kept;
+        kept++;
+    }
+    v->n_cache = kept;
+    index_rebuild(v, v->index_cap);   /* (the same size: it cannot fail) */
 }
 
 gt_table *gt_cache_put(tern_grammar_vocab *v, const gt_sig *s, gt_table *t) {
