@@ -680,11 +680,15 @@ static int index_of(const srv_sched *s, const active *a) {
 }
 
 /* Job a steps out until its rows fit again: a checkpoint of its state,
- * the ids it goes on from kept, its rows given back. */
+ * the ids it goes on from kept, its rows given back. The job being
+ * prefilled (its prompt, or all it held before it was preempted once)
+ * goes on from its src. */
 static int park(srv_sched *s, active *a, tern_error *err) {
     slot *sl = a->r.sl;
     int held = tern_session_pos(sl->s);
-    if (a->gen) {
+    if (a == s->pre) {
+        s->pre = NULL;
+    } else {
         /* a generating job holds all its ids but the last drawn, which its
          * next step evaluates */
         if (!sl->live || held != sl->n_toks - 1) return tern_fail(err, "the request's tokens were lost (out of memory)");
@@ -694,8 +698,6 @@ static int park(srv_sched *s, active *a, tern_error *err) {
         free(a->redo);
         a->src = a->redo = t;
         a->n_src = sl->n_toks;
-    } else {
-        s->pre = NULL;   /* (a job without a generation is the one prefilled) */
     }
     checkpoint_at(s, sl, held, &a->u, 1);
     release_slot(sl);
