@@ -354,6 +354,14 @@ static int prefill(srv_sched *s, active *a, tern_error *err) {
     return 0;
 }
 
+/* A request's own mtp field turned the head's tracking on (or auto off)
+ * for its generation only: the slot's later prompts go as the server
+ * says. */
+static void mtp_as_served(srv_sched *s, const active *a) {
+    tern_error e;
+    if (a->gp.mtp_depth) tern_session_set_mtp(a->r.sl->s, s->p.mtp_track, &e);
+}
+
 /* A job that ends before its generation, or preempted before it is back
  * (rc 1: cancelled, else failed with err): the generation and the parser
  * go, the slot is freed (and dropped on a failure), the job's last event
@@ -362,12 +370,11 @@ static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
     slot *sl = a->r.sl;
     if (a->gen) {   /* preempted mid-generation, on its way back */
         tern_gen_stats st;
-        tern_error e;
         tern_gen_end(a->gen, 0, &st);
         a->gen = NULL;
         a->u.completion_tokens = st.n_generated;
-        if (a->gp.mtp_depth && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, &e);
     }
+    mtp_as_served(s, a);
     tern_output_parser_destroy(a->r.parser);
     a->r.parser = NULL;
     sl->busy = 0;
@@ -466,10 +473,7 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
          * a next prompt that continues it as generated */
         if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
     }
-    /* a request's own mtp field turned the head's tracking on (or auto
-     * off) for this generation only: the slot's later prompts go as the
-     * server says */
-    if (a->gp.mtp_depth) tern_session_set_mtp(sl->s, s->p.mtp_track, err);
+    mtp_as_served(s, a);
     if (s->cache) pcache_trim(s->cache);
 }
 
