@@ -503,6 +503,13 @@ static void retire(srv_sched *s, int i) {
     srv_job_release(j);
 }
 
+/* The index of running job a. */
+static int index_of(const srv_sched *s, const active *a) {
+    int i = 0;
+    while (s->act[i] != a) i++;
+    return i;
+}
+
 /* The generation's start in a batched scheduler, once the prefill is
  * done. */
 static int begin_gen(srv_sched *s, active *a, tern_error *err) {
@@ -538,8 +545,7 @@ static void run_one(srv_sched *s, int i) {
  * has left. */
 static int pre_chunk(srv_sched *s, int *from, int *to) {
     active *a = s->pre;
-    int i = 0;
-    while (s->act[i] != a) i++;
+    int i = index_of(s, a);
     if (atomic_load(&a->j->cancel)) {
         s->pre = NULL;
         end_early(s, a, 1, NULL);
@@ -675,12 +681,6 @@ static int admits(srv_sched *s, const srv_job *j) {
     if (need - idle > s->p.kv_budget) return 0;
     free_idle(s, need);
     return 1;
-}
-
-static int index_of(const srv_sched *s, const active *a) {
-    int i = 0;
-    while (s->act[i] != a) i++;
-    return i;
 }
 
 /* Job a steps out until its rows fit again: a checkpoint of its state,
