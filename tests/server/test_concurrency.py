@@ -363,6 +363,12 @@ def test_kv_budget_bounds_one_request(start_server):
     assert r.status == 400, r
     assert "KV budget" in r.json()["error"]["message"]
     assert server.post("/v1/chat/completions", chat_body("Hi", max_tokens=4)).status == 200
+    assert server.metric("tern_kv_bytes") > 0
+    deadline = time.monotonic() + 20
+    while server.post("/v1/models/unload", {}).status != 200:
+        assert time.monotonic() < deadline, "the model was not unloaded"
+        time.sleep(0.05)
+    assert server.metric("tern_kv_bytes") == 0, "the unloaded sessions' rows are still counted"
 
 
 def drain(socks):
