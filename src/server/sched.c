@@ -674,9 +674,11 @@ static uint64_t free_idle(srv_sched *s, uint64_t need) {
 }
 
 /* Whether queued job j's prompt fits beside the running jobs, idle rows
- * given back as far as it needs (a job alone always fits: start_job). */
+ * given back as far as it needs, before its start restores a checkpoint
+ * (a prompt within max_tokens fits alone; a longer one start_job
+ * refuses). */
 static int admits(srv_sched *s, const srv_job *j) {
-    if (!s->p.kv_budget || s->n_act == 0) return 1;
+    if (!s->p.kv_budget || j->n_prompt > s->kv.max_tokens) return 1;
     uint64_t idle, need = kv_total(s, &idle) + tern_session_kv_bytes_at(s->slots[0].s, j->n_prompt, 1);
     if (need - idle > s->p.kv_budget) return 0;
     free_idle(s, need);
