@@ -869,7 +869,7 @@ Test(mtp, auto_turns_drafts_off_where_they_lose) {
     mtp_auto_init(&a);
     int count[TERN_MTP_MAX_DEPTH + 1] = {0};
     const int tok[] = {1, 1, 2, 2};
-    const double sec[] = {1.0, 1.3, 2.2, 3.0};   /* 1, 0.77, 0.91, 0.67 */
+    const double sec[] = {1.0, 1.3, 2.5, 3.0};   /* 1, 0.77, 0.8, 0.67 */
     drive(&a, tok, sec, 1000, count);
     cr_expect_eq(mtp_auto_best(&a), 0);
     cr_expect_gt(count[0], 900, "no drafts for %d of 1000 steps", count[0]);

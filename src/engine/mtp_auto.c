@@ -10,7 +10,7 @@
 
 void mtp_auto_init(mtp_auto *a) { memset(a, 0, sizeof *a); }
 
-static double rate(const mtp_auto *a, int d);
+static double rate(const mtp_auto *a, int d) { return a->sec[d] > 0 ? a->tok[d] / a->sec[d] : 0; }
 
 int mtp_auto_best(const mtp_auto *a) {
     int best = 0;
@@ -24,8 +24,6 @@ int mtp_auto_best(const mtp_auto *a) {
     }
     return best;
 }
-
-static double rate(const mtp_auto *a, int d) { return a->sec[d] > 0 ? a->tok[d] / a->sec[d] : 0; }
 
 static int no_drafts_lead(const mtp_auto *a) {
     for (int d = 1; d < DEPTHS; d++)

@@ -179,6 +179,7 @@ static void unload(srv_sched *s, const char *why) {
             mib(srv_rss_bytes()));
     pthread_mutex_lock(&s->mu);
     s->rs.unloads++;
+    s->kv.held = 0;   /* (the sessions and their rows are gone) */
 }
 
 /* Waits on the condition until the monotonic time `until` (the lock held). */

@@ -354,6 +354,14 @@ static int prefill(srv_sched *s, active *a, tern_error *err) {
     return 0;
 }
 
+/* A request's own mtp field turned the head's tracking on (or auto off)
+ * for its generation only: the slot's later prompts go as the server
+ * says. */
+static void mtp_as_served(srv_sched *s, const active *a) {
+    tern_error e;
+    if (a->gp.mtp_depth) tern_session_set_mtp(a->r.sl->s, s->p.mtp_track, &e);
+}
+
 /* A job that ends before its generation, or preempted before it is back
  * (rc 1: cancelled, else failed with err): the generation and the parser
  * go, the slot is freed (and dropped on a failure), the job's last event
@@ -362,12 +370,11 @@ static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
     slot *sl = a->r.sl;
     if (a->gen) {   /* preempted mid-generation, on its way back */
         tern_gen_stats st;
-        tern_error e;
         tern_gen_end(a->gen, 0, &st);
         a->gen = NULL;
         a->u.completion_tokens = st.n_generated;
-        if (a->gp.mtp_depth && !s->p.mtp_track) tern_session_set_mtp(sl->s, 0, &e);
     }
+    mtp_as_served(s, a);
     tern_output_parser_destroy(a->r.parser);
     a->r.parser = NULL;
     sl->busy = 0;
@@ -466,10 +473,7 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
          * a next prompt that continues it as generated */
         if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
     }
-    /* a request's own mtp field turned the head's tracking on (or auto
-     * off) for this generation only: the slot's later prompts go as the
-     * server says */
-    if (a->gp.mtp_depth) tern_session_set_mtp(sl->s, s->p.mtp_track, err);
+    mtp_as_served(s, a);
     if (s->cache) pcache_trim(s->cache);
 }
 
@@ -497,6 +501,13 @@ static void retire(srv_sched *s, int i) {
     free(a->redo);
     free(a);
     srv_job_release(j);
+}
+
+/* The index of running job a. */
+static int index_of(const srv_sched *s, const active *a) {
+    int i = 0;
+    while (s->act[i] != a) i++;
+    return i;
 }
 
 /* The generation's start in a batched scheduler, once the prefill is
@@ -534,8 +545,7 @@ static void run_one(srv_sched *s, int i) {
  * has left. */
 static int pre_chunk(srv_sched *s, int *from, int *to) {
     active *a = s->pre;
-    int i = 0;
-    while (s->act[i] != a) i++;
+    int i = index_of(s, a);
     if (atomic_load(&a->j->cancel)) {
         s->pre = NULL;
         end_early(s, a, 1, NULL);
@@ -664,27 +674,27 @@ static uint64_t free_idle(srv_sched *s, uint64_t need) {
 }
 
 /* Whether queued job j's prompt fits beside the running jobs, idle rows
- * given back as far as it needs (a job alone always fits: start_job). */
+ * given back as far as it needs, before its start restores a checkpoint
+ * (a prompt within max_tokens fits alone; a longer one start_job
+ * refuses). */
 static int admits(srv_sched *s, const srv_job *j) {
-    if (!s->p.kv_budget || s->n_act == 0) return 1;
+    if (!s->p.kv_budget || j->n_prompt > s->kv.max_tokens) return 1;
     uint64_t idle, need = kv_total(s, &idle) + tern_session_kv_bytes_at(s->slots[0].s, j->n_prompt, 1);
     if (need - idle > s->p.kv_budget) return 0;
     free_idle(s, need);
     return 1;
 }
 
-static int index_of(const srv_sched *s, const active *a) {
-    int i = 0;
-    while (s->act[i] != a) i++;
-    return i;
-}
-
 /* Job a steps out until its rows fit again: a checkpoint of its state,
- * the ids it goes on from kept, its rows given back. */
+ * the ids it goes on from kept, its rows given back. The job being
+ * prefilled (its prompt, or all it held before it was preempted once)
+ * goes on from its src. */
 static int park(srv_sched *s, active *a, tern_error *err) {
     slot *sl = a->r.sl;
     int held = tern_session_pos(sl->s);
-    if (a->gen) {
+    if (a == s->pre) {
+        s->pre = NULL;
+    } else {
         /* a generating job holds all its ids but the last drawn, which its
          * next step evaluates */
         if (!sl->live || held != sl->n_toks - 1) return tern_fail(err, "the request's tokens were lost (out of memory)");
@@ -694,8 +704,6 @@ static int park(srv_sched *s, active *a, tern_error *err) {
         free(a->redo);
         a->src = a->redo = t;
         a->n_src = sl->n_toks;
-    } else {
-        s->pre = NULL;   /* (a job without a generation is the one prefilled) */
     }
     checkpoint_at(s, sl, held, &a->u, 1);
     release_slot(sl);

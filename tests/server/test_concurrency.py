@@ -363,6 +363,12 @@ def test_kv_budget_bounds_one_request(start_server):
     assert r.status == 400, r
     assert "KV budget" in r.json()["error"]["message"]
     assert server.post("/v1/chat/completions", chat_body("Hi", max_tokens=4)).status == 200
+    assert server.metric("tern_kv_bytes") > 0
+    deadline = time.monotonic() + 20
+    while server.post("/v1/models/unload", {}).status != 200:
+        assert time.monotonic() < deadline, "the model was not unloaded"
+        time.sleep(0.05)
+    assert server.metric("tern_kv_bytes") == 0, "the unloaded sessions' rows are still counted"
 
 
 def drain(socks):
@@ -399,3 +405,40 @@ def test_kv_budget_client_leaving_while_preempted(start_server):
     assert server.metric("tern_generations_total") == 0, "the long streams ended first: the test proves nothing"
     for s in longs:
         s.close()
+
+
+def test_kv_budget_preempted_again_while_recomputed(start_server):
+    # Without a cache a preempted request comes back by prefilling all it held again, in chunks (8 tokens a step
+    # here); a request beside it that grows then preempts it again, mid-prefill. A (100-token prompt) and X run
+    # first; B (480-token prompt) passes 512 positions (1 MiB) and is preempted when A passes 256. When A ends, X
+    # is short of 512 positions and B comes back beside it (512K + 1M); X passes 512 while B is prefilled again.
+    server = start_server(*SERVER_ARGS, "--slots", "3", "--max-seqs", "3", "--kv-budget", "1536K",
+                          "--cache-ram", "0", "--prefill-chunk", "8")
+    bodies = {"A": chat_body("word " * 90, max_tokens=480), "X": chat_body("Fortune X.", max_tokens=560),
+              "B": chat_body("word " * 470, max_tokens=300)}
+    got = {}
+
+    def run(name):
+        try:
+            got[name] = stream_text(server, bodies[name])
+        except Exception as e:  # noqa: BLE001 -- reported below
+            got[name] = e
+
+    threads = {n: threading.Thread(target=run, args=(n,)) for n in bodies}
+    threads["A"].start()
+    time.sleep(0.05)
+    threads["X"].start()
+    deadline = time.monotonic() + 30
+    while server.metric("tern_requests_generating") < 2:
+        assert time.monotonic() < deadline, "A and X did not start"
+    threads["B"].start()
+    for t in threads.values():
+        t.join(300)
+    errors = {n: g for n, g in got.items() if isinstance(g, Exception)}
+    assert not errors, errors
+    assert server.metric("tern_preemptions_total") >= 2, "B was not preempted twice: the test proves nothing"
+    for name, body in bodies.items():
+        content, _, finish, done, _, raw = got[name]
+        assert done and finish == "length", f"{name}: {raw[-300:]!r}"
+        alone = server.post("/v1/chat/completions", body).json()
+        assert content == alone["choices"][0]["message"]["content"], f"{name}: preempted text differs from alone"
