@@ -115,6 +115,10 @@ typedef struct srv_prompt_opts {
  * the job: the prompt, its boundary (the tokens before the generation
  * prompt), whether it opens the reasoning; refuses a prompt the context
  * cannot hold. tools may be NULL. */
+/* A prompt the sessions can hold: within the context, and within what the
+ * KV budget gives one request (where the model is loaded); a 400 naming
+ * param (code context_length_exceeded) otherwise. */
+int srv_check_prompt_len(const srv_ctx *c, const srv_job *j, const char *param, srv_err *e);
 int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
                           srv_err *e);
 /* Tokenizes text (locks the tokenizer). */

@@ -420,12 +420,7 @@ static int completion_prompt(srv_ctx *c, json_t *prompt, srv_job *j, srv_err *e)
         return srv_fail(e, 400, "prompt", "prompt must be a string, a list of token ids, or a list of one of those");
     }
     if (j->n_prompt == 0) return srv_fail(e, 400, "prompt", "prompt is empty");
-    if (j->n_prompt >= c->n_ctx) {
-        srv_fail(e, 400, "prompt", "the prompt is %d tokens; the context holds %d (tern serve --ctx)", j->n_prompt, c->n_ctx);
-        e->code = "context_length_exceeded";
-        return -1;
-    }
-    return 0;
+    return srv_check_prompt_len(c, j, "prompt", e);
 }
 
 srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {

@@ -124,9 +124,9 @@ static uint64_t random_u64(void) {
 static int parse_mtp(const srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     long long n = TERN_MTP_AUTO;
     json_t *v = json_object_get(req, "mtp");
-    if (!(json_is_string(v) && !strcmp(json_string_value(v), "auto")) &&
-        srv_get_int(req, "mtp", 0, TERN_MTP_MAX_DEPTH, c->mtp, &n, e))
-        return -1;
+    if (json_is_string(v) && strcmp(json_string_value(v), "auto"))
+        return srv_fail(e, 400, "mtp", "mtp must be an integer in [0, %d] or \"auto\"", TERN_MTP_MAX_DEPTH);
+    if (!json_is_string(v) && srv_get_int(req, "mtp", 0, TERN_MTP_MAX_DEPTH, c->mtp, &n, e)) return -1;
     if (n && c->mtp_why) return srv_fail(e, 400, "mtp", "mtp: %s", c->mtp_why);
     j->mtp = (int)n;
     return 0;
@@ -500,6 +500,21 @@ static int tokenize_chat(srv_ctx *c, srv_job *j, const char *text, srv_err *e) {
     return append_text(c, j, text + head, len - head, e);
 }
 
+int srv_check_prompt_len(const srv_ctx *c, const srv_job *j, const char *param, srv_err *e) {
+    srv_kv_stats kv = {0};
+    if (c->sched) srv_sched_kv_stats(c->sched, &kv);
+    if (j->n_prompt >= c->n_ctx)
+        srv_fail(e, 400, param, "the prompt is %d tokens; the context holds %d (tern serve --ctx)", j->n_prompt,
+                 c->n_ctx);
+    else if (kv.max_tokens && j->n_prompt > kv.max_tokens)
+        srv_fail(e, 400, param, "the prompt is %d tokens; the server's KV budget holds %d for one request (tern serve "
+                 "--kv-budget)", j->n_prompt, kv.max_tokens);
+    else
+        return 0;
+    e->code = "context_length_exceeded";
+    return -1;
+}
+
 int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
                           srv_err *e) {
     char *mj = json_dumps(messages, JSON_COMPACT), *tj = tools ? json_dumps(tools, JSON_COMPACT) : NULL;
@@ -517,12 +532,7 @@ int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv
     size_t len = strlen(text);
     const char *open = "<think>\n";
     j->start_in_reasoning = len >= strlen(open) && !strcmp(text + len - strlen(open), open);
-    if (j->n_prompt >= c->n_ctx) {
-        srv_fail(e, 400, "messages", "the prompt is %d tokens; the context holds %d (tern serve --ctx)", j->n_prompt,
-                 c->n_ctx);
-        e->code = "context_length_exceeded";
-        goto done;
-    }
+    if (srv_check_prompt_len(c, j, "messages", e)) goto done;
     rc = 0;
 done:
     free(mj);

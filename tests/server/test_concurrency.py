@@ -359,9 +359,10 @@ def test_kv_budget_bounds_one_request(start_server):
     assert 512 < u["prompt_tokens"] + u["completion_tokens"] <= 1024, u
     assert server.metric("tern_kv_bytes") <= 1536 * 1024
     long_prompt = chat_body("word " * 1100, max_tokens=4)
-    r = server.post("/v1/chat/completions", long_prompt)
-    assert r.status == 400, r
-    assert "KV budget" in r.json()["error"]["message"]
+    for stream in (False, True):
+        r = server.post("/v1/chat/completions", dict(long_prompt, stream=stream))
+        assert r.status == 400, r
+        assert "KV budget" in r.json()["error"]["message"] and r.json()["error"]["code"] == "context_length_exceeded"
     assert server.post("/v1/chat/completions", chat_body("Hi", max_tokens=4)).status == 200
     assert server.metric("tern_kv_bytes") > 0
     deadline = time.monotonic() + 20

@@ -68,6 +68,8 @@ def test_bad_depth(server, value):
     assert r.status == 400, r
     err = r.json()["error"]
     assert err["param"] == "mtp" and "mtp" in err["message"], err
+    if isinstance(value, str):
+        assert '"auto"' in err["message"], err
 
 
 def test_together_same_as_alone(server, plain):
