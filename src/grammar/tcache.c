@@ -151,6 +151,10 @@ static void cache_evict(tern_grammar_vocab *v) {
     int n = 0;
     for (int i = 0; i < v->n_cache; i++)
         if (!v->cache[i].refs) free_ones[n++] = &v->cache[i];
+    if (!n) {   /* every table is held: nothing to compact or re-index */
+        free(free_ones);
+        return;
+    }
     qsort(free_ones, (size_t)n, sizeof *free_ones, by_use);
     size_t low = v->cache_budget / 4 * 3;
     for (int k = 0; k < n && v->cache_bytes > low; k++) {
