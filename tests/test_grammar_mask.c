@@ -14,6 +14,7 @@
 
 #include "grammar/compiled.h"
 #include "grammar/matcher.h"
+#include "grammar/tables.h"
 #include "tern.h"
 #include "testutil.h"
 
@@ -227,6 +228,7 @@ Test(grammar_mask, an_evicting_table_cache_stays_consistent) {
             tern_grammar_destroy(again);
             free(check_walk(&f, g[i], 40, 40, 17 + i, "held through eviction", NULL));
             tern_grammar_destroy(g[i]);
+            cr_assert_eq(gt_cache_check(f.v), 0, "round %d, grammar %d", round, i);
         }
         cr_expect_eq(f.v->n_cache, 0, "tables no grammar holds stay cached");
     }
@@ -296,5 +298,49 @@ Test(grammar_mask, schema_budgets_leave_room_to_end) {
     }
     closedir(d);
     json_decref(budgets);
+    vocab_close(&f);
+}
+
+/* A budget a few grammars overflow: tables are evicted a part at a time
+ * while other grammars hold theirs, and after every grammar made or
+ * freed each entry keeps its slot and its place in the index, the cache
+ * is within its budget unless every table is held, and the masks of the
+ * grammars still held are right. */
+Test(grammar_mask, partial_evictions_keep_the_table_cache_sound) {
+    vocab_fixture f;
+    vocab_open(&f, "models/tern-tiny");
+    tern_grammar_spec specs[] = {{.json_object = 1},
+                                 {.tools_json = TOOLS, .tools_required = 1, .parallel_tool_calls = 1},
+                                 {.tools_json = TOOLS, .tools_required = 1, .after_think = 1},
+                                 {.gbnf = GBNF},
+                                 {.json_object = 1, .after_think = 1}};
+    enum { N = sizeof specs / sizeof *specs };
+    tern_error err;
+    tern_grammar *g[N] = {0};
+    for (int i = 0; i < N; i++) cr_assert((g[i] = tern_grammar_create(&specs[i], f.v, &err)), "%s", err.msg);
+    f.v->cache_budget = f.v->cache_bytes / 3;   /* (the releases evict to it) */
+    for (int i = 0; i < N; i++) tern_grammar_destroy(g[i]), g[i] = NULL;
+    cr_assert_eq(gt_cache_check(f.v), 0);
+    uint64_t seed = 99;
+    int partial = 0;
+    for (int op = 0; op < 60; op++) {
+        int i = (int)(rnd(&seed) % N), before = f.v->n_cache, others = 0;
+        for (int k = 0; k < N; k++) others += k != i && g[k];
+        if (g[i]) {
+            tern_grammar_destroy(g[i]);
+            g[i] = NULL;
+        } else {
+            cr_assert((g[i] = tern_grammar_create(&specs[i], f.v, &err)), "%s", err.msg);
+        }
+        cr_assert_eq(gt_cache_check(f.v), 0, "after op %d", op);
+        partial += others && f.v->n_cache > 0 && f.v->n_cache < before;
+        if (op % 10 == 9)
+            for (int k = 0; k < N; k++)
+                if (g[k]) free(check_walk(&f, g[k], 12, -1, 31 + (uint64_t)op + (uint64_t)k, "held", NULL));
+    }
+    cr_expect_gt(partial, 0, "no eviction left part of the cache while other grammars held tables");
+    for (int i = 0; i < N; i++) tern_grammar_destroy(g[i]);
+    cr_expect_eq(gt_cache_check(f.v), 0);
+    cr_expect_leq(f.v->cache_bytes, f.v->cache_budget);
     vocab_close(&f);
 }

@@ -81,5 +81,9 @@ int gt_compile(tern_grammar_vocab *v, const gr_grammar *g, gt_table ***out, tern
 void gt_release(tern_grammar_vocab *v, gt_table **tabs, int n);
 /* Frees every cached table (the vocabulary's end). */
 void gt_cache_clear(tern_grammar_vocab *v);
+/* The cache's invariants (tests): each entry's table knows its slot and
+ * the index finds it, the bytes add up, and the cache is within its
+ * budget unless every table is held. 0, or -1. */
+int gt_cache_check(tern_grammar_vocab *v);
 
 #endif

@@ -227,3 +227,23 @@ void gt_cache_clear(tern_grammar_vocab *v) {
     v->index_cap = 0;
     v->cache_bytes = 0;
 }
+
+int gt_cache_check(tern_grammar_vocab *v) {
+    pthread_mutex_lock(&v->mu);
+    size_t bytes = 0;
+    int held = 0, rc = 0;
+    for (int i = 0; i < v->n_cache && rc == 0; i++) {
+        const gv_entry *e = &v->cache[i];
+        gt_sig s = {.b = e->key, .n = e->klen, .h = e->h};
+        if (!e->t || !e->t->cached || e->t->slot != i || e->refs < 0 || index_find(v, &s) != e) rc = -1;
+        else bytes += e->t->bytes + e->klen, held += e->refs > 0;
+    }
+    int indexed = 0;
+    for (uint32_t k = 0; k < v->index_cap; k++) {
+        indexed += v->index[k] != 0;
+        if (v->index[k] > (uint32_t)v->n_cache) rc = -1;
+    }
+    if (rc == 0 && (indexed != v->n_cache || bytes != v->cache_bytes || (bytes > v->cache_budget && held < v->n_cache))) rc = -1;
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
