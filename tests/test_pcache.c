@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "server/pcache.h"
+#include "server/pcdisk.h"
+#include "util/sha256.h"
 #include "tern.h"
 #include "testutil.h"
 
@@ -380,6 +383,7 @@ Test(pcache, random_spills_keep_both_tiers_sound) {
         cr_assert_eq(files_in(dir), stats(c).disk_checkpoints, "after op %d", op);
     }
     cr_expect_gt(stats(c).disk_reads, 0);
+    fprintf(stderr, "DBG inserted %llu evicted %llu reads %llu writes %llu corrupt %llu\n", stats(c).inserted, stats(c).evicted, stats(c).disk_reads, stats(c).disk_writes, stats(c).disk_corrupt);
     pcache_destroy(c);
     rmdir(dir);
 }
@@ -540,4 +544,154 @@ Test(pcache, adoption_keeps_within_a_smaller_budget) {
     cr_expect_eq(found(c, t, 64), 8 * n, "the chain's first checkpoints stay");
     pcache_destroy(c);
     rmdir(dir);
+}
+
+/* ---- a damaged or hostile index ---------------------------------------- */
+
+/* chain_in_ram's chain persisted (serials 1 to 4 at depths 8 to 32, each
+ * after the first continuing its base's rows); file[k]: its files' paths,
+ * bytes[k] their sizes. */
+static void persisted_chain(const int32_t *t, char **dir, char file[5][512], uint64_t bytes[5]) {
+    tern_error err;
+    pcache *c = chain_in_ram((int32_t *)t, dir);
+    cr_assert_eq(pcache_persist(c, &err), 4, "%s", err.msg);
+    pcache_destroy(c);
+    char id[65];
+    cr_assert_eq(tern_model_identity(model, id, &err), 0);
+    for (int k = 1; k <= 4; k++) {
+        struct stat st;
+        snprintf(file[k], 512, "%s/%s-%016llx-%d.snap", *dir, id, (unsigned long long)pcdisk_hash(t, 8 * k), k);
+        cr_assert_eq(stat(file[k], &st), 0, "%s", file[k]);
+        bytes[k] = (uint64_t)st.st_size;
+    }
+}
+
+static pcdisk_entry chain_entry(const int32_t *t, const uint64_t *bytes, int k) {
+    return (pcdisk_entry){{pcdisk_hash(t, 8 * k), (uint64_t)k}, (uint64_t)(k - 1), bytes[k], k > 1, 8 * k, t};
+}
+
+static void write_index(const char *dir, const pcdisk_entry *e, int n) {
+    tern_error err;
+    pcdisk *d = pcdisk_open(dir, model, &err);
+    cr_assert_not_null(d, "%s", err.msg);
+    cr_assert_eq(pcdisk_write_index(d, e, n, &err), 0, "%s", err.msg);
+    pcdisk_close(d);
+}
+
+/* A new cache adopts what dir holds (*adopted: the count, -1 on an error);
+ * then, as the scheduler does, the deepest checkpoint starting t[0..64)
+ * is read back until one reads: restored, it must hold as many tokens as
+ * its depth. The depth restored (0: none); the directory is removed. */
+static int adopt_and_restore(const char *dir, const int32_t *t, int *adopted) {
+    tern_error err;
+    pcache *c = pcache_create(0, 100 * S);
+    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
+    *adopted = pcache_adopt_disk(c, &err);
+    cr_assert_eq(pcache_check(c), 0);
+    cr_assert_eq(files_in(dir), stats(c).disk_checkpoints, "the files the index does not name are deleted");
+    pc_node *nd;
+    while ((nd = pcache_lookup(c, t, 64)) && pcache_load(c, nd, &err)) cr_assert_eq(pcache_check(c), 0);
+    int depth = 0;
+    if (nd) {
+        tern_session *s2 = tern_session_create(model, NULL, &err);
+        cr_assert_eq(tern_session_restore(s2, pc_node_snapshot(nd), &err), 0, "%s", err.msg);
+        depth = pc_node_depth(nd);
+        cr_expect_eq(tern_session_pos(s2), depth, "a checkpoint restored for tokens it was not taken after");
+        tern_session_destroy(s2);
+    }
+    pcache_destroy(c);
+    cr_assert_eq(files_in(dir), 0);
+    rmdir(dir);
+    return depth;
+}
+
+/* Entries the index names wrongly are skipped, with those continuing
+ * their rows: never restored for other tokens, and the tree stays sound. */
+Test(pcache, an_index_naming_checkpoints_wrongly_is_not_trusted) {
+    int32_t t[64], u[64];
+    seq(t, 64, 100);
+    seq(u, 64, 300);
+    enum { SELF_BASE, LATER_BASE, TWICE, OTHER_TOKENS, OTHER_SIZE, MISSING, SWAPPED_BASE, CASES };
+    static const int want_adopted[CASES] = {1, 1, 4, 1, 2, 1, 3}, want_depth[CASES] = {8, 8, 32, 8, 16, 8, 8};
+    for (int k = 0; k < CASES; k++) {
+        char *dir, file[5][512];
+        uint64_t bytes[5];
+        persisted_chain(t, &dir, file, bytes);
+        pcdisk_entry e[6];
+        int n = 4;
+        for (int i = 0; i < 4; i++) e[i] = chain_entry(t, bytes, i + 1);
+        if (k == SELF_BASE) e[1].base = 2;
+        if (k == LATER_BASE) e[1].base = 3;
+        if (k == TWICE) {
+            /* the same checkpoint twice, and a copy of a file under another serial */
+            char cmd[1200];
+            snprintf(cmd, sizeof cmd, "cp %s %.*s-1.snap", file[2], (int)(strlen(file[2]) - strlen("-2.snap")), file[2]);
+            cr_assert_eq(system(cmd), 0);
+            memmove(e + 2, e, 4 * sizeof *e);
+            e[1] = e[0];
+            e[2].key.serial = 1;
+            n = 6;
+        }
+        if (k == OTHER_TOKENS) e[1].tokens = u;
+        if (k == OTHER_SIZE) e[2].bytes++;
+        if (k == MISSING) unlink(file[2]);
+        if (k == SWAPPED_BASE) {
+            /* 3 said to continue 1's rows (it continues 2's), and 2 to hold 3 */
+            pcdisk_entry two = e[1];
+            e[1] = e[2];
+            e[2] = two;
+            e[1].base = 1;
+            e[2].base = 3;
+        }
+        write_index(dir, e, n);
+        int adopted, depth = adopt_and_restore(dir, t, &adopted);
+        cr_expect_eq(adopted, want_adopted[k], "case %d", k);
+        cr_expect_eq(depth, want_depth[k], "case %d", k);
+    }
+}
+
+/* An index whose bytes are damaged, or sound by its checksum but
+ * malformed (counts, token counts), or another model's: an error, and
+ * the files are deleted. */
+Test(pcache, a_damaged_or_malformed_index_deletes_the_files) {
+    int32_t t[64];
+    seq(t, 64, 100);
+    enum { CUT, FLIPPED, MORE_COUNTED, FEWER_COUNTED, HUGE_TOKENS, NO_TOKENS, OTHER_MODEL, OLDER, CASES };
+    for (int k = 0; k < CASES; k++) {
+        char *dir, file[5][512], index[600];
+        uint64_t bytes[5];
+        persisted_chain(t, &dir, file, bytes);
+        snprintf(index, sizeof index, "%.*s-index", (int)(strlen(file[1]) - 24), file[1]);
+        FILE *f = fopen(index, "rb");
+        cr_assert_not_null(f, "%s", index);
+        static uint8_t buf[1 << 16];
+        size_t len = fread(buf, 1, sizeof buf, f) - 64;
+        fclose(f);
+        uint32_t v;
+        if (k == CUT) len -= 10;
+        if (k == FLIPPED) buf[200] ^= 1;
+        if (k == MORE_COUNTED || k == FEWER_COUNTED) {
+            memcpy(&v, buf + 12, 4);
+            v += k == MORE_COUNTED ? 1000 : -1;
+            memcpy(buf + 12, &v, 4);
+        }
+        if (k == HUGE_TOKENS || k == NO_TOKENS) {
+            v = k == HUGE_TOKENS ? 0x7fffffffu : 0;
+            memcpy(buf + 80 + 36, &v, 4);   /* the first entry's token count */
+        }
+        if (k == OTHER_MODEL) buf[20] ^= 1;
+        if (k == OLDER) buf[8] = 0;
+        if (k != CUT && k != FLIPPED) {
+            tern_error err;
+            cr_assert_eq(tern_sha256_buf(buf, len, (char *)buf + len, &err), 0);
+        } else {
+            memmove(buf + len, buf + len + (k == CUT ? 10 : 0), 64);
+        }
+        f = fopen(index, "wb");
+        cr_assert_eq(fwrite(buf, 1, len + 64, f), len + 64);
+        fclose(f);
+        int adopted, depth = adopt_and_restore(dir, t, &adopted);
+        cr_expect_eq(adopted, -1, "case %d", k);
+        cr_expect_eq(depth, 0, "case %d", k);
+    }
 }
