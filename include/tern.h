@@ -327,6 +327,8 @@ int tern_session_restore(tern_session *s, const tern_snapshot *snap,
 void tern_snapshot_free(tern_snapshot *snap);
 /* The bytes the snapshot holds itself (not its base's). */
 size_t tern_snapshot_bytes(const tern_snapshot *snap);
+/* The tokens a session restored from it holds. */
+int tern_snapshot_pos(const tern_snapshot *snap);
 /* A snapshot is taken into the memory the session runs in (a GPU's). This
  * moves the bytes it holds itself into host memory (page-locked), freeing
  * the device's; it restores and is written as before, its copies crossing

@@ -180,6 +180,8 @@ void tern_snapshot_free(tern_snapshot *snap) {
 
 size_t tern_snapshot_bytes(const tern_snapshot *snap) { return snap->n_bytes; }
 
+int tern_snapshot_pos(const tern_snapshot *snap) { return snap->pos; }
+
 int tern_snapshot_on_host(const tern_snapshot *snap) { return snap->moved || !snap->be->host_alloc; }
 
 int tern_snapshot_to_host(tern_snapshot *snap, tern_error *err) {

@@ -433,6 +433,13 @@ static int load(pcache *c, pc_node *nd, tern_error *err) {
     if (nd->snap) return 0;
     if (nd->shares && load(c, nd->base, err)) return -1;   /* nd went with its base */
     tern_snapshot *snap = pcdisk_read(c->disk, key_of(nd), nd->shares ? nd->base->snap : NULL, err);
+    /* a sound file of other tokens (renamed, or named wrongly by an index) */
+    if (snap && tern_snapshot_pos(snap) != nd->depth) {
+        tern_fail(err, "a checkpoint's file holds %d tokens, its place in the tree %d", tern_snapshot_pos(snap),
+                  nd->depth);
+        tern_snapshot_free(snap);
+        snap = NULL;
+    }
     if (!snap) {
         count(c, &c->st.disk_corrupt);
         drop(c, nd, 0);
