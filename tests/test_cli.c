@@ -250,6 +250,26 @@ Test(cli, chat_reads_a_message_of_several_lines) {
     cr_expect_eq(first_prompt("one line\\n", &turns), rendered("one line"));
 }
 
+/* chat --json driven through pipes, a turn at a time: each turn's object
+ * arrives before the next message is written (seen=1). */
+static char *chat_by_turns(const char *then) {
+    char cmd[1536];
+    snprintf(cmd, sizeof cmd,
+             "d=$(mktemp -d) && mkfifo $d/in && { %s chat --no-think --temp 0 -n 2 -t 2 --json <$d/in >$d/out "
+             "2>/dev/null & pid=$!; exec 3>$d/in; printf 'hi\\n' >&3; seen=0; "
+             "for i in $(seq 300); do [ -s $d/out ] && seen=1 && break; sleep 0.1; done; %s exec 3>&-; "
+             "wait $pid; echo rc=$? seen=$seen turns=$(grep -c prompt_tokens $d/out); rm -rf $d; }",
+             tern_bin(), then);
+    int rc;
+    return run_sh(cmd, &rc);
+}
+
+Test(cli, chat_json_answers_each_turn_through_a_pipe) {
+    char *out = chat_by_turns("printf 'again\\n' >&3; sleep 0.5;");
+    cr_expect_str_eq(out, "rc=0 seen=1 turns=2\n");
+    free(out);
+}
+
 /* 1 when this process (and the commands it runs) may lock memory past
  * RLIMIT_MEMLOCK (CAP_IPC_LOCK, e.g. root). */
 static int can_lock_past_the_limit(void) {

@@ -165,6 +165,7 @@ static void print_json(const sink *k, const tern_gen_stats *st) {
                           "mtp_accepted", st->n_accepted);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     if (s) printf("%s\n", s);
+    fflush(stdout);   /* a program reading the chat's turns through a pipe waits for each */
     free(s);
     json_decref(j);
 }
