@@ -270,6 +270,14 @@ Test(cli, chat_json_answers_each_turn_through_a_pipe) {
     free(out);
 }
 
+/* Ctrl-C while a block of lines is open ends the chat as at the prompt:
+ * the half block is not sent. */
+Test(cli, chat_interrupted_in_a_block_sends_nothing) {
+    char *out = chat_by_turns("printf '\"\"\"\\nhalf a block\\n' >&3; sleep 0.5; kill -INT $pid; sleep 0.5;");
+    cr_expect_str_eq(out, "rc=0 seen=1 turns=1\n");
+    free(out);
+}
+
 /* 1 when this process (and the commands it runs) may lock memory past
  * RLIMIT_MEMLOCK (CAP_IPC_LOCK, e.g. root). */
 static int can_lock_past_the_limit(void) {

@@ -414,7 +414,7 @@ static int chat_turn(chat_state *c, const cli_opts *o, const char *user, int *tu
     return 0;
 }
 
-/* One user message from in (*buf, malloc'ed; NULL at EOF): a line, or
+/* The next user message from in (malloc'ed; NULL at EOF or Ctrl-C): a line, or
  * several where a line ends with a backslash (dropped, the newline kept)
  * or between lines of three double quotes (`"""` alone opens a block;
  * a line ending with `"""` closes it). */
@@ -448,7 +448,12 @@ static char *read_message(FILE *in, int tty, char **line, size_t *cap) {
         len += (size_t)n;
         msg[len] = '\0';
     }
-    /* (a block left open at the end of input is what was read) */
+    /* a block left open at the end of input is what was read; Ctrl-C ends
+     * the chat as at the prompt, the message unsent */
+    if (interrupted) {
+        free(msg);
+        return NULL;
+    }
     return msg;
 }
 
