@@ -11,7 +11,6 @@
 typedef struct chat_enc {
     srv_enc base;
     int completions;                 /* /v1/completions: text_completion objects */
-    char id[64];
     json_t *model;
     long long created;
     int include_usage;
@@ -90,7 +89,7 @@ static json_t *lp_take(chat_enc *c) {
 }
 
 static json_t *chunk(chat_enc *c, json_t *choice) {
-    json_t *ch = json_pack("{s:s, s:s, s:I, s:O, s:[]}", "id", c->id, "object",
+    json_t *ch = json_pack("{s:s, s:s, s:I, s:O, s:[]}", "id", c->base.id, "object",
                            c->completions ? "text_completion" : "chat.completion.chunk", "created",
                            (json_int_t)c->created, "model", c->model, "choices");
     if (choice) {
@@ -208,7 +207,7 @@ static void chat_body(srv_enc *e, sbuf *out) {
     }
     json_object_set_new(choice, "logprobs", lp_take(c));
     json_object_set_new(choice, "finish_reason", json_string(finish_name(c, c->finish)));
-    json_t *body = json_pack("{s:s, s:s, s:I, s:O, s:[o], s:o}", "id", c->id, "object",
+    json_t *body = json_pack("{s:s, s:s, s:I, s:O, s:[o], s:o}", "id", c->base.id, "object",
                              c->completions ? "text_completion" : "chat.completion", "created", (json_int_t)c->created,
                              "model", c->model, "choices", choice, "usage", usage_json(&c->usage));
     sbuf_json(out, body);
@@ -229,8 +228,7 @@ static chat_enc *chat_enc_new(const srv_ctx *ctx, json_t *req, int completions, 
     if (!c) return NULL;
     c->base = (srv_enc){stream, SRV_API_OPENAI, chat_start, chat_event, chat_body, NULL, chat_destroy, ""};
     c->completions = completions;
-    srv_new_id(c->id, sizeof c->id, completions ? "cmpl-" : "chatcmpl-");
-    snprintf(c->base.id, sizeof c->base.id, "%s", c->id);
+    srv_new_id(c->base.id, sizeof c->base.id, completions ? "cmpl-" : "chatcmpl-");
     (void)req;
     c->model = json_string(ctx->model_id);
     c->created = (long long)time(NULL);

@@ -10,7 +10,6 @@
 
 typedef struct msg_enc {
     srv_enc base;
-    char id[64];
     json_t *model;
     int prompt_tokens;
     json_t *content;                 /* the blocks so far */
@@ -66,8 +65,8 @@ static void msg_start(srv_enc *e, sbuf *out) {
     msg_enc *m = (msg_enc *)e;
     srv_usage u = {.prompt_tokens = m->prompt_tokens};
     emit(m, out, "message_start",
-         json_pack("{s:{s:s, s:s, s:s, s:O, s:[], s:n, s:n, s:o}}", "message", "id", m->id, "type", "message", "role",
-                   "assistant", "model", m->model, "content", "stop_reason", "stop_sequence", "usage",
+         json_pack("{s:{s:s, s:s, s:s, s:O, s:[], s:n, s:n, s:o}}", "message", "id", m->base.id, "type", "message",
+                   "role", "assistant", "model", m->model, "content", "stop_reason", "stop_sequence", "usage",
                    usage_json(&u, 0)));
 }
 
@@ -130,7 +129,7 @@ static void msg_event(srv_enc *e, const srv_event *ev, sbuf *out) {
 
 static void msg_body(srv_enc *e, sbuf *out) {
     msg_enc *m = (msg_enc *)e;
-    sbuf_json(out, json_pack("{s:s, s:s, s:s, s:O, s:O, s:s, s:O, s:o}", "id", m->id, "type", "message", "role",
+    sbuf_json(out, json_pack("{s:s, s:s, s:s, s:O, s:O, s:s, s:O, s:o}", "id", m->base.id, "type", "message", "role",
                              "assistant", "model", m->model, "content", m->content, "stop_reason", m->stop_reason,
                              "stop_sequence", m->stop_sequence, "usage",
                              usage_json(&m->usage, m->usage.completion_tokens)));
@@ -369,8 +368,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     msg_enc *m = calloc(1, sizeof *m);
     if (!m) { srv_fail(e, 500, NULL, "out of memory"); return NULL; }
     m->base = (srv_enc){stream, SRV_API_ANTHROPIC, msg_start, msg_event, msg_body, msg_heartbeat, msg_destroy, ""};
-    srv_new_id(m->id, sizeof m->id, "msg_");
-    snprintf(m->base.id, sizeof m->base.id, "%s", m->id);
+    srv_new_id(m->base.id, sizeof m->base.id, "msg_");
     m->model = json_string(c->model_id);
     m->prompt_tokens = j->n_prompt;
     m->content = json_array();
