@@ -272,8 +272,10 @@ static int lock_region(const void *p, size_t n, size_t *locked, tern_error *err)
     int e = errno;
     struct rlimit rl;
     char lim[48] = "unknown";
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
-    else if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) snprintf(lim, sizeof lim, "%.0f MiB", rl.rlim_cur / 1048576.0);
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
+        else snprintf(lim, sizeof lim, "%.0f MiB", rl.rlim_cur / 1048576.0);
+    }
     return tern_fail(err, "mlock: the model's weights could not be locked in RAM (%.0f MiB more after %.0f MiB): %s "
                      "(RLIMIT_MEMLOCK is %s; raise it, e.g. ulimit -l unlimited)",
                      n / 1048576.0, *locked / 1048576.0, strerror(e), lim);

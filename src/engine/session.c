@@ -86,10 +86,7 @@ int tern_session_reset(tern_session *s, tern_error *err) {
 
 /* K and V rows of every attention layer for `rows` positions. */
 static uint64_t rows_bytes(const tern_session *s, int rows) {
-    const tern_config *c = &s->m->cfg;
-    uint64_t layers = 0;
-    for (int l = 0; l < c->n_layers; l++) layers += c->layer_kind[l] == TERN_LAYER_ATTN;
-    return (uint64_t)rows * s->kvf.row_bytes * 2 * layers;
+    return tern_state_bytes(&s->m->cfg, s->kvf.row_bytes, 0, rows, 0);
 }
 
 /* The rows one store holds once it has n positions (cap held now). */
