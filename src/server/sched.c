@@ -29,167 +29,8 @@ static void push_done(srv_job *j, srv_finish finish, int stop_index, const srv_u
     srv_job_push(j, ev);
 }
 
-/* ---- slots ------------------------------------------------------------- */
-
-static int toks_reserve(slot *sl, int n) {
-    if (n <= sl->cap) return 0;
-    int cap = sl->cap ? sl->cap : 1024;
-    while (cap < n) cap *= 2;
-    int32_t *t = realloc(sl->toks, (size_t)cap * sizeof *t);
-    if (!t) return -1;
-    sl->toks = t;
-    sl->cap = cap;
-    return 0;
-}
-
-static int toks_append(slot *sl, const int32_t *ids, int n) {
-    if (toks_reserve(sl, sl->n_toks + n)) return -1;
-    memcpy(sl->toks + sl->n_toks, ids, (size_t)n * sizeof *ids);
-    sl->n_toks += n;
-    return 0;
-}
-
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
-    int n = na < nb ? na : nb, i = 0;
-    while (i < n && a[i] == b[i]) i++;
-    return i;
-}
-
-/* How many of the prompt's tokens the live session of sl gives without
- * prefilling them: all it holds when they start the prompt (fewer than n:
- * the last token must be evaluated for its logits), else none. */
-static int live_reuse(const slot *sl, const int32_t *prompt, int n) {
-    if (!sl->live || sl->n_toks >= n) return 0;
-    return common_prefix(sl->toks, sl->n_toks, prompt, n) == sl->n_toks ? sl->n_toks : 0;
-}
-
-/* Where a prompt starts from: a slot, the prompt tokens it will hold
- * without prefilling them, and the checkpoint to restore for that (NULL:
- * the slot's live session as it stands). */
-typedef struct plan {
-    slot *sl;
-    int reuse;
-    const pc_node *ckpt;
-} plan;
-
-static slot *lru_slot(srv_sched *s) {
-    slot *best = NULL;
-    for (int i = 0; i < s->p.n_slots; i++)
-        if (!s->slots[i].busy && (!best || s->slots[i].used < best->used)) best = &s->slots[i];
-    return best;
-}
-
-/* The cache's deepest checkpoint that starts the prompt and reuses more
- * than `beat`, in RAM: one on disk is read back first. A file that fails
- * costs only its checkpoints (dropped): the next deepest is tried. */
-static pc_node *cached_checkpoint(srv_sched *s, const int32_t *prompt, int n, int beat) {
-    pc_node *nd;
-    tern_error err;
-    while (s->cache && (nd = pcache_lookup(s->cache, prompt, n)) && pc_node_depth(nd) > beat) {
-        if (pcache_load(s->cache, nd, &err) == 0) return nd;
-        fprintf(stderr, "tern serve: a checkpoint on disk was dropped: %s\n", err.msg);
-    }
-    return NULL;
-}
-
-/* The live session that reuses most (the most recently used on a tie), or
- * the cache's deepest checkpoint when it reuses more (restored into the
- * least recently used slot); else the least recently used slot, empty. */
-static plan pick(srv_sched *s, const int32_t *prompt, int n) {
-    plan p = {0};
-    for (int i = 0; i < s->p.n_slots; i++) {
-        slot *sl = &s->slots[i];
-        int k = sl->busy ? 0 : live_reuse(sl, prompt, n);
-        if (k > p.reuse || (k == p.reuse && k > 0 && sl->used > p.sl->used)) {
-            p.sl = sl;
-            p.reuse = k;
-        }
-    }
-    pc_node *nd = cached_checkpoint(s, prompt, n, p.reuse);
-    if (nd) {
-        p.sl = NULL;
-        p.reuse = pc_node_depth(nd);
-        p.ckpt = nd;
-    }
-    if (!p.sl) p.sl = lru_slot(s);
-    return p;
-}
-
-/* Brings the slot's session to the first p->reuse tokens of the prompt. */
-static int slot_prepare(srv_sched *s, const plan *p, const int32_t *prompt, tern_error *err) {
-    slot *sl = p->sl;
-    sl->live = 0;
-    if (p->ckpt) {
-        int rc = tern_session_restore(sl->s, pc_node_snapshot(p->ckpt), err);
-        /* a checkpoint read back from disk may have taken the RAM tier over
-         * its budget: evicted only now, so it could not go before its use */
-        pcache_trim(s->cache);
-        if (rc) return -1;
-        sl->ckpt = pc_node_serial(p->ckpt);
-        sl->n_toks = 0;
-        if (toks_append(sl, prompt, p->reuse)) {
-            snprintf(err->msg, sizeof err->msg, "out of memory");
-            return -1;
-        }
-    } else if (p->reuse == 0) {
-        if (tern_session_reset(sl->s, err)) return -1;
-        sl->ckpt = 0;
-        sl->n_toks = 0;
-    }
-    sl->live = 1;
-    return 0;
-}
-
-/* The one place a checkpoint's state is taken, after the tokens the slot
- * holds; base is the checkpoint above it. The new one shares base's KV
- * rows (holding only those after it) when they are the session's own rows,
- * bit for bit: the slot restored base or took it. Otherwise (the same
- * tokens prefilled in other pieces by another session) it is whole, so a
- * restore never joins rows of two computations. */
-static tern_snapshot *take_checkpoint(const slot *sl, const pc_node *base, int *shared, tern_error *err) {
-    /* (base on disk has no snapshot to share: the new one is whole) */
-    *shared = base && pc_node_serial(base) == sl->ckpt && pc_node_snapshot(base);
-    return tern_session_snapshot_after(sl->s, *shared ? pc_node_snapshot(base) : NULL, err);
-}
-
-/* Adds the slot's state, the first n of its ids, to the cache unless a
- * checkpoint is there already, then evicts (trim) or leaves that to the
- * job's end. A failure costs only the checkpoint. */
-static void checkpoint_at(srv_sched *s, slot *sl, int n, srv_usage *u, int trim) {
-    if (!s->cache || !sl->live || n < 1 || n > sl->n_toks || tern_session_pos(sl->s) != n) return;
-    int exact;
-    pc_node *base = pcache_base(s->cache, sl->toks, n, &exact);
-    if (exact) return;
-    double t0 = tern_now_s();
-    tern_error err;
-    int shared;
-    tern_snapshot *snap = take_checkpoint(sl, base, &shared, &err);
-    if (!snap) fprintf(stderr, "tern serve: a checkpoint was not taken: %s\n", err.msg);
-    else if (pcache_insert(s->cache, sl->toks, n, snap, shared))
-        fprintf(stderr, "tern serve: a checkpoint was not kept: out of memory\n");
-    pc_node *nd = snap ? pcache_base(s->cache, sl->toks, n, &exact) : NULL;
-    /* (a serial is never reused: evicted, it matches no checkpoint later) */
-    if (nd && exact) sl->ckpt = pc_node_serial(nd);
-    if (trim) pcache_trim(s->cache);
-    if (u) u->snapshot_s += tern_now_s() - t0;
-}
-
-/* All the tokens the slot holds. */
-static void checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) { checkpoint_at(s, sl, sl->n_toks, u, trim); }
-
 /* ---- one generation ---------------------------------------------------- */
 
-typedef struct run {
-    srv_sched *s;
-    srv_job *j;
-    slot *sl;
-    tern_output_parser *parser;
-    int answer_began;            /* an answer or a call came after the reasoning */
-    int stop_after_call;         /* single_tool_call: the call came, end the turn */
-    int n_reasoning;
-    double t_first;              /* when the first token was drawn (0: none yet) */
-    int failed;
-} run;
 
 static int on_event(void *user, const tern_out_event *ev, tern_error *err) {
     run *r = user;
@@ -228,7 +69,7 @@ static void on_token(void *ctx, int32_t id) {
     run *r = ctx;
     if (!r->t_first) r->t_first = tern_now_s();
     if (r->j->start_in_reasoning && !r->answer_began) r->n_reasoning++;
-    if (toks_append(r->sl, &id, 1)) r->sl->live = 0;
+    if (sched_toks_append(r->sl, &id, 1)) r->sl->live = 0;
 }
 
 static int is_cancelled(void *ctx) {
@@ -299,24 +140,6 @@ static int can_draft(const tern_model *m) {
     return tern_model_has_mtp(m) && !strcmp(tern_model_device(m), "cpu");
 }
 
-/* A running job: its slot and output parser (r), the generation's
- * parameters, and in a batched scheduler its steps (gen). */
-typedef struct active {
-    run r;
-    srv_job *j;
-    srv_usage u;
-    double t0;
-    tern_gen_params gp;
-    tern_gen *gen;
-    /* the tokens its slot is brought to before it generates: the prompt,
-     * or once preempted mid-generation all it held (redo, its own) */
-    const int32_t *src;
-    int n_src;
-    int32_t *redo;
-    int parked;                  /* preempted: its rows given back, it waits for room */
-    int parked_at;               /* the tokens its state held then */
-    uint64_t order;              /* when it was admitted */
-} active;
 
 /* The slot's session has evaluated prompt[from..to): its ids, and a
  * checkpoint at a message boundary, at each interval and at the end of
@@ -326,13 +149,13 @@ static int prefill_advance(srv_sched *s, active *a, int from, int to, tern_error
     slot *sl = a->r.sl;
     const srv_job *j = a->j;
     int end = a->n_src - 1, iv = s->p.checkpoint_interval;
-    if (toks_append(sl, a->src + from, to - from)) {
+    if (sched_toks_append(sl, a->src + from, to - from)) {
         sl->live = 0;
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
     }
     if (to == j->boundary || to == j->first_boundary || to == end || (iv > 0 && to % iv == 0))
-        checkpoint(s, sl, &a->u, end - to > PREFILL_PIECE);
+        sched_checkpoint(s, sl, &a->u, end - to > PREFILL_PIECE);
     return 0;
 }
 
@@ -366,7 +189,7 @@ static void mtp_as_served(srv_sched *s, const active *a) {
  * (rc 1: cancelled, else failed with err): the generation and the parser
  * go, the slot is freed (and dropped on a failure), the job's last event
  * is pushed. */
-static void end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
+void sched_end_early(srv_sched *s, active *a, int rc, const tern_error *err) {
     slot *sl = a->r.sl;
     if (a->gen) {   /* preempted mid-generation, on its way back */
         tern_gen_stats st;
@@ -411,7 +234,7 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
         }
         return 1;
     }
-    plan p = pick(s, j->prompt, j->n_prompt);
+    plan p = sched_pick(s, j->prompt, j->n_prompt);
     slot *sl = p.sl;   /* (one is free: max_seqs <= n_slots) */
     sl->used = ++s->clock;
     sl->busy = 1;
@@ -419,7 +242,7 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
     tern_output_params op = {j->start_in_reasoning, j->parse_tool_calls, j->tools_json};
     a->r.parser = tern_output_parser_create(&op, on_event, &a->r, &err);
     int rc = a->r.parser ? 0 : -1;
-    if (rc == 0) rc = slot_prepare(s, &p, j->prompt, &err);
+    if (rc == 0) rc = sched_slot_prepare(s, &p, j->prompt, &err);
     a->u.restore_s = tern_now_s() - a->t0;
     a->u.cached_tokens = rc == 0 ? sl->n_toks : 0;
     if (rc == 0) count_reuse(s, &p);
@@ -432,14 +255,14 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
     /* alone, a job's rows stay within the budget: its tokens end there */
     if (most && (a->gp.n_predict < 0 || a->gp.n_predict > most - j->n_prompt)) a->gp.n_predict = most - j->n_prompt;
     if (rc == 0) return 0;
-    end_early(s, a, rc, &err);
+    sched_end_early(s, a, rc, &err);
     return 1;
 }
 
 /* The prefill is done: the prompt's last token joins the slot's ids (the
  * generation evaluates it with its first draw). */
 static int prefilled(active *a, tern_error *err) {
-    if (toks_append(a->r.sl, a->src + a->n_src - 1, 1) == 0) return 0;
+    if (sched_toks_append(a->r.sl, a->src + a->n_src - 1, 1) == 0) return 0;
     snprintf(err->msg, sizeof err->msg, "out of memory");
     return -1;
 }
@@ -471,7 +294,7 @@ static void finish_job(srv_sched *s, active *a, int rc, const tern_gen_stats *st
         push_done(j, finish_of(st, r), st->stop_index, &a->u);
         /* after the answer went out: the state after the generated turn, for
          * a next prompt that continues it as generated */
-        if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) checkpoint(s, sl, NULL, 0);
+        if (st->stop_reason != TERN_STOP_CALLER || r->stop_after_call) sched_checkpoint(s, sl, NULL, 0);
     }
     mtp_as_served(s, a);
     if (s->cache) pcache_trim(s->cache);
@@ -491,7 +314,7 @@ static srv_job *dequeue(srv_sched *s) {
 }
 
 /* Ends the running job at index i (the lock not held). */
-static void retire(srv_sched *s, int i) {
+void sched_retire(srv_sched *s, int i) {
     active *a = s->act[i];
     srv_job *j = a->j;
     pthread_mutex_lock(&s->mu);
@@ -504,7 +327,7 @@ static void retire(srv_sched *s, int i) {
 }
 
 /* The index of running job a. */
-static int index_of(const srv_sched *s, const active *a) {
+int sched_index_of(const srv_sched *s, const active *a) {
     int i = 0;
     while (s->act[i] != a) i++;
     return i;
@@ -512,7 +335,7 @@ static int index_of(const srv_sched *s, const active *a) {
 
 /* The generation's start in a batched scheduler, once the prefill is
  * done. */
-static int begin_gen(srv_sched *s, active *a, tern_error *err) {
+int sched_begin_gen(srv_sched *s, active *a, tern_error *err) {
     srv_job *j = a->j;
     if (prefilled(a, err)) return -1;
     if (a->gen) return 0;   /* preempted and back: it goes on */
@@ -528,15 +351,15 @@ static void run_one(srv_sched *s, int i) {
     int rc = prefill(s, a, &err);
     if (rc == 0) rc = prefilled(a, &err);
     if (rc) {
-        end_early(s, a, rc, &err);
-        retire(s, i);
+        sched_end_early(s, a, rc, &err);
+        sched_retire(s, i);
         return;
     }
     tern_gen_stats st = {0};
     const int32_t *last = a->j->prompt + a->j->n_prompt - 1;
     rc = tern_generate(a->r.sl->s, s->tok, last, 1, &a->gp, on_text, &a->r, &st, &err);
     finish_job(s, a, rc, &st, &err);
-    retire(s, i);
+    sched_retire(s, i);
 }
 
 /* The job being prefilled (s->pre): its next chunk, [*from, *to) of the
@@ -545,11 +368,11 @@ static void run_one(srv_sched *s, int i) {
  * has left. */
 static int pre_chunk(srv_sched *s, int *from, int *to) {
     active *a = s->pre;
-    int i = index_of(s, a);
+    int i = sched_index_of(s, a);
     if (atomic_load(&a->j->cancel)) {
         s->pre = NULL;
-        end_early(s, a, 1, NULL);
-        retire(s, i);
+        sched_end_early(s, a, 1, NULL);
+        sched_retire(s, i);
         return 0;
     }
     int end = a->n_src - 1, chunk = s->n_act - s->n_parked > 1 ? s->chunk : PREFILL_PIECE;
@@ -566,9 +389,9 @@ static void pre_advance(srv_sched *s, int i, int from, int to, int rc, tern_erro
     if (rc == 0) rc = prefill_advance(s, a, from, to, err);
     if (rc == 0 && a->r.sl->n_toks < a->n_src - 1) return;
     s->pre = NULL;
-    if (rc == 0 && begin_gen(s, a, err) == 0) return;
-    end_early(s, a, -1, err);
-    retire(s, i);
+    if (rc == 0 && sched_begin_gen(s, a, err) == 0) return;
+    sched_end_early(s, a, -1, err);
+    sched_retire(s, i);
 }
 
 /* One step of every running job together (tern_gen_step_many): each
@@ -615,188 +438,8 @@ static void step_all(srv_sched *s) {
         tern_gen_stats st;
         tern_gen_end(a->gen, took[i] == 0, &st);
         finish_job(s, a, took[i], &st, &e);
-        retire(s, i);
+        sched_retire(s, i);
     }
-}
-
-/* ---- the KV budget (sched.h) ------------------------------------------- */
-
-/* The bytes job a's rows reach in the next step: all its tokens while it
- * is prefilled (so no later admission finds it halfway without room), its
- * next position and drafts while it generates, none while it is parked;
- * where jobs run whole, all it may generate. */
-static uint64_t job_need(const srv_sched *s, const active *a) {
-    if (a->parked) return 0;
-    const tern_session *ss = a->r.sl->s;
-    int drafts = a->gp.mtp_depth == TERN_MTP_AUTO ? TERN_MTP_MAX_DEPTH : a->gp.mtp_depth;
-    int n = a == s->pre ? a->n_src : tern_session_pos(ss) + 1 + drafts;
-    if (s->max_seqs == 1) {
-        int most = s->kv.max_tokens, gen = a->gp.n_predict;
-        n = gen >= 0 && a->n_src + gen < most ? a->n_src + gen : most;
-    }
-    return tern_session_kv_bytes_at(ss, n, 0);
-}
-
-/* The rows the next step needs: the running jobs' and those the idle
- * slots hold (*idle). */
-static uint64_t kv_total(const srv_sched *s, uint64_t *idle) {
-    uint64_t n = 0;
-    *idle = 0;
-    for (int i = 0; i < s->n_act; i++) n += job_need(s, s->act[i]);
-    for (int i = 0; i < s->p.n_slots; i++)
-        if (!s->slots[i].busy) *idle += tern_session_kv_bytes(s->slots[i].s);
-    return n + *idle;
-}
-
-static void release_slot(slot *sl) {
-    tern_error err;
-    if (tern_session_release(sl->s, &err)) fprintf(stderr, "tern serve: KV rows not given back: %s\n", err.msg);
-    sl->live = 0;
-    sl->n_toks = 0;
-    sl->ckpt = 0;
-}
-
-/* Idle slots give their rows back, least recently used first, while
- * `need` is over the budget (their states are in the prefix cache, taken
- * after each turn); what is left of need. */
-static uint64_t free_idle(srv_sched *s, uint64_t need) {
-    while (need > s->p.kv_budget) {
-        slot *v = NULL;
-        for (int i = 0; i < s->p.n_slots; i++) {
-            slot *sl = &s->slots[i];
-            if (!sl->busy && tern_session_kv_bytes(sl->s) && (!v || sl->used < v->used)) v = sl;
-        }
-        if (!v) break;
-        need -= tern_session_kv_bytes(v->s);
-        release_slot(v);
-    }
-    return need;
-}
-
-/* Whether queued job j's prompt fits beside the running jobs, idle rows
- * given back as far as it needs, before its start restores a checkpoint
- * (a prompt within max_tokens fits alone; a longer one start_job
- * refuses). */
-static int admits(srv_sched *s, const srv_job *j) {
-    if (!s->p.kv_budget || j->n_prompt > s->kv.max_tokens) return 1;
-    uint64_t idle, need = kv_total(s, &idle) + tern_session_kv_bytes_at(s->slots[0].s, j->n_prompt, 1);
-    if (need - idle > s->p.kv_budget) return 0;
-    free_idle(s, need);
-    return 1;
-}
-
-/* Job a steps out until its rows fit again: a checkpoint of its state,
- * the ids it goes on from kept, its rows given back. The job being
- * prefilled (its prompt, or all it held before it was preempted once)
- * goes on from its src. */
-static int park(srv_sched *s, active *a, tern_error *err) {
-    slot *sl = a->r.sl;
-    int held = tern_session_pos(sl->s);
-    if (a == s->pre) {
-        s->pre = NULL;
-    } else {
-        /* a generating job holds all its ids but the last drawn, which its
-         * next step evaluates */
-        if (!sl->live || held != sl->n_toks - 1) return tern_fail(err, "the request's tokens were lost (out of memory)");
-        int32_t *t = malloc((size_t)sl->n_toks * sizeof *t);
-        if (!t) return tern_fail(err, "out of memory");
-        memcpy(t, sl->toks, (size_t)sl->n_toks * sizeof *t);
-        free(a->redo);
-        a->src = a->redo = t;
-        a->n_src = sl->n_toks;
-    }
-    checkpoint_at(s, sl, held, &a->u, 1);
-    release_slot(sl);
-    a->parked = 1;
-    a->parked_at = held;
-    s->n_parked++;
-    pthread_mutex_lock(&s->mu);
-    s->kv.preemptions++;
-    pthread_mutex_unlock(&s->mu);
-    return 0;
-}
-
-/* The parked job back: its checkpoint restored (or the deepest that
- * starts its ids), the rest prefilled in the next steps. */
-static int unpark(srv_sched *s, active *a, tern_error *err) {
-    slot *sl = a->r.sl;
-    a->parked = 0;
-    s->n_parked--;
-    plan p = {.sl = sl};
-    pc_node *nd = cached_checkpoint(s, a->src, a->n_src, 0);
-    if (nd) {
-        p.ckpt = nd;
-        p.reuse = pc_node_depth(nd);
-    }
-    if (slot_prepare(s, &p, a->src, err)) return -1;
-    pthread_mutex_lock(&s->mu);
-    if (p.reuse >= a->parked_at) s->kv.resumed_exact++;
-    else s->kv.resumed_tokens += (unsigned long long)(a->parked_at - p.reuse);
-    pthread_mutex_unlock(&s->mu);
-    if (sl->n_toks < a->n_src - 1) {
-        s->pre = a;
-        return 0;
-    }
-    return begin_gen(s, a, err);
-}
-
-static active *first_parked(const srv_sched *s) {
-    active *f = NULL;
-    for (int i = 0; i < s->n_act; i++)
-        if (s->act[i]->parked && (!f || s->act[i]->order < f->order)) f = s->act[i];
-    return f;
-}
-
-/* The job admitted last among those that step. */
-static active *newest(const srv_sched *s) {
-    active *v = NULL;
-    for (int i = 0; i < s->n_act; i++)
-        if (!s->act[i]->parked && (!v || s->act[i]->order > v->order)) v = s->act[i];
-    return v;
-}
-
-/* Before a step: parked jobs whose client left end, parked jobs come
- * back while their rows fit (the first parked first; none while another
- * is prefilled), then idle rows are given back and the newest jobs parked
- * until the step fits. A job that cannot be moved fails with the reason. */
-static void kv_balance(srv_sched *s) {
-    uint64_t budget = s->p.kv_budget, idle, need;
-    if (!budget) return;
-    active *a;
-    tern_error err = {{0}};
-    for (int i = s->n_act - 1; i >= 0; i--) {
-        if (!s->act[i]->parked || !atomic_load(&s->act[i]->j->cancel)) continue;
-        s->n_parked--;
-        end_early(s, s->act[i], 1, NULL);
-        retire(s, i);
-    }
-    while (!s->pre && (a = first_parked(s))) {
-        need = kv_total(s, &idle) + tern_session_kv_bytes_at(a->r.sl->s, a->n_src, 1);
-        if (need - idle > budget && s->n_act > s->n_parked) break;
-        free_idle(s, need);
-        if (unpark(s, a, &err)) {
-            end_early(s, a, -1, &err);
-            retire(s, index_of(s, a));
-        }
-    }
-    need = free_idle(s, kv_total(s, &idle));
-    while (need > budget && s->n_act - s->n_parked > 1) {
-        a = newest(s);
-        if (park(s, a, &err)) {
-            end_early(s, a, -1, &err);
-            retire(s, index_of(s, a));
-        }
-        need = free_idle(s, kv_total(s, &idle));
-    }
-}
-
-/* The sessions' rows as they stand (the metrics' gauge). */
-static void kv_note(srv_sched *s) {
-    uint64_t held = 0;
-    for (int i = 0; i < s->p.n_slots; i++) held += s->slots[i].s ? tern_session_kv_bytes(s->slots[i].s) : 0;
-    pthread_mutex_lock(&s->mu);
-    s->kv.held = held;
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* Admits queued jobs while a place is free and no job is being prefilled,
@@ -813,7 +456,7 @@ static void *sched_main(void *arg) {
             pthread_mutex_lock(&s->mu);
             continue;
         }
-        while (s->qhead && s->n_act < s->max_seqs && !s->pre && !s->n_parked && admits(s, s->qhead)) {
+        while (s->qhead && s->n_act < s->max_seqs && !s->pre && !s->n_parked && sched_kv_admits(s, s->qhead)) {
             srv_job *j = dequeue(s);
             active *a = calloc(1, sizeof *a);
             if (!a) {
@@ -832,8 +475,8 @@ static void *sched_main(void *arg) {
             if (!ended && s->max_seqs > 1) {
                 if (a->r.sl->n_toks < a->n_src - 1) {
                     s->pre = a;
-                } else if (begin_gen(s, a, &err)) {
-                    end_early(s, a, -1, &err);
+                } else if (sched_begin_gen(s, a, &err)) {
+                    sched_end_early(s, a, -1, &err);
                     ended = 1;
                 }
             }
@@ -848,10 +491,10 @@ static void *sched_main(void *arg) {
             }
         }
         pthread_mutex_unlock(&s->mu);
-        if (s->n_act) kv_balance(s);
+        if (s->n_act) sched_kv_balance(s);
         if (s->n_act && s->max_seqs == 1) run_one(s, 0);
         else if (s->n_act) step_all(s);
-        if (s->p.kv_budget) kv_note(s);
+        if (s->p.kv_budget) sched_kv_note(s);
         s->idle_since = tern_now_s();
         pthread_mutex_lock(&s->mu);
     }
