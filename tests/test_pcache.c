@@ -394,7 +394,6 @@ Test(pcache, random_spills_keep_both_tiers_sound) {
         cr_assert_eq(files_in(dir), stats(c).disk_checkpoints, "after op %d", op);
     }
     cr_expect_gt(stats(c).disk_reads, 0);
-    fprintf(stderr, "DBG inserted %llu evicted %llu reads %llu writes %llu corrupt %llu\n", stats(c).inserted, stats(c).evicted, stats(c).disk_reads, stats(c).disk_writes, stats(c).disk_corrupt);
     pcache_destroy(c);
     rmdir(dir);
 }
@@ -485,6 +484,18 @@ Test(pcache, an_unload_drops_what_the_disk_cannot_take) {
     rmdir(dir);
 }
 
+/* A new cache whose disk tier of `disk` bytes is dir, adopting what an
+ * earlier one left there (*adopted: pcache_adopt_disk's count). */
+static pcache *adopted_cache(const char *dir, size_t disk, int *adopted) {
+    tern_error err;
+    pcache *c = pcache_create(0, 100 * S);
+    pcdisk *d = pcdisk_open(dir, model, &err);
+    cr_assert_not_null(d, "%s", err.msg);
+    pcache_attach_disk(c, d, disk);
+    *adopted = pcache_adopt_disk(c, &err);
+    return c;
+}
+
 /* A clean exit keeps the tier: persist writes the index, and a new cache
  * on the same directory adopts the chain (sharing bases included) and
  * reads the leaf back as it was taken. Without the index (a crash), the
@@ -498,9 +509,9 @@ Test(pcache, persisted_checkpoints_are_adopted_by_the_next_cache) {
     cr_assert_eq(pcache_persist(c, &err), 4, "%s", err.msg);
     pcache_destroy(c);
     cr_expect_eq(files_in(dir), 5, "four checkpoints and the index stay");
-    c = pcache_create(0, 100 * S);
-    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
-    cr_assert_eq(pcache_adopt_disk(c, &err), 4, "%s", err.msg);
+    int n;
+    c = adopted_cache(dir, 100 * S, &n);
+    cr_assert_eq(n, 4);
     cr_assert_eq(pcache_check(c), 0);
     cr_expect_eq(stats(c).disk_checkpoints, 4);
     cr_expect_eq(files_in(dir), 4, "the index is read once");
@@ -524,9 +535,8 @@ Test(pcache, persisted_checkpoints_are_adopted_by_the_next_cache) {
     char index[4096];
     snprintf(index, sizeof index, "ls %s/*-index >/dev/null && rm %s/*-index", dir, dir);
     cr_assert_eq(system(index), 0);
-    c = pcache_create(0, 100 * S);
-    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
-    cr_expect_eq(pcache_adopt_disk(c, &err), 0);
+    c = adopted_cache(dir, 100 * S, &n);
+    cr_expect_eq(n, 0);
     cr_expect_eq(files_in(dir), 0);
     cr_expect_null(pcache_lookup(c, t, 64));
     pcache_destroy(c);
@@ -544,10 +554,9 @@ Test(pcache, adoption_keeps_within_a_smaller_budget) {
     size_t whole = stats(c).bytes;
     cr_assert_eq(pcache_persist(c, &err), 4, "%s", err.msg);
     pcache_destroy(c);
-    c = pcache_create(0, 100 * S);
     size_t room = whole / 2;
-    pcache_attach_disk(c, pcdisk_open(dir, model, &err), room);
-    int n = pcache_adopt_disk(c, &err);
+    int n;
+    c = adopted_cache(dir, room, &n);
     cr_assert(n >= 1 && n < 4, "%d adopted", n);
     cr_assert_eq(pcache_check(c), 0);
     cr_expect_leq(stats(c).disk_bytes, room);
@@ -595,9 +604,7 @@ static void write_index(const char *dir, const pcdisk_entry *e, int n) {
  * its depth. The depth restored (0: none); the directory is removed. */
 static int adopt_and_restore(const char *dir, const int32_t *t, int *adopted) {
     tern_error err;
-    pcache *c = pcache_create(0, 100 * S);
-    pcache_attach_disk(c, pcdisk_open(dir, model, &err), 100 * S);
-    *adopted = pcache_adopt_disk(c, &err);
+    pcache *c = adopted_cache(dir, 100 * S, adopted);
     cr_assert_eq(pcache_check(c), 0);
     cr_assert_eq(files_in(dir), stats(c).disk_checkpoints, "the files the index does not name are deleted");
     pc_node *nd;

@@ -243,7 +243,8 @@ int gt_cache_check(tern_grammar_vocab *v) {
         indexed += v->index[k] != 0;
         if (v->index[k] > (uint32_t)v->n_cache) rc = -1;
     }
-    if (rc == 0 && (indexed != v->n_cache || bytes != v->cache_bytes || (bytes > v->cache_budget && held < v->n_cache))) rc = -1;
+    if (rc == 0 && (indexed != v->n_cache || bytes != v->cache_bytes || (bytes > v->cache_budget && held < v->n_cache)))
+        rc = -1;
     pthread_mutex_unlock(&v->mu);
     return rc;
 }

@@ -496,7 +496,8 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     srv_new_id(r->base.id, sizeof r->base.id, "resp_");
     json_t *req_tools = json_object_get(req, "tools");
     r->resp = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:O, s:O, s:O, s:[], s:b, s:o, s:b}", "id", r->base.id,
-                        "object", "response", "created_at", (json_int_t)time(NULL), "status", "in_progress", "error", "incomplete_details",
+                        "object", "response", "created_at", (json_int_t)time(NULL), "status", "in_progress", "error",
+                        "incomplete_details",
                         "instructions", instructions ? instructions : json_null(), "max_output_tokens",
                         json_object_get(req, "max_output_tokens") ? json_object_get(req, "max_output_tokens") : json_null(),
                         "previous_response_id", prev ? prev : json_null(), "output", "parallel_tool_calls", parallel,

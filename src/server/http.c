@@ -281,8 +281,8 @@ static void log_done(srv_http *h, const route *rt, const srv_enc *enc, const srv
     double total = tern_now_s() - t0, engine = u->queue_s + u->prefill_s + u->decode_s;
     fprintf(f, "tern serve: %s %s %s, prompt %d (cached %d) completion %d, %.3f s: request %.1f ms, queue %.1f ms, "
             "first token %.1f ms (restore %.1f, prefill %.1f, snapshot %.1f), decode %.1f tok/s\n", rt->name,
-            enc->id, finish_word(ev->finish), u->prompt_tokens, u->cached_tokens, u->completion_tokens, total, (total - engine) * 1e3,
-            u->queue_s * 1e3, u->prefill_s * 1e3, u->restore_s * 1e3, u->eval_s * 1e3, u->snapshot_s * 1e3,
+            enc->id, finish_word(ev->finish), u->prompt_tokens, u->cached_tokens, u->completion_tokens, total,
+            (total - engine) * 1e3, u->queue_s * 1e3, u->prefill_s * 1e3, u->restore_s * 1e3, u->eval_s * 1e3, u->snapshot_s * 1e3,
             u->decode_s > 0 && u->completion_tokens > 1 ? (u->completion_tokens - 1) / u->decode_s : 0.0);
     fflush(f);
 }

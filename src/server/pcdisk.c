@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/file.h"
 #include "util/sha256.h"
 
 struct pcdisk {
@@ -210,25 +211,17 @@ int pcdisk_write_index(pcdisk *d, const pcdisk_entry *e, int n, tern_error *err)
 /* The whole index file into memory, its checksum verified: *len bytes
  * before the checksum. NULL and *len 0 when there is none. */
 static uint8_t *read_index(const pcdisk *d, size_t *len, tern_error *err) {
-    char path[4096];
+    char path[4096], *text;
+    size_t size;
     *len = 0;
-    if (index_path(d, "", path, sizeof path)) return NULL;
-    FILE *f = fopen(path, "rbe");
-    if (!f) return NULL;
-    struct stat st;
-    uint8_t *buf = NULL;
-    if (fstat(fileno(f), &st) || st.st_size < 80 + 64 || (size_t)st.st_size > INDEX_MAX ||
-        !(buf = malloc((size_t)st.st_size)) || fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-        tern_fail(err, "%s: unreadable", path);
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    size_t n = (size_t)st.st_size - 64;
+    if (index_path(d, "", path, sizeof path) || !tern_file_exists(path)) return NULL;
+    if (tern_file_read(path, O_NOFOLLOW, INDEX_MAX, &text, &size, err)) return NULL;
+    uint8_t *buf = (uint8_t *)text;
+    size_t n = size - 64;
     char hex[65];
     const char *why = NULL;
-    if (tern_sha256_buf(buf, n, hex, err)) why = err->msg;
+    if (size < 80 + 64) why = "too short for an index";
+    else if (tern_sha256_buf(buf, n, hex, err)) why = err->msg;
     else if (memcmp(hex, buf + n, 64)) why = "its checksum does not match (a damaged file)";
     else if (memcmp(buf, INDEX_MAGIC, 8) || memcmp(buf + 16, d->id, 64)) why = "not this model's index";
     if (why) {

@@ -225,8 +225,8 @@ static int start_job(srv_sched *s, active *a, srv_job *j) {
     int most = s->kv.max_tokens;   /* (0: no budget) */
     if (most && j->n_prompt > most) {
         char msg[200];
-        snprintf(msg, sizeof msg, "the prompt's %d tokens need more KV rows than the server's KV budget holds for one "
-                 "request (%d tokens)", j->n_prompt, most);
+        snprintf(msg, sizeof msg, "the prompt is %d tokens; the server's KV budget holds %d for one request (tern "
+                 "serve --kv-budget)", j->n_prompt, most);
         srv_event *ev = srv_event_text(SRV_EV_ERROR, msg, strlen(msg));
         if (ev) {
             ev->status = 400;

@@ -86,7 +86,8 @@ static int park(srv_sched *s, active *a, tern_error *err) {
     } else {
         /* a generating job holds all its ids but the last drawn, which its
          * next step evaluates */
-        if (!sl->live || held != sl->n_toks - 1) return tern_fail(err, "the request's tokens were lost (out of memory)");
+        if (!sl->live || held != sl->n_toks - 1)
+            return tern_fail(err, "the request's tokens were lost (out of memory)");
         int32_t *t = malloc((size_t)sl->n_toks * sizeof *t);
         if (!t) return tern_fail(err, "out of memory");
         memcpy(t, sl->toks, (size_t)sl->n_toks * sizeof *t);

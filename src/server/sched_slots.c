@@ -145,4 +145,6 @@ void sched_checkpoint_at(srv_sched *s, slot *sl, int n, srv_usage *u, int trim) 
 }
 
 /* All the tokens the slot holds. */
-void sched_checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) { sched_checkpoint_at(s, sl, sl->n_toks, u, trim); }
+void sched_checkpoint(srv_sched *s, slot *sl, srv_usage *u, int trim) {
+    sched_checkpoint_at(s, sl, sl->n_toks, u, trim);
+}

@@ -287,7 +287,8 @@ int srv_run(const srv_params *p) {
     char idle[96] = "";
     if (p->idle_unload_s > 0) snprintf(idle, sizeof idle, ", unloaded after %g s idle", p->idle_unload_s);
     if (p->mtp > 0) snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP %d drafts a step", p->mtp);
-    if (p->mtp == TERN_MTP_AUTO) snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP depth chosen by measured speed");
+    if (p->mtp == TERN_MTP_AUTO)
+        snprintf(idle + strlen(idle), sizeof idle - strlen(idle), ", MTP depth chosen by measured speed");
     if (p->lazy_load) {
         fprintf(stderr, "tern serve: ready: model '%s' not loaded yet (the first request loads it%s), context %d, "
                         "%d slots, queue %d%s\n",

@@ -7,6 +7,7 @@ output, compared with a server that loaded at start), and a prompt cached before
 its API's format."""
 import json
 import os
+import resource
 import shutil
 import subprocess
 import threading
@@ -261,7 +262,6 @@ def test_mlock_locks_the_weights(start_server):
     tests/test_cli.c checks the refusal where it may not)."""
     if ASAN:
         pytest.skip("the sanitizers' runtime makes mlock do nothing")
-    import resource
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     cap_ipc_lock = (int(next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1], 16) >> 14) & 1
     if not cap_ipc_lock and soft != resource.RLIM_INFINITY and soft < 2 * WEIGHTS:
