@@ -1,7 +1,7 @@
 """The chat page at / (src/server/web/, embedded in the binary): its files over HTTP, then the page itself in
 headless Chromium (Selenium) against tern-tiny: a streamed reply, stop, conversations kept across a reload,
 editing, markdown with highlighted code, model output that tries to run script, an API key, a busy and a gone
-server, and the basics a page audit checks (console errors, labels, page weight). Saves screenshots of the
+server, and the basics a page audit checks (console errors, labels, page weight, first paint). Saves screenshots of the
 desktop and phone layouts to docs/img/ (WEBUI_SHOTS: another directory)."""
 import json
 import os
@@ -384,8 +384,44 @@ def test_markdown_and_hostile_output(browser, server):
     assert p.errors() == []
 
 
+def test_hostile_output_streamed(browser, server):
+    """The same hostile text written by the model itself and streamed: a GBNF grammar, added to the page's own
+    request, makes tern-tiny's answer that text (thinking off, so the grammar holds from the first token; the
+    server's --ignore-eos lifted, which a grammar cannot be combined with)."""
+    p = Page(browser, server)
+    p.open()
+    text = ("<script>window.__pwned=1</script>\n\n<img src=x onerror=\"window.__pwned=2\">\n\n"
+            "[a link](javascript:window.__pwned=3)\n\n```html\n<b onmouseover=window.__pwned=4>x</b>\n```\n")
+    p.js("""const grammar = arguments[0], real = window.fetch;
+        window.fetch = (url, init) => {
+          if (String(url).endsWith('chat/completions'))
+            init = Object.assign({}, init, {body: JSON.stringify(Object.assign(JSON.parse(init.body), {grammar, ignore_eos: false}))});
+          return real(url, init);
+        };""", "root ::= " + json.dumps(text))
+    p.setting("#max-tokens", 400)
+    p.el("#settings-toggle").click()
+    p.el("#thinking").click()
+    p.el("#settings-toggle").click()
+    p.send("Show me")
+    p.wait_reply_done()
+    time.sleep(0.3)   # an image's onerror would have run by now
+    assert p.js("return window.__pwned") is None, "model output ran script"
+    body = p.el(".msg.assistant .body")
+    found = p.js("""const b = arguments[0];
+        return {elements: [...b.querySelectorAll('script, img, iframe, object, embed')].length,
+                handlers: [...b.querySelectorAll('*')].flatMap(e => [...e.attributes].map(a => a.name))
+                          .filter(n => n.startsWith('on')),
+                hrefs: [...b.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
+                code: (b.querySelector('.codeblock pre code') || {}).textContent, text: b.textContent}""", body)
+    assert found["elements"] == 0 and found["handlers"] == [], found
+    assert not any(h.lower().startswith("javascript:") for h in found["hrefs"]), found["hrefs"]
+    assert "<script>window.__pwned=1</script>" in found["text"] and '<img src=x onerror="window.__pwned=2">' in found["text"]
+    assert found["code"].startswith("<b onmouseover=window.__pwned=4>x</b>"), found
+    assert p.errors() == []
+
+
 def test_layout_and_audit(browser, server):
-    """Screenshots of both layouts, and the basics an audit checks: labels, names, alt text, page weight."""
+    """Screenshots of both layouts, and the basics an audit checks: labels, names, alt text, page weight, first paint."""
     p = Page(browser, server)
     p.open()
     p.d.execute_cdp_cmd("Network.enable", {})
@@ -413,7 +449,15 @@ def test_layout_and_audit(browser, server):
     assert audit["lang"] == "en"
     own = sum(f.stat().st_size for f in web_files() if f.suffix != ".svg")   # the icon is no resource entry
     assert own <= audit["weight"] < 300_000, f"page weight {audit['weight']} bytes (its own files: {own})"
-    print(f"page weight {audit['weight']} bytes; first contentful paint {audit['paint']} ms")
+    # first paint under 200 ms on loopback: the best of up to three loads, so one stall of a busy machine is no failure
+    inf = float("inf")
+    paints = [audit["paint"] or inf]
+    while not min(paints) < 200 and len(paints) < 3:
+        p.d.refresh()
+        p.until("the model's name", lambda: p.el("#model").text)
+        paints.append(p.js("return (performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime") or inf)
+    assert min(paints) < 200, f"first contentful paint {paints} ms"
+    print(f"page weight {audit['weight']} bytes; first contentful paint {paints} ms")
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     p.d.set_window_size(1280, 800)
