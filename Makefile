@@ -74,7 +74,7 @@ $(B)/tern-tests: $(TEST_OBJ) $(SRV_OBJ) $(B)/libtern.a
 
 # The GPU engine against the CPU engine: built with CUDA=1 and run by make
 # test-cuda on a GPU machine.
-$(B)/tern-cuda-engine-tests: $(B)/tests/gpu/check_engine.o $(B)/tests/gpu/check_tiers.o \
+$(B)/tern-cuda-engine-tests: $(B)/tests/gpu/check_engine.o $(B)/tests/gpu/check_tiers.o $(B)/tests/gpu/check_grammar.o \
                           $(B)/src/server/pcache.o $(B)/src/server/pcdisk.o $(B)/libtern.a
 	$(CC) $(CFLAGS) -o $@ $^ $(DEP_LIBS)
 

@@ -9,7 +9,8 @@
  * same way, ranks those few, and one warp draws (draw_top): weights exp(l -
  * max), top-p over what top-k kept, min-p against the best, then the draw
  * at u, its sums in the CPU sampler's order. Order: larger logit first,
- * lower id first among equals; NaN counts as -inf.
+ * lower id first among equals; NaN counts as -inf, and so does an id a
+ * grammar's mask leaves out (the CPU sampler's step 1).
  *
  * One launch: stage 2 runs in the stage-1 block
  * that finishes last (an acquire-release count in the workspace, left zero
@@ -38,6 +39,11 @@ typedef struct {
 __device__ __forceinline__ bool before(cand a, cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
 
 __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x; }
+
+/* Whether a grammar's mask (bit i of word i / 32; NULL: every id) allows id. */
+__device__ __forceinline__ bool allowed(const uint32_t *mask, int id) {
+    return !mask || (mask[id >> 5] >> (id & 31) & 1u);
+}
 
 /* The workspace: the one launch's count of finished slices (zero between
  * calls; first, so that calls over different n_valid find it in one
@@ -91,14 +97,15 @@ __device__ void argmax_pick(const cand *in, int nb, int32_t *id, int32_t *id2, c
     if (threadIdx.x == 0) put_id(b.id == 0x7fffffff ? 0 : b.id, id, id2);
 }
 
-__global__ void argmax_slices(const float *l, int n, cand *out, unsigned *done, int32_t *id, int32_t *id2) {
+__global__ void argmax_slices(const float *l, const uint32_t *mask, int n, cand *out, unsigned *done, int32_t *id,
+                              int32_t *id2) {
     __shared__ cand red[32];
     pdl_wait();   /* the logits (a no-op in an ordinary launch) */
     pdl_trigger();
     cand m = {-INFINITY, 0x7fffffff};
     int end = min(n, (blockIdx.x + 1) * SLICE);
     for (int i = blockIdx.x * SLICE + threadIdx.x; i < end; i += blockDim.x) {
-        cand c = {clean(l[i]), i};
+        cand c = {allowed(mask, i) ? clean(l[i]) : -INFINITY, i};
         if (before(c, m)) m = c;
     }
     cand b = block_best(m, red);
@@ -111,12 +118,12 @@ size_t tern_cuda_sample_workspace(int n_valid) {
     return WORK_HEAD + (size_t)nb * (TERN_CUDA_SAMPLE_MAX_K * sizeof(cand) + sizeof(unsigned));
 }
 
-int tern_cuda_argmax(const float *logits, int n_valid, void *work, int32_t *id, int32_t *id2, tern_stream s,
-                     tern_error *err) {
+int tern_cuda_argmax(const float *logits, const uint32_t *mask, int n_valid, void *work, int32_t *id, int32_t *id2,
+                     tern_stream s, tern_error *err) {
     if (n_valid < 1) return tern_fail(err, "argmax: no logits");
     int nb = ceil_div(n_valid, SLICE);
     sample_work t = work_of(work, nb);
-    cudaError_t e = launch_pdl(argmax_slices, dim3(nb), dim3(256), 0, s, logits, n_valid, t.cands, t.done, id, id2);
+    cudaError_t e = launch_pdl(argmax_slices, dim3(nb), dim3(256), 0, s, logits, mask, n_valid, t.cands, t.done, id, id2);
     if (e != cudaSuccess) return tern_fail(err, "argmax: %s", cudaGetErrorString(e));
     return launch_check("argmax", err);
 }
@@ -342,7 +349,8 @@ __device__ void topk_pick(const cand *in, const unsigned *thr, int nb, int k, fl
  * 0x7fffffff}; sorted best first when fast_top_k took them, else in no
  * order), and the key of its k-th best in thr. The block that finishes
  * last then runs stage 2 (topk_pick). */
-__global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float inv_t, int k, cand *out,
+__global__ void __launch_bounds__(1024) topk_slices(const float *l, const uint32_t *mask, int n, float inv_t, int k,
+                                                    cand *out,
                                                     unsigned *thr, unsigned *done, float top_p, float min_p,
                                                     const double *u, int32_t *pick, int32_t *pick2) {
     __shared__ select_smem sm;
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(1024) topk_slices(const float *l, int n, float
 #pragma unroll
     for (int j = 0; j < SLICE_PER; j++) {
         id[j] = blockIdx.x * SLICE + j * 1024 + threadIdx.x;
-        v[j] = id[j] < n ? clean(l[id[j]]) * inv_t : -INFINITY;
+        v[j] = id[j] < n && allowed(mask, id[j]) ? clean(l[id[j]]) * inv_t : -INFINITY;
         key[j] = id[j] < n ? key_of(v[j]) : 0u;
     }
     TRACE_MARK_AFTER(TRACE_PTR, 2, v[0]);
@@ -548,8 +556,9 @@ int tern_cuda_sample_fits(int n_valid, int top_k) {
     return n_valid >= 1 && top_k >= 1 && top_k <= TERN_CUDA_SAMPLE_MAX_K && (int64_t)ceil_div(n_valid, SLICE) * k <= MERGE;
 }
 
-int tern_cuda_sample(const float *logits, int n_valid, float temperature, int top_k, float top_p, float min_p,
-                     const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s, tern_error *err) {
+int tern_cuda_sample(const float *logits, const uint32_t *mask, int n_valid, float temperature, int top_k, float top_p,
+                     float min_p, const double *u, void *work, int32_t *id, int32_t *id2, tern_stream s,
+                     tern_error *err) {
     if (n_valid < 1 || top_k < 1 || top_k > TERN_CUDA_SAMPLE_MAX_K || !(temperature > 0) || !u)
         return tern_fail(err, "sample: top_k %d (1..%d), temperature %g%s", top_k, TERN_CUDA_SAMPLE_MAX_K,
                          temperature, u ? "" : ", no u");
@@ -558,7 +567,7 @@ int tern_cuda_sample(const float *logits, int n_valid, float temperature, int to
     int nb = ceil_div(n_valid, SLICE), k = top_k < n_valid ? top_k : n_valid;
     sample_work t = work_of(work, nb);
     const float inv_t = 1.0f / temperature;
-    cudaError_t e = launch_pdl(topk_slices, dim3(nb), dim3(1024), 0, s, logits, n_valid, inv_t, k, t.cands, t.thr,
+    cudaError_t e = launch_pdl(topk_slices, dim3(nb), dim3(1024), 0, s, logits, mask, n_valid, inv_t, k, t.cands, t.thr,
                                t.done, top_p, min_p, u, id, id2);
     if (e != cudaSuccess) return tern_fail(err, "sample: %s", cudaGetErrorString(e));
     return launch_check("sample", err);

@@ -16,10 +16,13 @@
 #include "tern.h"
 
 /* The sampler's rule for a draw inside the step (engine/sampler.h's, as
- * tern_sampler_gpu_rule gives it) over the first n_valid logits. */
+ * tern_sampler_gpu_rule gives it) over the first n_valid logits; mask: a
+ * grammar's allowed ids (bit i of word i / 32, host memory the backend
+ * copies at the launch), or NULL. */
 typedef struct tern_gpu_rule {
     int n_valid, greedy, top_k;
     float temperature, top_p, min_p;
+    const uint32_t *mask;
 } tern_gpu_rule;
 
 /* A row of a pass drawn in the step: the rule at u (on: this row). */

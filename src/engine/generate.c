@@ -50,7 +50,7 @@ static void flush(gen_state *g, tern_text_fn on_text, void *ctx) {
     if (olen && on_text) on_text(ctx, out, olen);
 }
 
-/* The grammar's matcher and mask: the draw is then the CPU sampler's. */
+/* The grammar's matcher and mask (the CPU sampler's, and the GPU's draw's). */
 static int grammar_init(gen_state *g, const tern_tokenizer *tok, const tern_gen_params *p, int V, tern_error *err) {
     if (!tok) return tern_fail(err, "a grammar needs the tokenizer it was compiled for");
     if (p->ignore_eos) return tern_fail(err, "ignore_eos cannot be combined with a grammar (it ends the generation)");
@@ -60,7 +60,7 @@ static int grammar_init(gen_state *g, const tern_tokenizer *tok, const tern_gen_
         return tern_fail(err, "the grammar's vocabulary has fewer tokens than the model (%d)", V);
     g->matcher = tern_matcher_create(p->grammar, err);
     if (!g->matcher) return -1;
-    g->mask = malloc((size_t)tern_grammar_mask_words(v) * sizeof *g->mask);
+    g->mask = calloc((size_t)tern_grammar_mask_words(v), sizeof *g->mask);
     if (!g->mask) return tern_fail(err, "out of memory");
     tern_sampler_set_mask(g->sampler, g->mask);
     return 0;
@@ -96,7 +96,8 @@ static int gen_init(gen_state *g, tern_session *s, tern_tokenizer *tok, const in
     r->n_valid = tern_sampler_n_valid(g->sampler);
     /* (a vocabulary too large for the GPU sampler's merge at this top-k: the CPU sampler) */
     if (tern_spec_init(g, s, p->mtp_depth, err)) return -1;
-    g->gpu.on = !p->on_logprobs && !p->grammar && !p->mtp_depth &&
+    r->mask = g->mask;
+    g->gpu.on = !p->on_logprobs && !p->mtp_depth &&
                 tern_sampler_gpu_rule(g->sampler, TERN_GPU_SAMPLE_MAX_K, &r->greedy, &r->temperature, &r->top_k,
                                       &r->top_p, &r->min_p) &&
                 tern_session_sample_ok(s, r);
@@ -117,20 +118,31 @@ static int32_t next_id(int32_t drawn, tern_error *err) {
     return drawn >= 0 ? drawn : tern_fail(err, "GPU sampling: no id was drawn");
 }
 
+/* Under a grammar, the mask of a draw made n tokens on from the session's
+ * position, when the loop will take that draw (as take_id would make it
+ * after evaluating those tokens); a draw it drops reads an older mask. */
+static int draw_mask(tern_gen *g, int n, tern_error *err) {
+    int why, pos = tern_session_pos(g->s) + n;
+    if (!g->g.matcher || g->last || tern_gen_limit(&g->p, g->s, g->st.n_generated, pos, &why)) return 0;
+    return tern_gen_mask(g, g->st.n_generated, pos, err);
+}
+
 /* Evaluates one token on the GPU, whose step always draws the next id
  * too: one launch per token, and always the same captured graphs (a step
  * without the draw would be another graph, captured anew whenever the loop
  * switched between them); a draw the loop does not take is dropped. The
  * step is only launched: the loop waits for its draw (gen_wait). */
-static int eval_id(gen_state *g, tern_session *s, int32_t id, tern_error *err) {
-    return tern_session_sample_launch(s, id, &g->gpu.r, next_u(g), err);
+static int eval_id(tern_gen *g, int32_t id, tern_error *err) {
+    if (draw_mask(g, 1, err)) return -1;
+    return tern_session_sample_launch(g->s, id, &g->g.gpu.r, next_u(&g->g), err);
 }
 
 /* The prompt; its last token goes through eval_id's step, whose draw is
  * the first id. */
-static int eval_prompt(gen_state *g, tern_session *s, const int32_t *prompt, int n, tern_error *err) {
-    if (n > 1 && tern_session_eval(s, prompt, n - 1, NULL, 0, err)) return -1;
-    return eval_id(g, s, prompt[n - 1], err);
+static int eval_prompt(tern_gen *g, tern_error *err) {
+    int n = g->n_prompt;
+    if (n > 1 && tern_session_eval(g->s, g->prompt, n - 1, NULL, 0, err)) return -1;
+    return eval_id(g, g->prompt[n - 1], err);
 }
 
 /* The log-probabilities of id under the sampler's distribution before
@@ -179,16 +191,16 @@ int tern_gen_limit(const tern_gen_params *p, const tern_session *s, int n, int p
  * taken id is evaluated, EOS and stop included, unless a limit ends the
  * loop first, and both limits are known a step ahead. The host's turn
  * between steps (its wake-up, the stop checks, the launch) then overlaps
- * the GPU's next step. *ahead: launched. */
-static int gen_wait(gen_state *g, tern_session *s, const tern_gen_params *p, int n_generated, int32_t *drawn,
-                    int *ahead, tern_error *err) {
+ * the GPU's next step. Not under a grammar: the next draw's mask depends on
+ * this draw. *ahead: launched. */
+static int gen_wait(tern_gen *g, int32_t *drawn, int *ahead, tern_error *err) {
     int why;
     *ahead = 0;
-    if (!tern_gen_limit(p, s, n_generated, tern_session_pos(s), &why)) {
-        if (eval_id(g, s, -1, err)) return -1;
+    if (!g->g.matcher && !tern_gen_limit(&g->p, g->s, g->st.n_generated, tern_session_pos(g->s), &why)) {
+        if (eval_id(g, -1, err)) return -1;
         *ahead = 1;
     }
-    return tern_session_sample_wait(s, drawn, err);
+    return tern_session_sample_wait(g->s, drawn, err);
 }
 
 /* The steps still in flight when the loop ends: their draws are dropped. */
@@ -310,7 +322,9 @@ int tern_gen_step(tern_gen *g, tern_error *err) {
 
 /* An id drawn in the step (tern_gen_step_many). */
 static int take_drawn(tern_gen *g, int32_t id, tern_error *err) {
-    return take_ends(g) ? 0 : take_next(g, id, err);
+    if (take_ends(g)) return 0;
+    if (g->g.matcher && tern_matcher_accept(g->g.matcher, id, err)) return -1;
+    return take_next(g, id, err);
 }
 
 int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra, const int32_t *const *extra_tokens,
@@ -339,6 +353,7 @@ int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra
      * numbers taken only once every input is known good) */
     for (int i = 0; ret == 0 && i < n_gen; i++) {
         if (!(draw[i].on = g[i]->g.gpu.on)) continue;
+        if ((ret = draw_mask(g[i], n[i], err))) break;
         draw[i].r = g[i]->g.gpu.r;
         draw[i].u = next_u(&g[i]->g);
     }
@@ -387,22 +402,23 @@ static int step_loop(tern_gen *g, tern_error *err) {
 /* Sampling on the GPU: the next id drawn in the step, one step launched
  * ahead where the loop is sure to evaluate it. */
 static int gpu_loop(tern_gen *g, tern_error *err) {
-    gen_state *gs = &g->g;
     tern_session *s = g->s;
     const tern_gen_params *p = &g->p;
     tern_gen_stats *stats = &g->st;
-    int rc = eval_prompt(gs, s, g->prompt, g->n_prompt, err);
+    tern_matcher *grammar = g->g.matcher;
+    int rc = eval_prompt(g, err);
     g->t1 = tern_now_s();
     while (rc == 0) {
         if (p->cancelled && p->cancelled(g->ctx)) { g->reason = TERN_STOP_CALLER; break; }
         int32_t drawn = -1;   /* the next id, drawn by the step in flight */
         int ahead = 0;        /* and the step evaluating it launched already */
-        if (gen_wait(gs, s, p, stats->n_generated, &drawn, &ahead, err)) { rc = -1; break; }
+        if (gen_wait(g, &drawn, &ahead, err)) { rc = -1; break; }
         if (tern_gen_limit(p, s, stats->n_generated, tern_session_pos(s) - ahead, &g->reason)) break;
         int32_t id = next_id(drawn, err);
-        int end = id < 0 ? -1 : tern_gen_accept(g, id, err);
+        int end = id < 0 || (grammar && tern_matcher_accept(grammar, id, err)) ? -1 : tern_gen_accept(g, id, err);
         if (end < 0) { rc = -1; break; }
-        if (!ahead) rc = eval_id(gs, s, id, err);
+        g->last = end;
+        if (!ahead) rc = eval_id(g, id, err);
         if (rc != 0 || end) break;
     }
     gen_drain(s);

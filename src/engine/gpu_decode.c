@@ -204,9 +204,19 @@ static int embed(tern_session *s, int T, tern_error *err) {
 static int sample_ops(gpu_session *g, const tern_gpu_rule *r, tern_error *err) {
     const double *u = (const double *)(g->step_dev + STEP_U);
     int32_t *id = g->id_host[g->blk], *id2 = g->d_id;
-    if (r->greedy) return tern_cuda_argmax(g->logits, r->n_valid, g->sample_work, id, id2, g->stream, err);
-    return tern_cuda_sample(g->logits, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u, g->sample_work,
-                            id, id2, g->stream, err);
+    const uint32_t *mask = r->mask ? g->mask_host : NULL;
+    if (r->greedy) return tern_cuda_argmax(g->logits, mask, r->n_valid, g->sample_work, id, id2, g->stream, err);
+    return tern_cuda_sample(g->logits, mask, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, u,
+                            g->sample_work, id, id2, g->stream, err);
+}
+
+/* A rule as a captured graph knows it: whether it has a mask, not where
+ * the caller keeps it (the graph reads the session's copy). */
+static tern_gpu_rule rule_key(const tern_gpu_rule *r) {
+    static const uint32_t masked = 0;   /* the one pointer every masked key holds */
+    tern_gpu_rule k = *r;
+    if (k.mask) k.mask = &masked;
+    return k;
 }
 
 /* A decode-sized step (T <= SUB tokens, logits of at most LOGIT_ROWS rows,
@@ -257,7 +267,9 @@ static int graph_current(tern_session *s, int T, int rows, const tern_gpu_rule *
     }
     g->kv_gen += moved;
     int b = g->blk;
-    int other_rule = g->key_rule[b].on != (rule != NULL) || (rule && memcmp(&g->key_rule[b].r, rule, sizeof *rule));
+    tern_gpu_rule key;
+    if (rule) key = rule_key(rule);
+    int other_rule = g->key_rule[b].on != (rule != NULL) || (rule && memcmp(&g->key_rule[b].r, &key, sizeof key));
     return g->graph[b] && !other_rule && g->key[b].T == T && g->key[b].rows == rows &&
            g->key[b].n_plan == plan_of(s, T) && g->key[b].one_launch == g->one_launch && g->key[b].kv_gen == g->kv_gen;
 }
@@ -301,7 +313,7 @@ static int replay_step(tern_session *s, int T, int rows, const tern_gpu_rule *ru
         g->key[b].one_launch = g->one_launch;
         g->key[b].kv_gen = g->kv_gen;
         g->key_rule[b].on = rule != NULL;
-        if (rule) g->key_rule[b].r = *rule;
+        if (rule) g->key_rule[b].r = rule_key(rule);
     }
     stats *st = g->st && g->st->graph && T == 1 ? g->st : NULL;
     if (st) tern_cuda_mark(st->marks, 0, g->stream);
@@ -438,7 +450,10 @@ static int gather_last(const gpu_pass *p, tern_error *err) {
 /* The draws' buffers of a pass (gpu_session.draw_*), made at its first
  * draw: a sampler workspace a row, u and the ids in page-locked memory
  * the kernels read and write over the bus. */
-static int draw_buffers(gpu_session *g, int V, tern_error *err) {
+static int draw_buffers(gpu_session *g, int V, int masked, tern_error *err) {
+    if (masked && !g->draw_mask &&
+        !(g->draw_mask = tern_cuda_host_alloc((size_t)LOGIT_ROWS * g->mask_words * sizeof(uint32_t), err)))
+        return -1;
     if (g->draw_work) return 0;
     g->draw_ws = (tern_cuda_sample_workspace(V) + 255) & ~(size_t)255;
     size_t all = g->draw_ws * LOGIT_ROWS;
@@ -455,11 +470,14 @@ static int draw_buffers(gpu_session *g, int V, tern_error *err) {
 static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
     const gpu_model *gm = p->s->m->gpu;
     gpu_session *g = p->g;
-    int B = p->n_seg, H = p->s->m->cfg.hidden, V = p->s->m->cfg.vocab, any = 0;
-    for (int i = 0; draw && i < B; i++) any |= draw[i].on;
+    int B = p->n_seg, H = p->s->m->cfg.hidden, V = p->s->m->cfg.vocab, any = 0, masked = 0;
+    for (int i = 0; draw && i < B; i++) {
+        any |= draw[i].on;
+        masked |= draw[i].on && draw[i].r.mask;
+    }
     for (int i = 0; id && i < B; i++) id[i] = -1;
     if (!any || B > LOGIT_ROWS) return logits ? tern_gpu_head(g, gm, g->out, B, H, V, logits, err) : 0;
-    if (draw_buffers(g, V, err) || tern_gpu_mm(gm, g, g->logits, g->out, B, &gm->w.lm_head, err)) return -1;
+    if (draw_buffers(g, V, masked, err) || tern_gpu_mm(gm, g, g->logits, g->out, B, &gm->w.lm_head, err)) return -1;
     double *u = (double *)g->draw_host;
     int32_t *got = (int32_t *)(u + LOGIT_ROWS);
     for (int i = 0; i < B; i++) {
@@ -467,10 +485,15 @@ static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, 
         const tern_gpu_rule *r = &draw[i].r;
         const float *row = g->logits + (size_t)i * V;
         void *work = (uint8_t *)g->draw_work + (size_t)i * g->draw_ws;
+        uint32_t *mask = r->mask ? g->draw_mask + (size_t)i * g->mask_words : NULL;
+        size_t words = ((size_t)r->n_valid + 31) / 32;
+        if (mask && words > g->mask_words)
+            return tern_fail(err, "GPU sampling: a mask of %zu words (%zu at most)", words, g->mask_words);
+        if (mask) memcpy(mask, r->mask, words * sizeof(uint32_t));
         u[i] = draw[i].u;
-        int rc = r->greedy ? tern_cuda_argmax(row, r->n_valid, work, &got[i], NULL, g->stream, err)
-                           : tern_cuda_sample(row, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p, &u[i],
-                                              work, &got[i], NULL, g->stream, err);
+        int rc = r->greedy ? tern_cuda_argmax(row, mask, r->n_valid, work, &got[i], NULL, g->stream, err)
+                           : tern_cuda_sample(row, mask, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p,
+                                              &u[i], work, &got[i], NULL, g->stream, err);
         if (rc) return -1;
     }
     if (tern_cuda_sync(g->stream, err)) return -1;
@@ -557,6 +580,16 @@ static int drain(gpu_session *g, tern_error *err) {
     return g->n_flight ? tern_cuda_sync(g->stream, err) : 0;
 }
 
+/* A masked draw's mask into the session's page-locked copy, which the
+ * sampler reads when the step runs; no step in flight may still read it. */
+static int put_mask(gpu_session *g, const tern_gpu_rule *rule, tern_error *err) {
+    size_t words = ((size_t)rule->n_valid + 31) / 32;
+    if (drain(g, err)) return -1;
+    if (!g->mask_host && !(g->mask_host = tern_cuda_host_alloc(g->mask_words * sizeof(uint32_t), err))) return -1;
+    memcpy(g->mask_host, rule->mask, words * sizeof(uint32_t));   /* (rule_ok: n_valid within the vocabulary) */
+    return 0;
+}
+
 /* One sampled decode step at s->pos, enqueued (s->pos then counts it):
  * the captured graph of its block, then an event. Whatever must not
  * happen under a step in flight waits for the stream first: the KV
@@ -569,6 +602,7 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
         return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
     if (tern_gpu_experts_tick(s, err)) return -1;
     if (s->pos + 1 > g->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
+    if (rule->mask && put_mask(g, rule, err)) return -1;
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);
     int graph = graphs_allowed(s);

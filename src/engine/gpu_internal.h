@@ -157,13 +157,16 @@ typedef struct gpu_session {
     int n_flight, flight[2];
     tern_event done[2];
     int drawn;                    /* a sampled step was launched: d_id holds its draw */
-    struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any */
+    struct { int on; tern_gpu_rule r; } key_rule[2];   /* the sampler captured in graph[b], if any (rule_key) */
+    uint32_t *mask_host;          /* a masked draw's mask (page-locked, read by the sampler over the bus) */
+    size_t mask_words;            /* the words of a mask of the whole vocabulary */
     int32_t *host_ids;            /* routing observer */
     /* a pass's draws (tern_gpu_forward_many): a sampler workspace of
      * draw_ws bytes a row, and LOGIT_ROWS u then ids in page-locked memory */
     void *draw_work;
     size_t draw_ws;
     uint8_t *draw_host;
+    uint32_t *draw_mask;          /* LOGIT_ROWS masks (page-locked), made at a pass's first masked draw */
 } gpu_session;
 
 /* gpu_model.c */

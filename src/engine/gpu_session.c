@@ -58,6 +58,7 @@ static int alloc_activations(gpu_session *g, const tern_config *c, tern_error *e
     g->ids = (int32_t *)dalloc(P * (size_t)c->top_k, &ok, err);
     g->logits = dalloc((size_t)LOGIT_ROWS * c->vocab, &ok, err);
     g->d_id = (int32_t *)dalloc(1, &ok, err);
+    g->mask_words = ((size_t)c->vocab + 31) / 32;
     g->route_counters = (unsigned *)dalloc((size_t)c->n_layers, &ok, err);
     if (ok && tern_cuda_fill(g->route_counters, 0, (size_t)c->n_layers * sizeof(unsigned), NULL, err)) ok = 0;
     size_t blk_bytes = (STEP_BYTES(P) + 63) & ~(size_t)63;
@@ -184,6 +185,8 @@ static void gpu_destroy(tern_session *s) {
     tern_cuda_free(g->sample_work);
     tern_cuda_free(g->draw_work);
     tern_cuda_host_free(g->draw_host);
+    tern_cuda_host_free(g->draw_mask);
+    tern_cuda_host_free(g->mask_host);
     tern_cuda_free(g->d_id);
     tern_cuda_free(g->route_counters);
     tern_cuda_free(g->gdn_work);

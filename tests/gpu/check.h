@@ -12,5 +12,8 @@ tern_model *load(const char *dir, const char *device);
 /* check_tiers.c: GPU snapshots in host memory and the prefix cache's
  * tiers, on a packed tern-tiny in dir. */
 void check_tiers(const char *dir);
+/* check_grammar.c: constrained decoding drawn on the GPU against the CPU
+ * sampler, on a packed tern-tiny in dir. */
+void check_grammar(const char *dir);
 
 #endif

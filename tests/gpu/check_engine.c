@@ -787,6 +787,7 @@ int main(void) {
     no_logits_step(t8);
     gpu_sampling(t8);
     gpu_stops(t8);
+    check_grammar(t8);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
