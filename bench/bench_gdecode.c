@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     tern_grammar_vocab *v = tern_grammar_vocab_create(tok, tern_model_vocab_size(m), eos, 2, &err);
     if (!v) die("vocabulary", &err);
     int32_t prompt[32];
-    for (int i = 0; i < 32; i++) prompt[i] = (int32_t)((i * 7919 + 101) % 150000);
+    for (int i = 0; i < 32; i++) prompt[i] = (int32_t)((i * 7919 + 101) % tern_tokenizer_vocab_size(tok));
     DIR *d = opendir(dir);
     if (!d) { fprintf(stderr, "bench_gdecode: cannot open %s\n", dir); return 1; }
     char *names[512];

@@ -5,18 +5,16 @@
  * result. Speaks only the public API (tern.h). */
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "cli/bench_machine.h"
 #include "cli/cli.h"
 #include "cli/cmd_pack.h"
 #include "tern.h"
@@ -247,165 +245,6 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     return 0;
 }
 
-/* ---- the machine -------------------------------------------------------- */
-
-static void cpu_name(char *out, size_t n) {
-    snprintf(out, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        char *c = strchr(line, ':');
-        if (!strncmp(line, "model name", 10) && c) {
-            c += 2;
-            c[strcspn(c, "\n")] = '\0';
-            snprintf(out, n, "%s", c);
-            break;
-        }
-    }
-    if (f) fclose(f);
-}
-
-static double ram_gib(void) {
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (double)pages * size / (1u << 30) : 0.0;
-}
-
-/* CPU-seconds per second spent by the whole machine over ~0.5 s, minus this
- * process's own. */
-static int cpu_jiffies(unsigned long long *busy, unsigned long long *total) {
-    FILE *f = fopen("/proc/stat", "r");
-    unsigned long long v[8] = {0};
-    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                       &v[6], &v[7])
-              : 0;
-    if (f) fclose(f);
-    if (n < 5) return -1;
-    *total = 0;
-    for (int i = 0; i < 8; i++) *total += v[i];
-    *busy = *total - v[3] - v[4];
-    return 0;
-}
-
-static double self_cpu_s(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
-}
-
-static double others_busy_cpus(void) {
-    unsigned long long b0, t0, b1, t1;
-    double s0 = self_cpu_s(), w0 = tern_now_s();
-    if (cpu_jiffies(&b0, &t0) != 0) return 0.0;
-    usleep(500000);
-    if (cpu_jiffies(&b1, &t1) != 0 || t1 == t0) return 0.0;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double busy = (double)(b1 - b0) / (double)(t1 - t0) * (double)ncpu;
-    double own = (self_cpu_s() - s0) / (tern_now_s() - w0);
-    return busy - own > 0 ? busy - own : 0.0;
-}
-
-/* Read bandwidth of `threads` threads over a buffer larger than any cache:
- * the ceiling a memory-bound decode step can reach. Best of 3. */
-typedef struct {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-} bw_part;
-
-static void *bw_read(void *arg) {
-    bw_part *b = arg;
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= b->n; i += 4) {
-        s0 += b->p[i];
-        s1 += b->p[i + 1];
-        s2 += b->p[i + 2];
-        s3 += b->p[i + 3];
-    }
-    b->sum = s0 + s1 + s2 + s3;
-    return NULL;
-}
-
-static double read_bandwidth(int threads) {
-    size_t bytes = (size_t)1 << 30, n = bytes / 8;
-    uint64_t *buf = malloc(bytes);
-    if (!buf || threads < 1) { free(buf); return 0.0; }
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    pthread_t th[256];
-    bw_part parts[256];
-    if (threads > 256) threads = 256;
-    double best = 0.0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = tern_now_s();
-        int started = 0;
-        for (int i = 0; i < threads; i++) {
-            parts[i] = (bw_part){buf + n / threads * i, n / threads, 0};
-            if (pthread_create(&th[i], NULL, bw_read, &parts[i]) == 0) started++;
-            else break;
-        }
-        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-        double gbs = (double)bytes / started * started / (tern_now_s() - t0) / 1e9;
-        if (started == threads && gbs > best) best = gbs;
-    }
-    free(buf);
-    return best;
-}
-
-/* In a child process, so the 1 GiB buffer stays out of this process's
- * peak RSS. */
-static double read_bandwidth_apart(int threads) {
-    int fd[2];
-    if (pipe(fd) != 0) return 0.0;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        double v = read_bandwidth(threads);
-        ssize_t w = write(fd[1], &v, sizeof v);
-        _exit(w == (ssize_t)sizeof v ? 0 : 1);
-    }
-    close(fd[1]);
-    double v = 0.0;
-    if (pid < 0 || read(fd[0], &v, sizeof v) != (ssize_t)sizeof v) v = 0.0;
-    close(fd[0]);
-    if (pid > 0) waitpid(pid, NULL, 0);
-    return v;
-}
-
-/* GPU memory this process holds (MiB), from nvidia-smi; < 0 when it cannot
- * tell. The engine allocates everything at load and session creation, so
- * a reading while a session lives is its peak. */
-static double gpu_mem_mib(void) {
-    FILE *p = popen("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null", "r");
-    if (!p) return -1;
-    char line[256];
-    double mib = -1;
-    long me = (long)getpid();
-    while (fgets(line, sizeof line, p)) {
-        long pid;
-        double m;
-        if (sscanf(line, "%ld, %lf", &pid, &m) == 2 && pid == me) mib = m;
-    }
-    pclose(p);
-    return mib;
-}
-
-/* Other processes with a context on the GPUs (nvidia-smi), -1 unknown. */
-static int gpu_other_processes(void) {
-    FILE *p = popen("nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null", "r");
-    if (!p) return -1;
-    char line[64];
-    int n = 0;
-    long me = (long)getpid();
-    while (fgets(line, sizeof line, p)) n += atol(line) != me && atol(line) > 0;
-    return pclose(p) == 0 ? n : -1;
-}
-
-static double peak_rss_gib(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / (1024.0 * 1024.0);
-}
-
 /* ---- measuring ---------------------------------------------------------- */
 
 typedef struct {
@@ -560,7 +399,7 @@ static int run_decode(bench *b, int C, int n, int trace_it, result *r, tern_erro
     }
     tern_session_set_route_observer(s, NULL, NULL);
     if (b->on_gpu) {
-        double mib = gpu_mem_mib();
+        double mib = bench_gpu_mem_mib();
         if (mib > b->vram_mib) b->vram_mib = mib;
     }
     tern_model_stream_stats(b->m, &s1);
@@ -700,14 +539,14 @@ static int measure(bench *b, result *rs, int *n_rs, tern_error *err) {
  * --force). *others gets their CPU use. */
 static int preflight(const bench_opts *o, double *others, double *limit) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *others = others_busy_cpus();
+    *others = bench_others_busy_cpus();
     *limit = 0.1 * ncpu > 0.5 ? 0.1 * ncpu : 0.5;
     if (*others > *limit && !o->force) {
         fprintf(stderr, "tern bench: other processes are using %.1f of %ld CPUs: the numbers would not be "
                         "yours (stop them, or --force)\n", *others, ncpu);
         return 1;
     }
-    int gpu = o->device && strcmp(o->device, "cpu") != 0, n = gpu ? gpu_other_processes() : 0;
+    int gpu = o->device && strcmp(o->device, "cpu") != 0, n = gpu ? bench_gpu_other_processes() : 0;
     if (n > 0 && !o->force) {
         fprintf(stderr, "tern bench: %d other process%s hold%s a GPU context: the numbers would not be yours "
                         "(stop them, or --force)\n", n, n == 1 ? "" : "es", n == 1 ? "s" : "");
@@ -732,7 +571,7 @@ static void print_header(const bench *b, const run_info *ri) {
     const char *dev = tern_model_device(b->m);
     int threads = tern_model_n_threads(b->m);
     printf("tern bench, commit %s, %s\nmachine: %s, %ld CPUs, %.0f GiB RAM, %s %s, %s\ncommand: %s\n", TERN_COMMIT,
-           ri->date, ri->cpu, ri->ncpu, ram_gib(), un.sysname, un.release, strcmp(dev, "cpu") ? dev : "no GPU used",
+           ri->date, ri->cpu, ri->ncpu, bench_ram_gib(), un.sysname, un.release, strcmp(dev, "cpu") ? dev : "no GPU used",
            o->command);
     char rope[192];
     tern_model_rope_describe(b->m, rope, sizeof rope);
@@ -757,14 +596,14 @@ static int report(const bench *b, const run_info *ri, const result *rs, int n_rs
     const bench_opts *o = b->o;
     print_header(b, ri);
     print_table(stdout, rs, n_rs);
-    printf("\npeak RSS: %.2f GiB", peak_rss_gib());
+    printf("\npeak RSS: %.2f GiB", bench_peak_rss_gib());
     if (b->on_gpu && b->vram_mib >= 0) printf("; GPU memory: %.2f GiB", b->vram_mib / 1024);
     printf("\n");
     json_t *js = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:s, s:f, s:i, s:i, s:f, s:o, s:f, s:s}", "commit",
                            TERN_COMMIT, "date", ri->date, "cpu", ri->cpu, "command", o->command, "cpus", (int)ri->ncpu,
-                           "ram_gib", ram_gib(), "model", o->model ? o->model : o->synth_shape, "load_s", ri->load_s,
+                           "ram_gib", bench_ram_gib(), "model", o->model ? o->model : o->synth_shape, "load_s", ri->load_s,
                            "threads", tern_model_n_threads(b->m), "kv_bits", o->kv_bits, "read_bandwidth_gb_s",
-                           b->bandwidth, "results", results_json(rs, n_rs), "peak_rss_gib", peak_rss_gib(), "device",
+                           b->bandwidth, "results", results_json(rs, n_rs), "peak_rss_gib", bench_peak_rss_gib(), "device",
                            tern_model_device(b->m));
     if (b->on_gpu && b->vram_mib >= 0) json_object_set_new(js, "gpu_memory_gib", json_real(b->vram_mib / 1024));
     if (b->trace) print_routing(stdout, b->trace, n_experts, o->curve, js);
@@ -797,14 +636,14 @@ int tern_cli_bench(int argc, char **argv) {
     ri.load_s = tern_now_s() - t0;
     bench b = {.m = m, .o = &o, .vocab = tern_model_vocab_size(m), .rng = 0x9E3779B97F4A7C15ull ^ (o.seed + 1),
                .on_gpu = strcmp(tern_model_device(m), "cpu") != 0, .vram_mib = -1};
-    b.bandwidth = o.bandwidth ? (double)o.bandwidth : read_bandwidth_apart(tern_model_n_threads(m));
+    b.bandwidth = o.bandwidth ? (double)o.bandwidth : bench_read_bandwidth_apart(tern_model_n_threads(m));
     int n_layers, n_experts, top_k;
     tern_model_moe_shape(m, &n_layers, &n_experts, &top_k);
     b.trace = tern_route_trace_create(n_layers, n_experts, top_k, &err);
     result rs[2 * MAX_LIST + MAX_LIST * MAX_LIST];
     int n_rs = 0, rc = measure(&b, rs, &n_rs, &err);
     if (rc != 0) fprintf(stderr, "tern bench: %s\n", err.msg);
-    cpu_name(ri.cpu, sizeof ri.cpu);
+    bench_cpu_name(ri.cpu, sizeof ri.cpu);
     time_t now = time(NULL);
     strftime(ri.date, sizeof ri.date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     if (report(&b, &ri, rs, n_rs, n_experts) != 0) rc = -1;
