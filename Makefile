@@ -114,6 +114,7 @@ test-server: $(B)/tern
 	TERN_BIN=$(B)/tern tests/server/run.sh
 	TERN_BIN=build-asan/tern tests/server/run.sh tests/server/test_corpus.py tests/server/test_concurrency.py \
 	    tests/server/test_prefix_cache.py tests/server/test_prefix_cache_disk.py tests/server/test_residency.py \
+	    tests/server/test_prompt_view.py \
 	    $(WEBUI_HTTP_TESTS)
 
 # tern pull against a local mock of the Hugging Face hub (tests/pull), with

@@ -12,6 +12,7 @@
 
 #include "tern.h"
 #include "testutil.h"
+#include "text/concise.h"
 
 static int count_tokens(const char *text) {
     tern_error err;
@@ -315,4 +316,28 @@ Test(cli, mlock_names_the_limit_or_runs) {
         cr_expect_eq(strchr(out, '\n'), out + strlen(out) - 1, "not one line: %s", out);
     }
     free(out);
+}
+
+/* chat --concise: the concise prompt after the system prompt (or as it). */
+static int concise_prompt(const char *flags) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf 'Hi\\n' | %s chat %s --no-think --temp 0 -n 1 -t 2 --json 2>/dev/null", tern_bin(),
+             flags);
+    int rc, p = -1;
+    char *out = run_sh(cmd, &rc);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *l = strstr(out, "\"prompt_tokens\":");
+    cr_assert(l && sscanf(l, "\"prompt_tokens\":%d", &p) == 1, "%s", out);
+    free(out);
+    return p;
+}
+
+Test(cli, chat_concise) {
+    char text[1024];
+    snprintf(text, sizeof text, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+             "<|im_start|>assistant\n<think>\n\n</think>\n\n", tern_concise_prompt);
+    cr_expect_eq(concise_prompt("--concise"), count_tokens(text));
+    snprintf(text, sizeof text, "<|im_start|>system\nBe kind.\n\n%s<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+             "<|im_start|>assistant\n<think>\n\n</think>\n\n", tern_concise_prompt);
+    cr_expect_eq(concise_prompt("--concise --system 'Be kind.'"), count_tokens(text));
 }

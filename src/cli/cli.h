@@ -16,6 +16,7 @@ typedef struct cli_opts {
     const char *prompt_file;     /* -f */
     const char *tokens;          /* --tokens */
     const char *system;          /* --system (chat) */
+    int concise;                 /* --concise (chat): the concise prompt after the system prompt */
     const char *decode;          /* --decode (tokenize) */
     const char *positional;      /* tokenize TEXT */
     int n_predict;               /* -n; -1 = until EOS */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "text/concise.h"
 
 /* Ctrl-C stops the current generation (and, at the chat prompt, the chat). */
 static volatile sig_atomic_t interrupted;
@@ -476,7 +477,16 @@ int cmd_chat(const cli_opts *o) {
     tern_chat_options_default(&c.opt);
     c.opt.enable_thinking = o->think;
     c.opt.preserve_thinking = 1;
-    if (o->system) json_array_append_new(c.messages, json_pack("{s:s, s:s}", "role", "system", "content", o->system));
+    if (o->system || o->concise) {
+        char *sys = NULL;
+        if (asprintf(&sys, "%s%s%s", o->system ? o->system : "", o->system && o->concise ? "\n\n" : "",
+                     o->concise ? tern_concise_prompt : "") < 0) {
+            fprintf(stderr, "tern: out of memory\n");
+            goto done;
+        }
+        json_array_append_new(c.messages, json_pack("{s:s, s:s}", "role", "system", "content", sys));
+        free(sys);
+    }
     install_sigint();
     int tty = isatty(STDIN_FILENO), turn = 0;
     char *line = NULL, *msg;

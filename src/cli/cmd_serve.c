@@ -58,6 +58,8 @@ static void serve_usage(FILE *f) {
             "  --idle-timeout S       seconds an idle keep-alive connection stays open (default 60)\n"
             "  --heartbeat S          seconds between keep-alive comments on a waiting stream (default 5)\n"
             "  --no-think             thinking off unless a request turns it on (default on)\n"
+            "  --concise              a system prompt asking for short answers added to every conversation\n"
+            "                         (after the request's own; docs/SERVER.md)\n"
             "  --preserve-thinking    the chat template keeps the reasoning of every earlier turn unless a\n"
             "                         request says otherwise (chat_template_kwargs): an agent's new message\n"
             "                         then leaves the prompt's prefix as it was, so the prefix cache keeps\n"
@@ -115,6 +117,7 @@ int tern_cli_serve(int argc, char **argv) {
         if (IS("--no-webui")) { p.webui = 0; continue; }
         if (IS("--think")) { p.think = 1; continue; }
         if (IS("--preserve-thinking")) { p.preserve_thinking = 1; continue; }
+        if (IS("--concise")) { p.concise = 1; continue; }
         if (IS("--lazy-load")) { p.lazy_load = 1; continue; }
         int serve_opt = IS("--host") || IS("--port") || IS("--api-key") || IS("--model-id") || IS("--slots") || IS("--max-seqs") || IS("--prefill-chunk") ||
                         IS("--queue-limit") || IS("--max-tokens") || IS("--responses-store") || IS("--max-body") ||

@@ -18,7 +18,7 @@ void cli_usage(FILE *f) {
         "\n"
         "commands:\n"
         "  run       -p TEXT | -f FILE | --tokens IDS    stream a raw completion\n"
-        "  chat      [--system TEXT] [--no-think]          interactive multi-turn chat (reads stdin)\n"
+        "  chat      [--system TEXT] [--no-think] [--concise]   interactive multi-turn chat (reads stdin)\n"
         "  info                                            architecture, tensors, parameter counts\n"
         "  tokenize  TEXT | --decode IDS                   text -> ids, or ids -> text\n"
         "  perplexity -f FILE [--ctx N]                    perplexity of a text in windows of N tokens\n"
@@ -60,6 +60,7 @@ void cli_usage(FILE *f) {
         "  --json-schema FILE       run: the output is JSON valid under this JSON Schema (constrained decoding)\n"
         "  --grammar-file FILE      run: the output matches this GBNF grammar (llama.cpp's syntax)\n"
         "  --think / --no-think     chat: reasoning on (default) or off\n"
+        "  --concise                chat: ask for short answers (the system prompt of tern serve --concise)\n"
         "  --hide-reasoning         run, chat: print the answer only (the reasoning is dimmed on a terminal,\n"
         "                           between <think> tags elsewhere)\n"
         "  --json                   one JSON object per run: text (the answer), reasoning, token counts, timings\n");
@@ -169,6 +170,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--think")) o->think = 1;
         else if (!strcmp(a, "--no-think")) o->think = 0;
+        else if (!strcmp(a, "--concise")) o->concise = 1;
         else if (!strcmp(a, "--hide-reasoning")) o->hide_reasoning = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { cli_usage(stdout); exit(0); }
         else if (a[0] == '-' && a[1] != '\0') {

@@ -31,6 +31,7 @@ typedef struct srv_ctx {
     int n_ctx;                       /* context length of every session */
     int think;                       /* thinking on when a request does not say */
     int preserve_thinking;           /* earlier turns' reasoning kept, when a request does not say */
+    int concise;                     /* the concise system prompt added to every conversation (prompt_view.c) */
     tern_sampler_params sampling;    /* generation_config.json with the command line's overrides */
     int fixed_seed;                  /* sampling.seed seeds every request that gives none (else a random one) */
     int max_tokens;                  /* default limit (< 0: the context's end) */
@@ -110,6 +111,23 @@ typedef struct srv_prompt_opts {
     int thinking;                    /* enable_thinking */
     int preserve_thinking;
 } srv_prompt_opts;
+
+/* ---- views of a conversation (prompt_view.c) ---------------------------- */
+
+struct srv_constraint;
+
+/* Whether model (or the request's "model") names the fast view: "<id>-fast". */
+int srv_model_is_fast(const srv_ctx *c, const char *model);
+int srv_model_fast(const srv_ctx *c, json_t *req);
+/* The fast view in place of a checked conversation (*msgs, *tools: new
+ * references, replaced): no system, developer or tool messages, no tools
+ * (nor k's forced calls; k may be NULL), no tool calls, no
+ * <system-reminder> blocks; a message the cuts would leave empty keeps its
+ * content, and a conversation left with no user turn stays as it was. */
+void srv_fast_view(json_t **msgs, json_t **tools, struct srv_constraint *k);
+/* msgs with the concise prompt after the system message's text, or as the
+ * system message when there is none (new reference). */
+json_t *srv_concise_view(json_t *msgs);
 
 /* Renders the conversation with the chat template and tokenizes it into
  * the job: the prompt, its boundary (the tokens before the generation

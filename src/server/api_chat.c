@@ -368,8 +368,9 @@ srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         srv_check_tools(json_object_get(req, "tools"), "tools", &tools, e))
         return NULL;
     if (!use_tools) { json_decref(tools); tools = NULL; }
-    if (!(msgs = srv_check_conversation(json_object_get(req, "messages"), "messages", e)) ||
-        srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, j, e) ||
+    if ((msgs = srv_check_conversation(json_object_get(req, "messages"), "messages", e)) && srv_model_fast(c, req))
+        srv_fast_view(&msgs, &tools, &k);
+    if (!msgs || srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, j, e) ||
         srv_parse_stop(req, "stop", j, e) || srv_parse_ignore_eos(c, req, j, e) ||
         srv_parse_max_tokens(c, req, srv_absent(req, "max_completion_tokens") ? "max_tokens" : "max_completion_tokens",
                              0, c->max_tokens, j, e) ||

@@ -356,6 +356,7 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         srv_get_bool(req, "stream", 0, &stream, e) || parse_thinking(c, req, &po.thinking, e) ||
         srv_messages_conversation(req, &msgs, &tools, &single, &k, e))
         return NULL;
+    if (srv_model_fast(c, req)) srv_fast_view(&msgs, &tools, &k);
     int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, j, e) ||
              srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e) ||
              srv_build_grammar(c, &k, tools, !single, j, e);
@@ -384,6 +385,7 @@ json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     if (srv_check_model(c, req, 1, e) || parse_thinking(c, req, &po.thinking, e) ||
         srv_messages_conversation(req, &msgs, &tools, &single, NULL, e))
         return NULL;
+    if (srv_model_fast(c, req)) srv_fast_view(&msgs, &tools, NULL);
     srv_job *j = srv_job_create();
     int rc = j ? srv_build_chat_prompt(c, msgs, tools, &po, j, e) : srv_fail(e, 500, NULL, "out of memory");
     json_t *out = rc ? NULL : json_pack("{s:i}", "input_tokens", j->n_prompt);

@@ -482,7 +482,9 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     if (json_is_string(instructions)) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions));
     json_array_extend(msgs, conv);
     if (!use_tools) { json_decref(tools); tools = NULL; }
-    if (!(checked = srv_check_conversation(msgs, "input", e)) || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
+    if ((checked = srv_check_conversation(msgs, "input", e)) && srv_model_fast(c, req))
+        srv_fast_view(&checked, &tools, &k);
+    if (!checked || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
         srv_parse_sampling(c, req, 2.0, j, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e) ||
         srv_build_grammar(c, &k, tools, parallel, j, e))
         goto fail;

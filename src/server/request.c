@@ -70,7 +70,7 @@ int srv_check_model(const srv_ctx *c, json_t *req, int required, srv_err *e) {
     json_t *v = json_object_get(req, "model");
     if (!v || json_is_null(v)) return required ? srv_fail(e, 400, "model", "model: a model name is required") : 0;
     if (!json_is_string(v)) return srv_fail(e, 400, "model", "model must be a string");
-    if (c->strict_model && strcmp(json_string_value(v), c->model_id) != 0) {
+    if (c->strict_model && strcmp(json_string_value(v), c->model_id) != 0 && !srv_model_is_fast(c, json_string_value(v))) {
         srv_fail(e, 404, "model", "model '%.200s' is not served here (this server serves '%.200s')",
                  json_string_value(v), c->model_id);
         e->code = "model_not_found";
@@ -517,7 +517,9 @@ int srv_check_prompt_len(const srv_ctx *c, const srv_job *j, const char *param, 
 
 int srv_build_chat_prompt(srv_ctx *c, json_t *messages, json_t *tools, const srv_prompt_opts *o, srv_job *j,
                           srv_err *e) {
-    char *mj = json_dumps(messages, JSON_COMPACT), *tj = tools ? json_dumps(tools, JSON_COMPACT) : NULL;
+    json_t *view = c->concise ? srv_concise_view(messages) : json_incref(messages);
+    char *mj = view ? json_dumps(view, JSON_COMPACT) : NULL, *tj = tools ? json_dumps(tools, JSON_COMPACT) : NULL;
+    json_decref(view);
     tern_chat_options opt;
     tern_chat_options_default(&opt);
     opt.enable_thinking = o->thinking;

@@ -250,6 +250,7 @@ int srv_run(const srv_params *p) {
     ctx.strict_model = p->strict_model;
     ctx.think = p->think;
     ctx.preserve_thinking = p->preserve_thinking;
+    ctx.concise = p->concise;
     ctx.sampling = p->sampling;
     ctx.fixed_seed = p->fixed_seed;
     ctx.max_tokens = p->max_tokens;

@@ -37,6 +37,7 @@ typedef struct srv_params {
     int max_tokens;              /* default limit; < 0: the context's end */
     int think;                   /* thinking when a request does not say */
     int preserve_thinking;       /* the chat template keeps every turn's reasoning, when a request does not say */
+    int concise;                 /* a system prompt asking for short answers in every conversation */
     int ignore_eos;              /* default of the ignore_eos request field */
     int mtp;                     /* default of the mtp request field; > 0: slots keep the MTP head in step */
     /* scheduling */
