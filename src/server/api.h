@@ -116,9 +116,17 @@ typedef struct srv_prompt_opts {
 
 struct srv_constraint;
 
-/* Whether model (or the request's "model") names the fast view: "<id>-fast". */
+/* Whether model (or the request's "model") names the fast view: "<id>-fast"
+ * (without strict_model, any name but the id that ends in "-fast"). */
 int srv_model_is_fast(const srv_ctx *c, const char *model);
 int srv_model_fast(const srv_ctx *c, json_t *req);
+/* The fast view of a request (new reference; NULL: out of memory): a
+ * shallow copy without its system prompt (Anthropic's "system", the
+ * Responses API's "instructions") and without system and developer
+ * messages anywhere in "messages" or "input" (the APIs that take one after
+ * the conversation began make it a user turn). Each API's prepare parses
+ * it in place of the request. */
+json_t *srv_fast_request(json_t *req);
 /* The fast view in place of a checked conversation (*msgs, *tools: new
  * references, replaced): no system, developer or tool messages, no tools
  * (nor k's forced calls; k may be NULL), no tool calls, no

@@ -357,7 +357,7 @@ static int parse_thinking(const srv_ctx *c, json_t *req, srv_prompt_opts *o, srv
                : 0;
 }
 
-srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+static srv_enc *chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, include_usage, use_tools, parallel;
     srv_prompt_opts po;
     srv_constraint k = {0};
@@ -389,6 +389,18 @@ srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     enc->include_usage = include_usage;
     enc->logprobs = j->logprobs;
     return &enc->base;
+}
+
+/* A request for the fast view is parsed as its view (prompt_view.c). */
+srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
+    if (!view && srv_model_fast(c, req)) {
+        srv_fail(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    srv_enc *out = chat_prepare(c, view ? view : req, j, e);
+    json_decref(view);
+    return out;
 }
 
 /* The completions prompt: a string, a list of token ids, or a list

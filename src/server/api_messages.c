@@ -347,7 +347,7 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
     return 0;
 }
 
-srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+static srv_enc *messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, single;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     srv_constraint k = {0};
@@ -378,7 +378,19 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     return &m->base;
 }
 
-json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
+/* A request for the fast view is parsed as its view (prompt_view.c). */
+srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
+    if (!view && srv_model_fast(c, req)) {
+        srv_fail(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    srv_enc *out = messages_prepare(c, view ? view : req, j, e);
+    json_decref(view);
+    return out;
+}
+
+static json_t *count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     int single;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *msgs = NULL, *tools = NULL;
@@ -392,5 +404,17 @@ json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     srv_job_release(j);
     json_decref(msgs);
     json_decref(tools);
+    return out;
+}
+
+/* A request for the fast view is parsed as its view (prompt_view.c). */
+json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
+    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
+    if (!view && srv_model_fast(c, req)) {
+        srv_fail(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    json_t *out = count_tokens(c, view ? view : req, e);
+    json_decref(view);
     return out;
 }

@@ -448,7 +448,7 @@ static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err
     return 0;
 }
 
-srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+static srv_enc *responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, store, parallel, use_tools;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     srv_constraint k = {0};
@@ -526,4 +526,16 @@ fail:
     json_decref(checked);
     json_decref(namespaces);
     return NULL;
+}
+
+/* A request for the fast view is parsed as its view (prompt_view.c). */
+srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
+    if (!view && srv_model_fast(c, req)) {
+        srv_fail(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    srv_enc *out = responses_prepare(c, view ? view : req, j, e);
+    json_decref(view);
+    return out;
 }

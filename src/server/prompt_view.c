@@ -14,9 +14,12 @@
 #define REMINDER_OPEN "<system-reminder>"
 #define REMINDER_CLOSE "</system-reminder>"
 
+/* "<id>-fast"; without --strict-model, any other name ending in "-fast" too
+ * (clients name the model as they please). */
 int srv_model_is_fast(const srv_ctx *c, const char *model) {
-    size_t n = strlen(c->model_id);
-    return model && !strncmp(model, c->model_id, n) && !strcmp(model + n, FAST_SUFFIX);
+    size_t n = model ? strlen(model) : 0, k = strlen(FAST_SUFFIX);
+    if (n <= k || strcmp(model + n - k, FAST_SUFFIX) || !strcmp(model, c->model_id)) return 0;
+    return !c->strict_model || (n - k == strlen(c->model_id) && !strncmp(model, c->model_id, n - k));
 }
 
 int srv_model_fast(const srv_ctx *c, json_t *req) {
@@ -104,6 +107,32 @@ static json_t *fast_messages(json_t *msgs) {
     if (turns) return out;
     json_decref(out);
     return NULL;
+}
+
+/* Whether an item of a request's messages or input is a system or
+ * developer message. */
+static int is_system(json_t *m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    return role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+}
+
+json_t *srv_fast_request(json_t *req) {
+    json_t *v = json_copy(req);
+    if (!v) return NULL;
+    json_object_del(v, "system");
+    json_object_del(v, "instructions");
+    static const char *const lists[] = {"messages", "input"};
+    for (size_t l = 0; l < sizeof lists / sizeof *lists; l++) {
+        json_t *a = json_object_get(req, lists[l]), *m, *kept;
+        size_t i, n = 0;
+        if (!json_is_array(a)) continue;
+        json_array_foreach(a, i, m) n += !is_system(m);
+        if (!n) continue;   /* (nothing but system messages: as sent, for the API's own error) */
+        kept = json_array();
+        json_array_foreach(a, i, m) if (!is_system(m)) json_array_append(kept, m);
+        json_object_set_new(v, lists[l], kept);
+    }
+    return v;
 }
 
 void srv_fast_view(json_t **msgs, json_t **tools, srv_constraint *k) {

@@ -67,22 +67,37 @@ def test_fast_view_keeps_what_would_be_empty(server):
 
 
 def test_fast_view_messages_and_responses(server):
+    # Claude Code's form: a system prompt, tools, reminders, and a system message after the user's turn (which the
+    # Messages API otherwise renders as a user turn)
     body = {"model": "tern-tiny", "max_tokens": 4, "system": "You are Claude Code. " * 30, "tools": [
         {"name": "Read", "description": "Reads a file.", "input_schema": {"type": "object", "properties": {}}}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": REMINDER},
-                                                      {"type": "text", "text": "Fix the bug."}]}]}
+                                                      {"type": "text", "text": "Fix the bug."}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment\n" * 40}]}]}
     view = {"model": "tern-tiny", "messages": [{"role": "user", "content": "Fix the bug."}]}
     assert count(server, dict(body, model="tern-tiny-fast")) == count(server, view)
     r = server.post("/v1/messages", dict(body, model="tern-tiny-fast"))
     assert r.status == 200 and r.json()["usage"]["input_tokens"] == count(server, view), r
 
-    resp = {"model": "tern-tiny-fast", "instructions": "You are Codex. " * 30, "input": "List the files.",
+    resp = {"model": "tern-tiny-fast", "instructions": "You are Codex. " * 30,
+            "input": [{"role": "user", "content": "List the files."},
+                      {"role": "developer", "content": "Sandbox: read-only. " * 20}],
             "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}],
             "max_output_tokens": 4}
     r = server.post("/v1/responses", resp)
     assert r.status == 200, r
-    plain = server.post("/v1/responses", {"input": "List the files.", "max_output_tokens": 4})
+    plain = server.post("/v1/responses", {"input": [{"role": "user", "content": "List the files."}],
+                                          "max_output_tokens": 4})
     assert r.json()["usage"]["input_tokens"] == plain.json()["usage"]["input_tokens"]
+
+
+def test_fast_names(server):
+    msgs = [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": "Hi"}]
+    plain = prompt_tokens(server, {"messages": msgs})
+    assert prompt_tokens(server, {"model": "qwen3.6-35b-a3b-fast", "messages": msgs}) < plain - 20, \
+        "without --strict-model any name ending in -fast asks for the view"
+    for name in ("qwen3.6-35b-a3b", "-fast", "fast", "tern-tiny-fastest"):
+        assert prompt_tokens(server, {"model": name, "messages": msgs}) == plain, name
 
 
 def test_fast_name_under_strict_model(start_server):
