@@ -111,7 +111,7 @@ def test_api_key_sdk(keyed):
     import openai
     with pytest.raises(openai.AuthenticationError):
         openai_client(keyed, api_key="nope").models.list()
-    assert [m.id for m in openai_client(keyed, api_key="sekrit-key").models.list()] == ["tern-tiny"]
+    assert [m.id for m in openai_client(keyed, api_key="sekrit-key").models.list()] == ["tern-tiny", "tern-tiny-fast"]
 
 
 def test_health_needs_no_key(keyed):

@@ -429,7 +429,7 @@ def test_responses_length_is_incomplete(client):
 
 def test_models(client):
     ms = list(client.models.list())
-    assert [m.id for m in ms] == [MODEL]
+    assert [m.id for m in ms] == [MODEL, MODEL + "-fast"]
     m = client.models.retrieve(MODEL)
     assert m.id == MODEL and m.object == "model"
 
