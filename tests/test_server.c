@@ -625,6 +625,7 @@ Test(server, tool_conversations_render_as_the_template_does) {
         if (items) {
             json_t *rmsgs = json_array();
             cr_assert_eq(srv_responses_input(items, rmsgs, &e), 0, "%s: %s", str(c, "name"), e.msg);
+            srv_late_system_as_user(rmsgs);
             json_t *rchecked = srv_check_conversation(rmsgs, "input", &e);
             cr_assert(rchecked, "%s: %s", str(c, "name"), e.msg);
             got = render(rchecked, tools, options);

@@ -477,9 +477,10 @@ int cmd_chat(const cli_opts *o) {
     tern_chat_options_default(&c.opt);
     c.opt.enable_thinking = o->think;
     c.opt.preserve_thinking = 1;
-    if (o->system || o->concise) {
+    if ((o->system && *o->system) || o->concise) {
         char *sys = NULL;
-        if (asprintf(&sys, "%s%s%s", o->system ? o->system : "", o->system && o->concise ? "\n\n" : "",
+        int both = o->system && *o->system && o->concise;
+        if (asprintf(&sys, "%s%s%s", o->system ? o->system : "", both ? "\n\n" : "",
                      o->concise ? tern_concise_prompt : "") < 0) {
             fprintf(stderr, "tern: out of memory\n");
             goto done;

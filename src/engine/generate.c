@@ -353,7 +353,10 @@ int tern_gen_step_many(tern_gen *const *g, int n_gen, tern_session *const *extra
      * numbers taken only once every input is known good) */
     for (int i = 0; ret == 0 && i < n_gen; i++) {
         if (!(draw[i].on = g[i]->g.gpu.on)) continue;
-        if ((ret = draw_mask(g[i], n[i], err))) break;
+        tern_error own;
+        /* (a mask that cannot be made: that row's logits come back, and the
+         * host's draw meets the error again, for that generation alone) */
+        if (draw_mask(g[i], n[i], &own)) { draw[i].on = 0; continue; }
         draw[i].r = g[i]->g.gpu.r;
         draw[i].u = next_u(&g[i]->g);
     }

@@ -120,18 +120,21 @@ struct srv_constraint;
  * (without strict_model, any name but the id that ends in "-fast"). */
 int srv_model_is_fast(const srv_ctx *c, const char *model);
 int srv_model_fast(const srv_ctx *c, json_t *req);
-/* The fast view of a request (new reference; NULL: out of memory): a
- * shallow copy without its system prompt (Anthropic's "system", the
- * Responses API's "instructions") and without system and developer
- * messages anywhere in "messages" or "input" (the APIs that take one after
- * the conversation began make it a user turn). Each API's prepare parses
- * it in place of the request. */
+/* A list of messages without its system and developer messages (new
+ * reference; the list itself when nothing else is in it): the APIs that
+ * take one after the conversation began would make it a user turn. */
+json_t *srv_fast_messages(json_t *list);
+/* The fast view of a chat or Messages request (new reference; NULL: out of
+ * memory): a shallow copy without Anthropic's "system" and with
+ * srv_fast_messages of its "messages"; the prepare parses it in place of
+ * the request. (The Responses API filters its assembled messages itself,
+ * so that the conversation it stores stays as sent.) */
 json_t *srv_fast_request(json_t *req);
 /* The fast view in place of a checked conversation (*msgs, *tools: new
  * references, replaced): no system, developer or tool messages, no tools
  * (nor k's forced calls; k may be NULL), no tool calls, no
- * <system-reminder> blocks; a message the cuts would leave empty keeps its
- * content, and a conversation left with no user turn stays as it was. */
+ * <system-reminder> blocks, no user turn those cuts empty while another
+ * keeps text; a conversation left with no user turn stays as it was. */
 void srv_fast_view(json_t **msgs, json_t **tools, struct srv_constraint *k);
 /* msgs with the concise prompt after the system message's text, or as the
  * system message when there is none (new reference). */
@@ -216,8 +219,12 @@ srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
  * the turn; k (may be NULL) gets a forced tool choice. */
 int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
                               srv_err *e);
-/* Responses input (a string or items) appended to msgs as chat messages. */
+/* Responses input (a string or items) appended to msgs as chat messages,
+ * roles as sent; srv_late_system_as_user then makes system and developer
+ * messages after the conversation began user turns (copies), which the
+ * chat template can render. */
 int srv_responses_input(json_t *input, json_t *msgs, srv_err *e);
+void srv_late_system_as_user(json_t *msgs);
 /* POST /v1/messages/count_tokens: the body {"input_tokens": N}. */
 json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e);
 

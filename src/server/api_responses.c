@@ -338,9 +338,24 @@ static json_t *open_assistant(json_t *msgs) {
     return role && !strcmp(role, "assistant") ? last : NULL;
 }
 
-/* Input items as chat messages (appended to msgs). System and developer
- * items after the conversation began become user messages, so the chat
- * template, which takes a system message only first, can render them. */
+/* (copies: the items are the stored conversation's) */
+void srv_late_system_as_user(json_t *msgs) {
+    int began = 0;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        int sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (sys && began) {
+            json_t *u = json_copy(m);
+            json_object_set_new(u, "role", json_string("user"));
+            json_array_set_new(msgs, i, u);
+        }
+        began |= !sys;
+    }
+}
+
+/* Input items as chat messages (appended to msgs), roles as sent
+ * (srv_late_system_as_user makes them renderable). */
 int srv_responses_input(json_t *input, json_t *msgs, srv_err *e) {
     if (json_is_string(input)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input));
@@ -360,7 +375,6 @@ int srv_responses_input(json_t *input, json_t *msgs, srv_err *e) {
         if (!strcmp(type, "message")) {
             const char *role = json_string_value(json_object_get(it, "role"));
             if (!role) { json_decref(reasoning); return srv_fail(e, 400, where, "%s.role must be a string", where); }
-            if ((!strcmp(role, "system") || !strcmp(role, "developer")) && srv_conversation_began(msgs)) role = "user";
             json_t *m = json_pack("{s:s, s:O}", "role", role, "content",
                                   json_object_get(it, "content") ? json_object_get(it, "content") : json_null());
             if (!strcmp(role, "assistant") && reasoning) json_object_set_new(m, "reasoning_content", reasoning), reasoning = NULL;
@@ -448,7 +462,7 @@ static int parse_reasoning(const srv_ctx *c, json_t *req, int *thinking, srv_err
     return 0;
 }
 
-static srv_enc *responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, store, parallel, use_tools;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     srv_constraint k = {0};
@@ -481,6 +495,12 @@ static srv_enc *responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *
     msgs = json_array();
     if (json_is_string(instructions)) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions));
     json_array_extend(msgs, conv);
+    if (srv_model_fast(c, req)) {   /* (the stored conversation and the echoed instructions stay as sent) */
+        json_t *view = srv_fast_messages(msgs);
+        json_decref(msgs);
+        msgs = view;
+    }
+    srv_late_system_as_user(msgs);
     if (!use_tools) { json_decref(tools); tools = NULL; }
     if ((checked = srv_check_conversation(msgs, "input", e)) && srv_model_fast(c, req))
         srv_fast_view(&checked, &tools, &k);
@@ -526,16 +546,4 @@ fail:
     json_decref(checked);
     json_decref(namespaces);
     return NULL;
-}
-
-/* A request for the fast view is parsed as its view (prompt_view.c). */
-srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
-    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
-    if (!view && srv_model_fast(c, req)) {
-        srv_fail(e, 500, NULL, "out of memory");
-        return NULL;
-    }
-    srv_enc *out = responses_prepare(c, view ? view : req, j, e);
-    json_decref(view);
-    return out;
 }

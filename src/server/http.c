@@ -476,18 +476,23 @@ static json_t *model_json(srv_http *h, const char *id) {
 }
 
 static enum MHD_Result answer_models(req *r, struct MHD_Connection *c, srv_ctx *ctx, const char *url) {
-    char fast[512];
-    snprintf(fast, sizeof fast, "%s-fast", ctx->model_id);   /* the fast view (prompt_view.c) */
+    char *fast = NULL;   /* the fast view's name (prompt_view.c) */
+    if (asprintf(&fast, "%s-fast", ctx->model_id) < 0) return fail(r, c, 500, NULL, "%s", "out of memory");
+    enum MHD_Result rc;
     if (r->rt->id == R_MODEL) {
         const char *id = unversioned(url) + strlen(r->rt->path);
         int is_fast = srv_model_is_fast(ctx, id);
         if (ctx->strict_model && strcmp(id, ctx->model_id) != 0 && !is_fast)
-            return fail(r, c, 404, "model", "model '%.200s' is not served here", id);
-        return send_json(r, c, 200, model_json(r->h, is_fast ? fast : ctx->model_id));
+            rc = fail(r, c, 404, "model", "model '%.200s' is not served here", id);
+        else
+            rc = send_json(r, c, 200, model_json(r->h, is_fast ? fast : ctx->model_id));
+    } else {
+        rc = send_json(r, c, 200, json_pack("{s:s, s:[o, o], s:b, s:s, s:s}", "object", "list", "data",
+                                            model_json(r->h, ctx->model_id), model_json(r->h, fast), "has_more", 0,
+                                            "first_id", ctx->model_id, "last_id", fast));
     }
-    return send_json(r, c, 200, json_pack("{s:s, s:[o, o], s:b, s:s, s:s}", "object", "list", "data",
-                                          model_json(r->h, ctx->model_id), model_json(r->h, fast), "has_more", 0,
-                                          "first_id", ctx->model_id, "last_id", fast));
+    free(fast);
+    return rc;
 }
 
 static enum MHD_Result answer_metrics(req *r, struct MHD_Connection *c, srv_ctx *ctx) {

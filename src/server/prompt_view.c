@@ -51,13 +51,10 @@ static json_t *without_reminders(json_t *text) {
 }
 
 /* A message's content without reminder blocks: a string, or text parts
- * (a part left empty goes); the content as it was when nothing would be
- * left (new reference). */
+ * (a part left empty goes); NULL when nothing would be left (new
+ * reference). */
 static json_t *content_view(json_t *content) {
-    if (json_is_string(content)) {
-        json_t *v = without_reminders(content);
-        return v ? v : json_incref(content);
-    }
+    if (json_is_string(content)) return without_reminders(content);
     if (!json_is_array(content)) return json_incref(content);
     json_t *parts = json_array(), *p;
     size_t i;
@@ -75,17 +72,32 @@ static json_t *content_view(json_t *content) {
     }
     if (json_array_size(parts)) return parts;
     json_decref(parts);
-    return json_incref(content);
+    return NULL;
+}
+
+static int is_role(json_t *m, const char *role) {
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r && !strcmp(r, role);
+}
+
+/* Whether a user turn keeps text once its reminders are cut. */
+static int has_text(json_t *m) {
+    json_t *v = content_view(json_object_get(m, "content"));
+    json_decref(v);
+    return v != NULL;
 }
 
 /* The fast view of a checked conversation: system, developer and tool
  * messages left out, assistant messages without their tool calls (one
- * left with no text goes too), reminder blocks cut from the rest. NULL
- * when nothing would be left. */
+ * left with no text goes too), reminder blocks cut from the rest; a user
+ * turn the cuts empty goes too (an agent's tool results come back as a
+ * user turn of reminders), unless no user turn keeps text: then those
+ * keep their content as sent. NULL when no user turn is left. */
 static json_t *fast_messages(json_t *msgs) {
     json_t *out = json_array(), *m;
     size_t i;
-    int turns = 0;
+    int turns = 0, with_text = 0;
+    json_array_foreach(msgs, i, m) with_text += is_role(m, "user") && has_text(m);
     json_array_foreach(msgs, i, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!role || !strcmp(role, "system") || !strcmp(role, "developer") || !strcmp(role, "tool")) continue;
@@ -99,7 +111,12 @@ static json_t *fast_messages(json_t *msgs) {
                 continue;
             }
         } else {
-            json_object_set_new(c, "content", content_view(json_object_get(m, "content")));
+            json_t *v = content_view(json_object_get(m, "content"));
+            if (!v && with_text) {
+                json_decref(c);
+                continue;
+            }
+            if (v) json_object_set_new(c, "content", v);
             turns++;
         }
         json_array_append_new(out, c);
@@ -116,22 +133,22 @@ static int is_system(json_t *m) {
     return role && (!strcmp(role, "system") || !strcmp(role, "developer"));
 }
 
+json_t *srv_fast_messages(json_t *list) {
+    json_t *m, *kept;
+    size_t i, n = 0;
+    json_array_foreach(list, i, m) n += !is_system(m);
+    if (!n) return json_incref(list);   /* (nothing but system messages: as sent, for the API's own error) */
+    kept = json_array();
+    json_array_foreach(list, i, m) if (!is_system(m)) json_array_append(kept, m);
+    return kept;
+}
+
 json_t *srv_fast_request(json_t *req) {
     json_t *v = json_copy(req);
     if (!v) return NULL;
     json_object_del(v, "system");
-    json_object_del(v, "instructions");
-    static const char *const lists[] = {"messages", "input"};
-    for (size_t l = 0; l < sizeof lists / sizeof *lists; l++) {
-        json_t *a = json_object_get(req, lists[l]), *m, *kept;
-        size_t i, n = 0;
-        if (!json_is_array(a)) continue;
-        json_array_foreach(a, i, m) n += !is_system(m);
-        if (!n) continue;   /* (nothing but system messages: as sent, for the API's own error) */
-        kept = json_array();
-        json_array_foreach(a, i, m) if (!is_system(m)) json_array_append(kept, m);
-        json_object_set_new(v, lists[l], kept);
-    }
+    json_t *a = json_object_get(req, "messages");
+    if (json_is_array(a)) json_object_set_new(v, "messages", srv_fast_messages(a));
     return v;
 }
 

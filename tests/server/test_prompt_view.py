@@ -66,6 +66,18 @@ def test_fast_view_keeps_what_would_be_empty(server):
             prompt_tokens(server, {"messages": open_tag}))
 
 
+def test_fast_view_drops_turns_of_reminders(server):
+    # an agent's next turn: its tool call answered, the result arriving with a reminder; the view keeps the question
+    sent = [{"role": "user", "content": "Fix the bug."},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            {"role": "user", "content": REMINDER}]
+    fast = prompt_tokens(server, {"model": "tern-tiny-fast", "messages": sent, "tools": TOOLS})
+    assert fast == prompt_tokens(server, {"messages": [{"role": "user", "content": "Fix the bug."}]})
+
+
 def test_fast_view_messages_and_responses(server):
     # Claude Code's form: a system prompt, tools, reminders, and a system message after the user's turn (which the
     # Messages API otherwise renders as a user turn)
@@ -77,7 +89,8 @@ def test_fast_view_messages_and_responses(server):
     view = {"model": "tern-tiny", "messages": [{"role": "user", "content": "Fix the bug."}]}
     assert count(server, dict(body, model="tern-tiny-fast")) == count(server, view)
     r = server.post("/v1/messages", dict(body, model="tern-tiny-fast"))
-    assert r.status == 200 and r.json()["usage"]["input_tokens"] == count(server, view), r
+    usage = r.json()["usage"]
+    assert r.status == 200 and usage["input_tokens"] + usage["cache_read_input_tokens"] == count(server, view), r
 
     resp = {"model": "tern-tiny-fast", "instructions": "You are Codex. " * 30,
             "input": [{"role": "user", "content": "List the files."},
@@ -86,6 +99,7 @@ def test_fast_view_messages_and_responses(server):
             "max_output_tokens": 4}
     r = server.post("/v1/responses", resp)
     assert r.status == 200, r
+    assert r.json()["instructions"] == resp["instructions"], "the response echoes the request as sent"
     plain = server.post("/v1/responses", {"input": [{"role": "user", "content": "List the files."}],
                                           "max_output_tokens": 4})
     assert r.json()["usage"]["input_tokens"] == plain.json()["usage"]["input_tokens"]
