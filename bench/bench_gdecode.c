@@ -18,19 +18,7 @@
 #include <string.h>
 
 #include "tern.h"
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = '\0';
-    fclose(f);
-    return s;
-}
+#include "util/file.h"
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -102,8 +90,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_names; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        char *schema = slurp(path);
-        if (!schema) { fprintf(stderr, "bench_gdecode: cannot read %s\n", path); return 1; }
+        char *schema;
+        size_t len;
+        if (tern_file_read(path, 0, 1 << 20, &schema, &len, &err)) die(names[i], &err);
         tern_grammar *g = tern_grammar_create(&(tern_grammar_spec){.json_schema = schema}, v, &err);
         if (!g) die(names[i], &err);
         int tw, to;

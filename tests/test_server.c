@@ -612,7 +612,7 @@ Test(server, tool_conversations_render_as_the_template_does) {
         if (areq) {
             json_t *amsgs = NULL, *atools = NULL;
             int single;
-            cr_assert_eq(srv_messages_conversation(areq, &amsgs, &atools, &single, NULL, &e), 0, "%s: %s", str(c, "name"), e.msg);
+            cr_assert_eq(srv_messages_conversation(areq, 0, &amsgs, &atools, &single, NULL, &e), 0, "%s: %s", str(c, "name"), e.msg);
             got = render(amsgs, atools ? atools : tools, options);
             cr_expect_str_eq(got, json_string_value(expected), "%s (messages)", str(c, "name"));
             free(got);

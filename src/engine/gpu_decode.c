@@ -447,13 +447,26 @@ static int gather_last(const gpu_pass *p, tern_error *err) {
     return 0;
 }
 
+/* Row `row` of page-locked masks (*buf, `rows` of a whole vocabulary,
+ * made at the first masked draw) holding rule's mask, which the sampler
+ * reads over the bus when its kernel runs; NULL on an error. */
+static const uint32_t *put_mask(gpu_session *g, uint32_t **buf, int rows, int row, const tern_gpu_rule *r,
+                                tern_error *err) {
+    size_t words = ((size_t)r->n_valid + 31) / 32;
+    if (words > g->mask_words) {
+        tern_fail(err, "GPU sampling: a mask of %zu words (%zu at most)", words, g->mask_words);
+        return NULL;
+    }
+    if (!*buf && !(*buf = tern_cuda_host_alloc((size_t)rows * g->mask_words * sizeof(uint32_t), err))) return NULL;
+    uint32_t *m = *buf + (size_t)row * g->mask_words;
+    memcpy(m, r->mask, words * sizeof(uint32_t));
+    return m;
+}
+
 /* The draws' buffers of a pass (gpu_session.draw_*), made at its first
  * draw: a sampler workspace a row, u and the ids in page-locked memory
  * the kernels read and write over the bus. */
-static int draw_buffers(gpu_session *g, int V, int masked, tern_error *err) {
-    if (masked && !g->draw_mask &&
-        !(g->draw_mask = tern_cuda_host_alloc((size_t)LOGIT_ROWS * g->mask_words * sizeof(uint32_t), err)))
-        return -1;
+static int draw_buffers(gpu_session *g, int V, tern_error *err) {
     if (g->draw_work) return 0;
     g->draw_ws = (tern_cuda_sample_workspace(V) + 255) & ~(size_t)255;
     size_t all = g->draw_ws * LOGIT_ROWS;
@@ -470,14 +483,11 @@ static int draw_buffers(gpu_session *g, int V, int masked, tern_error *err) {
 static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, float *logits, tern_error *err) {
     const gpu_model *gm = p->s->m->gpu;
     gpu_session *g = p->g;
-    int B = p->n_seg, H = p->s->m->cfg.hidden, V = p->s->m->cfg.vocab, any = 0, masked = 0;
-    for (int i = 0; draw && i < B; i++) {
-        any |= draw[i].on;
-        masked |= draw[i].on && draw[i].r.mask;
-    }
+    int B = p->n_seg, H = p->s->m->cfg.hidden, V = p->s->m->cfg.vocab, any = 0;
+    for (int i = 0; draw && i < B; i++) any |= draw[i].on;
     for (int i = 0; id && i < B; i++) id[i] = -1;
     if (!any || B > LOGIT_ROWS) return logits ? tern_gpu_head(g, gm, g->out, B, H, V, logits, err) : 0;
-    if (draw_buffers(g, V, masked, err) || tern_gpu_mm(gm, g, g->logits, g->out, B, &gm->w.lm_head, err)) return -1;
+    if (draw_buffers(g, V, err) || tern_gpu_mm(gm, g, g->logits, g->out, B, &gm->w.lm_head, err)) return -1;
     double *u = (double *)g->draw_host;
     int32_t *got = (int32_t *)(u + LOGIT_ROWS);
     for (int i = 0; i < B; i++) {
@@ -485,11 +495,8 @@ static int pass_head(const gpu_pass *p, const tern_row_draw *draw, int32_t *id, 
         const tern_gpu_rule *r = &draw[i].r;
         const float *row = g->logits + (size_t)i * V;
         void *work = (uint8_t *)g->draw_work + (size_t)i * g->draw_ws;
-        uint32_t *mask = r->mask ? g->draw_mask + (size_t)i * g->mask_words : NULL;
-        size_t words = ((size_t)r->n_valid + 31) / 32;
-        if (mask && words > g->mask_words)
-            return tern_fail(err, "GPU sampling: a mask of %zu words (%zu at most)", words, g->mask_words);
-        if (mask) memcpy(mask, r->mask, words * sizeof(uint32_t));
+        const uint32_t *mask = r->mask ? put_mask(g, &g->draw_mask, LOGIT_ROWS, i, r, err) : NULL;
+        if (r->mask && !mask) return -1;
         u[i] = draw[i].u;
         int rc = r->greedy ? tern_cuda_argmax(row, mask, r->n_valid, work, &got[i], NULL, g->stream, err)
                            : tern_cuda_sample(row, mask, r->n_valid, r->temperature, r->top_k, r->top_p, r->min_p,
@@ -580,16 +587,6 @@ static int drain(gpu_session *g, tern_error *err) {
     return g->n_flight ? tern_cuda_sync(g->stream, err) : 0;
 }
 
-/* A masked draw's mask into the session's page-locked copy, which the
- * sampler reads when the step runs; no step in flight may still read it. */
-static int put_mask(gpu_session *g, const tern_gpu_rule *rule, tern_error *err) {
-    size_t words = ((size_t)rule->n_valid + 31) / 32;
-    if (drain(g, err)) return -1;
-    if (!g->mask_host && !(g->mask_host = tern_cuda_host_alloc(g->mask_words * sizeof(uint32_t), err))) return -1;
-    memcpy(g->mask_host, rule->mask, words * sizeof(uint32_t));   /* (rule_ok: n_valid within the vocabulary) */
-    return 0;
-}
-
 /* One sampled decode step at s->pos, enqueued (s->pos then counts it):
  * the captured graph of its block, then an event. Whatever must not
  * happen under a step in flight waits for the stream first: the KV
@@ -602,7 +599,8 @@ static int sample_launch(tern_session *s, int32_t token, const tern_gpu_rule *ru
         return tern_fail(err, "GPU sampling: no step before drew the token to evaluate");
     if (tern_gpu_experts_tick(s, err)) return -1;
     if (s->pos + 1 > g->cap && (drain(g, err) || tern_gpu_reserve(s, s->pos + 1, err))) return -1;
-    if (rule->mask && put_mask(g, rule, err)) return -1;
+    /* (the step's mask: no step in flight may still read the one before) */
+    if (rule->mask && (drain(g, err) || !put_mask(g, &g->mask_host, 1, 0, rule, err))) return -1;
     g->blk = g->n_flight ? !g->flight[g->n_flight - 1] : !g->blk;
     put_step(s, &token, 1, u);
     int graph = graphs_allowed(s);

@@ -97,10 +97,11 @@ int srv_check_tools(json_t *tools, const char *param, json_t **out, srv_err *e);
  * reference). param: how the API names its messages field. */
 json_t *srv_check_conversation(json_t *messages, const char *param, srv_err *e);
 
-/* Whether msgs holds a message other than system and developer ones: the
- * chat template takes a system message only before the conversation, so
- * the APIs that allow one later (Responses, Messages) make it a user turn. */
-int srv_conversation_began(json_t *msgs);
+/* The chat template takes a system message only before the conversation,
+ * so the APIs that allow one later (Responses, Messages) make system and
+ * developer messages after the first other one user turns (in msgs, as
+ * copies), before srv_check_conversation. */
+void srv_late_system_as_user(json_t *msgs);
 
 /* A message's content (a string, null, or text parts) as one string (new
  * reference), the parts joined by sep (the chat template joins OpenAI's
@@ -120,21 +121,14 @@ struct srv_constraint;
  * (without strict_model, any name but the id that ends in "-fast"). */
 int srv_model_is_fast(const srv_ctx *c, const char *model);
 int srv_model_fast(const srv_ctx *c, json_t *req);
-/* A list of messages without its system and developer messages (new
- * reference; the list itself when nothing else is in it): the APIs that
- * take one after the conversation began would make it a user turn. */
-json_t *srv_fast_messages(json_t *list);
-/* The fast view of a chat or Messages request (new reference; NULL: out of
- * memory): a shallow copy without Anthropic's "system" and with
- * srv_fast_messages of its "messages"; the prepare parses it in place of
- * the request. (The Responses API filters its assembled messages itself,
- * so that the conversation it stores stays as sent.) */
-json_t *srv_fast_request(json_t *req);
-/* The fast view in place of a checked conversation (*msgs, *tools: new
- * references, replaced): no system, developer or tool messages, no tools
- * (nor k's forced calls; k may be NULL), no tool calls, no
- * <system-reminder> blocks, no user turn those cuts empty while another
- * keeps text; a conversation left with no user turn stays as it was. */
+/* The fast view in place of a conversation as an API assembled it in chat
+ * form, before srv_late_system_as_user and srv_check_conversation (*msgs,
+ * *tools: new references, replaced): no system, developer or tool messages
+ * wherever they stand, no tools (nor k's forced calls; k may be NULL), no
+ * tool calls, no <system-reminder> blocks, no user turn those cuts empty
+ * while another keeps text. A conversation that would keep no user turn
+ * stays as it was (the checker judges it); so does any message of a role
+ * the view does not know. */
 void srv_fast_view(json_t **msgs, json_t **tools, struct srv_constraint *k);
 /* msgs with the concise prompt after the system message's text, or as the
  * system message when there is none (new reference). */
@@ -215,16 +209,14 @@ srv_enc *srv_completions_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e
 srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e);
 /* An Anthropic request's system, messages and tools as a checked chat
- * conversation and chat tools (NULL: none); single: one tool call ends
- * the turn; k (may be NULL) gets a forced tool choice. */
-int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
+ * conversation and chat tools (NULL: none), in the fast view when fast;
+ * single: one tool call ends the turn; k (may be NULL) gets a forced tool
+ * choice. */
+int srv_messages_conversation(json_t *req, int fast, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
                               srv_err *e);
 /* Responses input (a string or items) appended to msgs as chat messages,
- * roles as sent; srv_late_system_as_user then makes system and developer
- * messages after the conversation began user turns (copies), which the
- * chat template can render. */
+ * roles as sent (srv_late_system_as_user makes them renderable). */
 int srv_responses_input(json_t *input, json_t *msgs, srv_err *e);
-void srv_late_system_as_user(json_t *msgs);
 /* POST /v1/messages/count_tokens: the body {"input_tokens": N}. */
 json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e);
 

@@ -357,7 +357,7 @@ static int parse_thinking(const srv_ctx *c, json_t *req, srv_prompt_opts *o, srv
                : 0;
 }
 
-static srv_enc *chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, include_usage, use_tools, parallel;
     srv_prompt_opts po;
     srv_constraint k = {0};
@@ -368,8 +368,10 @@ static srv_enc *chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
         srv_check_tools(json_object_get(req, "tools"), "tools", &tools, e))
         return NULL;
     if (!use_tools) { json_decref(tools); tools = NULL; }
-    if ((msgs = srv_check_conversation(json_object_get(req, "messages"), "messages", e)) && srv_model_fast(c, req))
-        srv_fast_view(&msgs, &tools, &k);
+    json_t *sent = json_incref(json_object_get(req, "messages"));
+    if (srv_model_fast(c, req)) srv_fast_view(&sent, &tools, &k);
+    msgs = srv_check_conversation(sent, "messages", e);
+    json_decref(sent);
     if (!msgs || srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 2.0, j, e) ||
         srv_parse_stop(req, "stop", j, e) || srv_parse_ignore_eos(c, req, j, e) ||
         srv_parse_max_tokens(c, req, srv_absent(req, "max_completion_tokens") ? "max_tokens" : "max_completion_tokens",
@@ -389,18 +391,6 @@ static srv_enc *chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     enc->include_usage = include_usage;
     enc->logprobs = j->logprobs;
     return &enc->base;
-}
-
-/* A request for the fast view is parsed as its view (prompt_view.c). */
-srv_enc *srv_chat_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
-    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
-    if (!view && srv_model_fast(c, req)) {
-        srv_fail(e, 500, NULL, "out of memory");
-        return NULL;
-    }
-    srv_enc *out = chat_prepare(c, view ? view : req, j, e);
-    json_decref(view);
-    return out;
 }
 
 /* The completions prompt: a string, a list of token ids, or a list

@@ -173,8 +173,7 @@ static int convert_message(json_t *msg, size_t i, json_t *out, srv_err *e) {
         snprintf(cw, sizeof cw, "%s.content", where);
         json_t *text = blocks_text(content, cw, e);
         if (!text) return -1;
-        json_array_append_new(out, json_pack("{s:s, s:o}", "role", srv_conversation_began(out) ? "user" : "system",
-                                             "content", text));
+        json_array_append_new(out, json_pack("{s:s, s:o}", "role", "system", "content", text));
         return 0;
     }
     int user = !strcmp(role, "user");
@@ -297,7 +296,7 @@ static int parse_thinking(const srv_ctx *c, json_t *req, int *on, srv_err *e) {
     return 0;
 }
 
-int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
+int srv_messages_conversation(json_t *req, int fast, json_t **msgs, json_t **tools, int *single, srv_constraint *k,
                               srv_err *e) {
     int use_tools;
     *msgs = NULL;
@@ -314,6 +313,8 @@ int srv_messages_conversation(json_t *req, json_t **msgs, json_t **tools, int *s
     json_array_foreach(messages, i, m) if (convert_message(m, i, conv, e)) goto fail;
     if (parse_tool_choice(req, &use_tools, single, k, e) || convert_tools(json_object_get(req, "tools"), tools, e)) goto fail;
     if (!use_tools) { json_decref(*tools); *tools = NULL; }
+    if (fast) srv_fast_view(&conv, tools, k);
+    srv_late_system_as_user(conv);
     if (!(*msgs = srv_check_conversation(conv, "messages", e))) goto fail;
     json_decref(conv);
     return 0;
@@ -347,16 +348,15 @@ static int refuse_unsupported(json_t *req, srv_err *e) {
     return 0;
 }
 
-static srv_enc *messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
+srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
     int stream, single;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     srv_constraint k = {0};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || refuse_unsupported(req, e) || parse_format(req, &k, e) ||
         srv_get_bool(req, "stream", 0, &stream, e) || parse_thinking(c, req, &po.thinking, e) ||
-        srv_messages_conversation(req, &msgs, &tools, &single, &k, e))
+        srv_messages_conversation(req, srv_model_fast(c, req), &msgs, &tools, &single, &k, e))
         return NULL;
-    if (srv_model_fast(c, req)) srv_fast_view(&msgs, &tools, &k);
     int rc = srv_build_chat_prompt(c, msgs, tools, &po, j, e) || srv_parse_sampling(c, req, 1.0, j, e) ||
              srv_parse_stop(req, "stop_sequences", j, e) || srv_parse_max_tokens(c, req, "max_tokens", 1, c->max_tokens, j, e) ||
              srv_build_grammar(c, &k, tools, !single, j, e);
@@ -378,43 +378,18 @@ static srv_enc *messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e
     return &m->base;
 }
 
-/* A request for the fast view is parsed as its view (prompt_view.c). */
-srv_enc *srv_messages_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) {
-    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
-    if (!view && srv_model_fast(c, req)) {
-        srv_fail(e, 500, NULL, "out of memory");
-        return NULL;
-    }
-    srv_enc *out = messages_prepare(c, view ? view : req, j, e);
-    json_decref(view);
-    return out;
-}
-
-static json_t *count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
+json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
     int single;
     srv_prompt_opts po = {.preserve_thinking = c->preserve_thinking};
     json_t *msgs = NULL, *tools = NULL;
     if (srv_check_model(c, req, 1, e) || parse_thinking(c, req, &po.thinking, e) ||
-        srv_messages_conversation(req, &msgs, &tools, &single, NULL, e))
+        srv_messages_conversation(req, srv_model_fast(c, req), &msgs, &tools, &single, NULL, e))
         return NULL;
-    if (srv_model_fast(c, req)) srv_fast_view(&msgs, &tools, NULL);
     srv_job *j = srv_job_create();
     int rc = j ? srv_build_chat_prompt(c, msgs, tools, &po, j, e) : srv_fail(e, 500, NULL, "out of memory");
     json_t *out = rc ? NULL : json_pack("{s:i}", "input_tokens", j->n_prompt);
     srv_job_release(j);
     json_decref(msgs);
     json_decref(tools);
-    return out;
-}
-
-/* A request for the fast view is parsed as its view (prompt_view.c). */
-json_t *srv_count_tokens(srv_ctx *c, json_t *req, srv_err *e) {
-    json_t *view = srv_model_fast(c, req) ? srv_fast_request(req) : NULL;
-    if (!view && srv_model_fast(c, req)) {
-        srv_fail(e, 500, NULL, "out of memory");
-        return NULL;
-    }
-    json_t *out = count_tokens(c, view ? view : req, e);
-    json_decref(view);
     return out;
 }

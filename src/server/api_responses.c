@@ -338,22 +338,6 @@ static json_t *open_assistant(json_t *msgs) {
     return role && !strcmp(role, "assistant") ? last : NULL;
 }
 
-/* (copies: the items are the stored conversation's) */
-void srv_late_system_as_user(json_t *msgs) {
-    int began = 0;
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_array_get(msgs, i);
-        const char *role = json_string_value(json_object_get(m, "role"));
-        int sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-        if (sys && began) {
-            json_t *u = json_copy(m);
-            json_object_set_new(u, "role", json_string("user"));
-            json_array_set_new(msgs, i, u);
-        }
-        began |= !sys;
-    }
-}
-
 /* Input items as chat messages (appended to msgs), roles as sent
  * (srv_late_system_as_user makes them renderable). */
 int srv_responses_input(json_t *input, json_t *msgs, srv_err *e) {
@@ -495,16 +479,11 @@ srv_enc *srv_responses_prepare(srv_ctx *c, json_t *req, srv_job *j, srv_err *e) 
     msgs = json_array();
     if (json_is_string(instructions)) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions));
     json_array_extend(msgs, conv);
-    if (srv_model_fast(c, req)) {   /* (the stored conversation and the echoed instructions stay as sent) */
-        json_t *view = srv_fast_messages(msgs);
-        json_decref(msgs);
-        msgs = view;
-    }
-    srv_late_system_as_user(msgs);
     if (!use_tools) { json_decref(tools); tools = NULL; }
-    if ((checked = srv_check_conversation(msgs, "input", e)) && srv_model_fast(c, req))
-        srv_fast_view(&checked, &tools, &k);
-    if (!checked || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
+    /* (the stored conversation and the echoed instructions stay as sent) */
+    if (srv_model_fast(c, req)) srv_fast_view(&msgs, &tools, &k);
+    srv_late_system_as_user(msgs);
+    if (!(checked = srv_check_conversation(msgs, "input", e)) || srv_build_chat_prompt(c, checked, tools, &po, j, e) ||
         srv_parse_sampling(c, req, 2.0, j, e) || srv_parse_max_tokens(c, req, "max_output_tokens", 0, c->max_tokens, j, e) ||
         srv_build_grammar(c, &k, tools, parallel, j, e))
         goto fail;

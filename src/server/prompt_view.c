@@ -87,23 +87,27 @@ static int has_text(json_t *m) {
     return v != NULL;
 }
 
-/* The fast view of a checked conversation: system, developer and tool
- * messages left out, assistant messages without their tool calls (one
- * left with no text goes too), reminder blocks cut from the rest; a user
- * turn the cuts empty goes too (an agent's tool results come back as a
- * user turn of reminders), unless no user turn keeps text: then those
- * keep their content as sent. NULL when no user turn is left. */
+/* The fast view of a conversation (srv_fast_view): system, developer and
+ * tool messages left out, assistant messages without their tool calls
+ * (one left with no text goes too), reminder blocks cut from user turns;
+ * a user turn the cuts empty goes too (an agent's tool results come back
+ * as a user turn of reminders), unless no user turn keeps text: then
+ * those keep their content as sent. Other messages as they are. NULL when
+ * no user turn is left. */
 static json_t *fast_messages(json_t *msgs) {
     json_t *out = json_array(), *m;
     size_t i;
     int turns = 0, with_text = 0;
     json_array_foreach(msgs, i, m) with_text += is_role(m, "user") && has_text(m);
     json_array_foreach(msgs, i, m) {
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role || !strcmp(role, "system") || !strcmp(role, "developer") || !strcmp(role, "tool")) continue;
+        if (is_role(m, "system") || is_role(m, "developer") || is_role(m, "tool")) continue;
+        if (!is_role(m, "user") && !is_role(m, "assistant")) {
+            json_array_append(out, m);
+            continue;
+        }
         json_t *c = json_deep_copy(m);
         json_object_del(c, "tool_calls");
-        if (!strcmp(role, "assistant")) {
+        if (is_role(m, "assistant")) {
             json_t *t = json_object_get(c, "content");
             if (!t || json_is_null(t) || (json_is_string(t) && blank(json_string_value(t), json_string_length(t))) ||
                 (json_is_array(t) && !json_array_size(t))) {
@@ -124,32 +128,6 @@ static json_t *fast_messages(json_t *msgs) {
     if (turns) return out;
     json_decref(out);
     return NULL;
-}
-
-/* Whether an item of a request's messages or input is a system or
- * developer message. */
-static int is_system(json_t *m) {
-    const char *role = json_string_value(json_object_get(m, "role"));
-    return role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-}
-
-json_t *srv_fast_messages(json_t *list) {
-    json_t *m, *kept;
-    size_t i, n = 0;
-    json_array_foreach(list, i, m) n += !is_system(m);
-    if (!n) return json_incref(list);   /* (nothing but system messages: as sent, for the API's own error) */
-    kept = json_array();
-    json_array_foreach(list, i, m) if (!is_system(m)) json_array_append(kept, m);
-    return kept;
-}
-
-json_t *srv_fast_request(json_t *req) {
-    json_t *v = json_copy(req);
-    if (!v) return NULL;
-    json_object_del(v, "system");
-    json_t *a = json_object_get(req, "messages");
-    if (json_is_array(a)) json_object_set_new(v, "messages", srv_fast_messages(a));
-    return v;
 }
 
 void srv_fast_view(json_t **msgs, json_t **tools, srv_constraint *k) {

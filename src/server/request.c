@@ -284,14 +284,19 @@ json_t *srv_text_content(json_t *content, const char *param, const char *sep, sr
     return out;
 }
 
-int srv_conversation_began(json_t *msgs) {
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
+void srv_late_system_as_user(json_t *msgs) {
+    int began = 0;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
         const char *role = json_string_value(json_object_get(m, "role"));
-        if (!role || (strcmp(role, "system") && strcmp(role, "developer"))) return 1;
+        int sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (sys && began) {   /* (a copy: the item may be a stored conversation's) */
+            json_t *u = json_copy(m);
+            json_object_set_new(u, "role", json_string("user"));
+            json_array_set_new(msgs, i, u);
+        }
+        began |= !sys;
     }
-    return 0;
 }
 
 /* The ids of the calls an assistant message made, not yet answered. */

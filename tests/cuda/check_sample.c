@@ -217,18 +217,17 @@ void check_sample(checker *ck) {
     double *du = dev_alloc(sizeof(double));
     uint32_t *mask = xmalloc(MASK_WORDS * sizeof(uint32_t)), *dmask = dev_alloc(MASK_WORDS * sizeof(uint32_t));
     check_argmax(ck, l, dl, work, did, mask, dmask);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, LOGITS_RANDOM, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 1.3f, 5, 0.5f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 1, 1.0f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_TIES, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 64, 0.9f, 0.0f, LOGITS_TIES, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_CLUSTER, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 2.0f, 64, 1.0f, 0.0f, LOGITS_CLUSTER, mask, dmask, MASK_NONE);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_HALF);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 20, 1.0f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_FEW);
-    sample_setting(ck, l, dl, work, did, du, 1.0f, 64, 1.0f, 0.05f, LOGITS_TIES, mask, dmask, MASK_FEW);
-    sample_setting(ck, l, dl, work, did, du, 0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, mask, dmask, MASK_ONE);
+    static const struct { float temp; int k; float p, minp; int logits, mask; } settings[] = {
+        {0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, MASK_NONE},  {1.0f, 64, 1.0f, 0.05f, LOGITS_RANDOM, MASK_NONE},
+        {1.3f, 5, 0.5f, 0.0f, LOGITS_RANDOM, MASK_NONE},    {1.0f, 1, 1.0f, 0.0f, LOGITS_RANDOM, MASK_NONE},
+        {1.0f, 20, 1.0f, 0.0f, LOGITS_TIES, MASK_NONE},     {0.7f, 64, 0.9f, 0.0f, LOGITS_TIES, MASK_NONE},
+        {1.0f, 20, 1.0f, 0.0f, LOGITS_CLUSTER, MASK_NONE},  {2.0f, 64, 1.0f, 0.0f, LOGITS_CLUSTER, MASK_NONE},
+        {0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, MASK_HALF},  {1.0f, 20, 1.0f, 0.0f, LOGITS_RANDOM, MASK_FEW},
+        {1.0f, 64, 1.0f, 0.05f, LOGITS_TIES, MASK_FEW},     {0.7f, 20, 0.95f, 0.0f, LOGITS_RANDOM, MASK_ONE},
+    };
+    for (size_t i = 0; i < sizeof settings / sizeof *settings; i++)
+        sample_setting(ck, l, dl, work, did, du, settings[i].temp, settings[i].k, settings[i].p, settings[i].minp,
+                       settings[i].logits, mask, dmask, settings[i].mask);
     check_merge_size(ck, dl, work, did, du);
     if (ck->time) {
         logits_fill(ck, l);

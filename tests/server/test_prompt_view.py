@@ -144,3 +144,15 @@ def test_concise(server, start_server):
     assert prompt_tokens(s, {"model": "tern-tiny-fast", "messages": sys}) == prompt_tokens(s, {"messages": user})
     assert count(s, {"model": "tern-tiny", "messages": user}) == count(server, {
         "model": "tern-tiny", "system": text, "messages": user})
+
+
+def test_fast_view_refuses_what_the_plain_one_refuses(server):
+    for body in ({"messages": [{"content": "no role"}, {"role": "user", "content": "Hi"}]},
+                 {"messages": [{"role": "user", "content": 7}]},
+                 {"messages": "not a list"},
+                 {"messages": [{"role": "system", "content": "only a system prompt"}]}):
+        plain = server.post("/v1/chat/completions", dict(body, max_tokens=1))
+        fast = server.post("/v1/chat/completions", dict(body, model="tern-tiny-fast", max_tokens=1))
+        assert plain.status == fast.status == 400, (body, plain, fast)
+    bad = {"model": "tern-tiny-fast", "max_tokens": 1, "messages": [{"role": "robot", "content": "Hi"}]}
+    assert server.post("/v1/messages", bad).status == 400
